@@ -1,0 +1,102 @@
+"""The masked-LM collator: pads a batch of sentence pairs and masks it, fresh every time it is called.
+
+As in the paper (§3.1) and the reference `create_masked_lm_predictions`: per sequence, 15% of the
+non-special tokens (at least 1, at most `max_predictions_per_seq`) are chosen; of those 80% become
+[MASK], 10% a random token and 10% stay unchanged; the model predicts the originals. Differences:
+- The 15% is of the real tokens, not counting [CLS]/[SEP] (the reference counts them).
+- Random replacements are drawn from the non-special vocabulary (the reference may draw [CLS] or [PAD]).
+- Whole-word masking takes whole words in random order while they fit the budget and stops at the
+  first that does not (the reference skips it and tries the next). This keeps the draw vectorised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+IGNORE_INDEX = -100  # labels of positions the loss ignores (PyTorch's cross_entropy default)
+
+
+@dataclass
+class MaskingCollator:
+    vocab_size: int
+    pad_id: int
+    mask_id: int
+    special_ids: list[int]
+    masked_lm_prob: float = 0.15
+    max_predictions_per_seq: int = 20
+    whole_word_masking: bool = False
+    subword_ids: list[int] = field(default_factory=list)  # `##` pieces, needed for whole-word masking
+    pad_to_multiple_of: int | None = None
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        self._is_special = torch.zeros(self.vocab_size, dtype=torch.bool)
+        self._is_special[self.special_ids] = True
+        self._is_subword = torch.zeros(self.vocab_size, dtype=torch.bool)
+        self._is_subword[self.subword_ids] = True
+        self._replacement_ids = (~self._is_special).nonzero().squeeze(1)
+        if self.whole_word_masking and not self.subword_ids:
+            raise ValueError("whole-word masking needs the tokenizer's `##` subword ids")
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        batch = self.pad(examples)
+        batch["input_ids"], batch["labels"] = self.mask(batch["input_ids"])
+        return batch
+
+    def pad(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        length = max(len(e["input_ids"]) for e in examples)
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        batch_size = len(examples)
+        input_ids = torch.full((batch_size, length), self.pad_id, dtype=torch.long)
+        token_type_ids = torch.zeros((batch_size, length), dtype=torch.long)
+        attention_mask = torch.zeros((batch_size, length), dtype=torch.long)
+        for row, example in enumerate(examples):
+            n = len(example["input_ids"])
+            input_ids[row, :n] = torch.as_tensor(example["input_ids"])
+            token_type_ids[row, :n] = torch.as_tensor(example["token_type_ids"])
+            attention_mask[row, :n] = 1
+        batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+        if "next_sentence_label" in examples[0]:
+            batch["next_sentence_label"] = torch.tensor([int(e["next_sentence_label"]) for e in examples])
+        return batch
+
+    def select(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Boolean (B, T) of the positions to predict."""
+        candidates = ~self._is_special[input_ids]  # (B, T)
+        budget = (candidates.sum(1) * self.masked_lm_prob).round().long()
+        budget = budget.clamp(min=1, max=self.max_predictions_per_seq)  # (B,)
+
+        # A "unit" is what gets chosen as a whole: one token, or one word (a piece plus its ## pieces).
+        unit_start = candidates.clone()
+        if self.whole_word_masking:
+            previous_is_candidate = torch.nn.functional.pad(candidates[:, :-1], (1, 0), value=False)
+            unit_start &= ~(self._is_subword[input_ids] & previous_is_candidate)
+        seq_len = input_ids.shape[1]
+        # (B, T) unit index of each candidate; special tokens and padding all go to a spare unit, seq_len.
+        unit_id = (unit_start.long().cumsum(1) - 1).masked_fill(~candidates, seq_len)
+        # Every unit draws a random key; its tokens share it. Non-candidates sort last.
+        unit_key = torch.rand((input_ids.shape[0], seq_len + 1), generator=self.generator).gather(1, unit_id)
+        unit_key = unit_key.masked_fill(~candidates, 2.0)
+        order = unit_key.argsort(dim=1, stable=True)  # units in random order, each unit's tokens contiguous
+        taken = candidates.gather(1, order).long().cumsum(1)  # tokens taken up to and including this one
+        # A unit is chosen when all its tokens fit the budget: its largest running count is within it.
+        unit_total = torch.zeros((input_ids.shape[0], seq_len + 1), dtype=torch.long).scatter_reduce(
+            1, unit_id.gather(1, order), taken, reduce="amax"
+        )
+        chosen = unit_total.gather(1, unit_id) <= budget[:, None]
+        return chosen & candidates
+
+    def mask(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(masked input ids, labels): labels hold the original id where chosen, IGNORE_INDEX elsewhere."""
+        chosen = self.select(input_ids)
+        labels = input_ids.masked_fill(~chosen, IGNORE_INDEX)
+        action = torch.rand(input_ids.shape, generator=self.generator)
+        to_mask = chosen & (action < 0.8)
+        to_random = chosen & (action >= 0.8) & (action < 0.9)  # the other 10% keep their token
+        masked = input_ids.masked_fill(to_mask, self.mask_id)
+        random_pick = torch.randint(len(self._replacement_ids), input_ids.shape, generator=self.generator)
+        masked = torch.where(to_random, self._replacement_ids[random_pick], masked)
+        return masked, labels

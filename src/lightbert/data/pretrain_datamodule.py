@@ -1,0 +1,217 @@
+"""The pre-training DataModule: corpus -> WordPiece tokenizer -> sentence-pair examples (cached) -> masked batches.
+
+Expensive work happens once: the tokenizer is trained (or loaded) when first asked for, and the examples are
+built in `prepare_data` (local rank 0 of each node) through `datasets.map` and saved under the cache directory,
+keyed by everything they depend on. `setup` only loads them. Masking happens in the collator, per batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from functools import cached_property
+from pathlib import Path
+
+import datasets
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from lightbert.data.corpus import DemoCorpus, HFCorpus, TextCorpus
+from lightbert.data.masking import MaskingCollator
+from lightbert.data.pretraining import create_pretraining_examples
+from lightbert.data.tokenizer import BertTokenizer, iter_sentences, load_tokenizer, train_wordpiece
+from lightbert.errors import UserError
+
+Corpus = TextCorpus | HFCorpus | DemoCorpus
+EXAMPLES_VERSION = 2  # bump when example creation changes, so cached examples are rebuilt
+
+
+def _digest(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _tokenize_documents(batch: dict, tokenizer: BertTokenizer) -> dict:
+    """Token ids of every sentence; empty sentences dropped."""
+    lengths = [len(document) for document in batch["sentences"]]
+    flat = tokenizer.encode_batch([s for document in batch["sentences"] for s in document])
+    out, start = [], 0
+    for n in lengths:
+        out.append([ids for ids in flat[start : start + n] if ids])
+        start += n
+    return {"sentence_ids": out}
+
+
+class PretrainDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        corpus: Corpus,
+        cache_dir: str,
+        tokenizer_path: str | None = None,
+        vocab_size: int = 30522,
+        lowercase: bool = True,
+        max_seq_length: int = 128,
+        max_predictions_per_seq: int = 20,
+        masked_lm_prob: float = 0.15,
+        short_seq_prob: float = 0.1,
+        whole_word_masking: bool = False,
+        dupe_factor: int = 1,
+        validation_fraction: float = 0.05,
+        batch_size: int = 32,
+        num_workers: int = 2,
+        preprocessing_workers: int | None = None,
+        pad_to_multiple_of: int | None = 8,
+        seed: int = 12345,
+    ):
+        super().__init__()
+        if max_seq_length < 8:
+            raise UserError(f"task.max_seq_length must be at least 8, got {max_seq_length}")
+        if not 0 < masked_lm_prob < 1:
+            raise UserError(f"task.masked_lm_prob must be in (0, 1), got {masked_lm_prob}")
+        if not 0 < validation_fraction < 1:
+            raise UserError(f"task.validation_fraction must be in (0, 1), got {validation_fraction}")
+        self.corpus = corpus
+        self.cache_dir = Path(cache_dir).expanduser()
+        self.tokenizer_path = tokenizer_path
+        self.vocab_size, self.lowercase = vocab_size, lowercase
+        self.max_seq_length, self.short_seq_prob, self.dupe_factor = max_seq_length, short_seq_prob, dupe_factor
+        self.max_predictions_per_seq, self.masked_lm_prob = max_predictions_per_seq, masked_lm_prob
+        self.whole_word_masking = whole_word_masking
+        self.validation_fraction = validation_fraction
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.preprocessing_workers = preprocessing_workers or min(8, os.cpu_count() or 1)
+        self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
+        self.datasets: datasets.DatasetDict | None = None
+
+    # -- tokenizer ---------------------------------------------------------------------------------------
+
+    @cached_property
+    def tokenizer(self) -> BertTokenizer:
+        """The given tokenizer, or one trained on this corpus (cached, so every rank and rerun shares it)."""
+        if self.tokenizer_path:
+            return load_tokenizer(self.tokenizer_path, lowercase=self.lowercase)
+        key = _digest([self.corpus.fingerprint, self.vocab_size, self.lowercase])
+        path = self.cache_dir / "tokenizers" / key / "tokenizer.json"
+        if not path.is_file():
+            documents = self._documents()
+            tokenizer = train_wordpiece(
+                iter_sentences(documents["sentences"]), vocab_size=self.vocab_size, lowercase=self.lowercase
+            )
+            tokenizer.save(path)
+        return load_tokenizer(path)
+
+    # -- examples ----------------------------------------------------------------------------------------
+
+    @cached_property
+    def examples_dir(self) -> Path:
+        key = _digest(
+            [
+                EXAMPLES_VERSION,
+                self.corpus.fingerprint,
+                hashlib.sha256(self.tokenizer.backend.to_str().encode()).hexdigest(),
+                self.max_seq_length,
+                self.short_seq_prob,
+                self.dupe_factor,
+                self.validation_fraction,
+                self.seed,
+            ]
+        )
+        return self.cache_dir / "examples" / key
+
+    def _documents(self) -> datasets.Dataset:
+        return self.corpus.load(self.cache_dir, num_proc=self.preprocessing_workers)
+
+    def prepare_data(self) -> None:
+        if (self.examples_dir / "dataset_dict.json").is_file():
+            return
+        documents = self._documents()
+        tokenizer = self.tokenizer
+        num_proc = self._num_proc(len(documents))
+        documents = documents.map(
+            _tokenize_documents,
+            batched=True,
+            remove_columns=documents.column_names,
+            fn_kwargs={"tokenizer": tokenizer},
+            num_proc=num_proc,
+            load_from_cache_file=False,  # cached as a whole below, under a key datasets' hash can't compute
+            desc="Tokenizing sentences",
+        ).filter(lambda sentence_ids: len(sentence_ids) > 0, input_columns=["sentence_ids"], num_proc=num_proc)
+        if len(documents) < 2:
+            raise UserError(
+                f"the corpus has {len(documents)} usable document(s) (documents with at least one sentence that "
+                "has text); pre-training needs at least 2, for next-sentence pairs and a validation split. "
+                "In corpus=text files, separate documents with a blank line"
+            )
+        num_validation = min(len(documents) - 1, max(1, round(self.validation_fraction * len(documents))))
+        splits = documents.train_test_split(test_size=num_validation, seed=self.seed)
+        examples = datasets.DatasetDict(
+            {
+                name: create_pretraining_examples(
+                    split,
+                    max_seq_length=self.max_seq_length,
+                    short_seq_prob=self.short_seq_prob,
+                    dupe_factor=self.dupe_factor,
+                    seed=self.seed,
+                    cls_id=tokenizer.cls_id,
+                    sep_id=tokenizer.sep_id,
+                    num_proc=self._num_proc(len(split)),
+                )
+                for name, split in (("train", splits["train"]), ("validation", splits["test"]))
+            }
+        )
+        # Write next to the final place, then rename: an interrupted run never leaves a half cache behind.
+        tmp = self.examples_dir.with_name(self.examples_dir.name + f".tmp{os.getpid()}")
+        examples.save_to_disk(str(tmp))
+        if self.examples_dir.exists():  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            tmp.rename(self.examples_dir)
+        documents.cleanup_cache_files()  # the intermediate maps; the saved examples are all that is needed
+
+    def _num_proc(self, num_rows: int) -> int | None:
+        # Forking workers costs about a second: worth it only for corpora of some size.
+        workers = min(self.preprocessing_workers, num_rows // 64)
+        return workers if workers > 1 else None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets is None:
+            self.datasets = datasets.load_from_disk(str(self.examples_dir))
+
+    # -- batches -----------------------------------------------------------------------------------------
+
+    def collator(self, generator: torch.Generator | None = None) -> MaskingCollator:
+        tokenizer = self.tokenizer
+        return MaskingCollator(
+            vocab_size=tokenizer.vocab_size,
+            pad_id=tokenizer.pad_id,
+            mask_id=tokenizer.mask_id,
+            special_ids=tokenizer.special_ids,
+            masked_lm_prob=self.masked_lm_prob,
+            max_predictions_per_seq=self.max_predictions_per_seq,
+            whole_word_masking=self.whole_word_masking,
+            subword_ids=tokenizer.subword_ids if self.whole_word_masking else [],
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            generator=generator,
+        )
+
+    def _loader(self, split: str, shuffle: bool, collator: MaskingCollator) -> DataLoader:
+        assert self.datasets is not None, "call setup() first"
+        return DataLoader(
+            self.datasets[split],
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            collate_fn=collator,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+            drop_last=shuffle,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True, collator=self.collator())
+
+    def val_dataloader(self) -> DataLoader:
+        # The same masks at every validation, so validation metrics are comparable across steps.
+        return self._loader("validation", shuffle=False, collator=self.collator(torch.Generator().manual_seed(0)))

@@ -1,0 +1,48 @@
+"""Loggers built from config. W&B never prompts: without credentials it runs offline."""
+
+from __future__ import annotations
+
+import netrc
+import os
+from pathlib import Path
+
+from lightning.pytorch.loggers import WandbLogger
+
+from lightbert.errors import UserError
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+def wandb_has_credentials() -> bool:
+    """True when W&B could log in without asking: an API key in the environment or in ~/.netrc."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        hosts = netrc.netrc(os.environ.get("NETRC", Path.home() / ".netrc")).hosts
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+    return any("wandb" in host for host in hosts)
+
+
+def wandb_logger(
+    project: str,
+    save_dir: str,
+    name: str | None = None,
+    group: str | None = None,
+    tags: list[str] | None = None,
+    mode: str = "auto",
+) -> WandbLogger:
+    if mode not in WANDB_MODES:
+        raise UserError(f"logger.wandb.mode {mode!r} is not one of {list(WANDB_MODES)}")
+    if mode == "auto":
+        mode = os.environ.get("WANDB_MODE") or ("online" if wandb_has_credentials() else "offline")
+    Path(save_dir).mkdir(parents=True, exist_ok=True)
+    return WandbLogger(
+        project=project,
+        name=name,
+        group=group,
+        tags=list(tags or []),
+        save_dir=save_dir,
+        mode=mode,
+        log_model=False,  # checkpoints stay in the run directory; uploading them is the user's choice
+    )

@@ -1,0 +1,260 @@
+"""BERT (Devlin et al., 2019): the shared encoder and its pre-training heads, in one readable file.
+
+Module and parameter names follow Hugging Face's `modeling_bert.py` (`bert.embeddings.word_embeddings`,
+`bert.encoder.layer.0.attention.self.query`, `cls.predictions.transform.dense`, ...), so a state dict maps
+one to one onto `transformers.BertForPreTraining`.
+
+How this differs from the reference implementations:
+- Attention runs through `torch.nn.functional.scaled_dot_product_attention`, which picks a fused kernel
+  (flash / memory-efficient on GPU) instead of materialising softmax(QK^T) in Python.
+- The padding mask is a boolean (B, 1, 1, T) "may attend" mask instead of an additive -10000 bias; the
+  outputs of real tokens are the same, padded positions just never receive attention.
+- `BertForPreTraining.forward` can compute the MLM head on the masked positions only
+  (`masked_positions`): the head's (N, H) x (H, V) matmul is the most expensive single op of a small
+  BERT and the other ~85% of its rows are thrown away by the loss anyway.
+- No cross-attention, past key values or head pruning: BERT never uses them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightbert.model.config import BertConfig
+
+
+class BertEmbeddings(nn.Module):
+    """Token + segment + position embeddings, then LayerNorm and dropout (paper Fig. 2)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        seq_len = input_ids.shape[1]
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        positions = torch.arange(seq_len, device=input_ids.device)  # (T,), broadcast over the batch
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)  # (B, T, H)
+        x = x + self.position_embeddings(positions)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    """Bidirectional multi-head self-attention: every token attends to every real token."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.head_size
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        batch, seq_len, hidden = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, A, T, D)
+            return t.view(batch, seq_len, self.num_heads, self.head_size).transpose(1, 2)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        dropout_p = self.dropout_p if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)  # (B, A, T, D)
+        return out.transpose(1, 2).reshape(batch, seq_len, hidden)  # (B, T, H)
+
+
+class BertSelfOutput(nn.Module):
+    """Projection after attention, dropout, then the post-LN residual: LayerNorm(x + f(x))."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        return self.output(self.self(x, attn_mask), x)
+
+
+class BertIntermediate(nn.Module):
+    """First feed-forward layer with the exact (erf) GELU the reference uses, not the tanh approximation."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.dense(x))  # (B, T, 4H)
+
+
+class BertOutput(BertSelfOutput):
+    """Second feed-forward layer back to H, dropout, post-LN residual."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+
+
+class BertLayer(nn.Module):
+    """One post-LN Transformer block; also the unit FSDP wraps."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.attention(x, attn_mask)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+
+class BertPooler(nn.Module):
+    """Dense + tanh on the [CLS] position: the sentence representation the NSP and GLUE heads read."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(sequence_output[:, 0]))  # (B, H)
+
+
+def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, T) 1/0 mask of real tokens -> (B, 1, 1, T) boolean mask of keys each query may attend to."""
+    if attention_mask is None:
+        return None
+    return attention_mask.bool()[:, None, None, :]
+
+
+class BertModel(nn.Module):
+    """The shared encoder: embeddings, L Transformer blocks, pooler. Every task wraps this."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Returns (sequence_output (B, T, H), pooled_output (B, H), hidden_states or None).
+
+        `hidden_states`, when asked for, holds the embedding output and each layer's output: L + 1 tensors,
+        as in Hugging Face.
+        """
+        attn_mask = padding_mask(attention_mask)
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        hidden_states = [x] if output_hidden_states else None
+        for layer in self.encoder.layer:
+            x = layer(x, attn_mask)
+            if hidden_states is not None:
+                hidden_states.append(x)
+        return x, self.pooler(x), tuple(hidden_states) if hidden_states is not None else None
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(F.gelu(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """MLM head: transform, then a decoder whose weight is the word embedding matrix, with its own bias."""
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.decoder.weight = word_embeddings.weight  # tied: one (V, H) tensor, as in the paper
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.transform(x), self.decoder.weight, self.bias)  # (..., V)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embeddings)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class BertForPreTraining(nn.Module):
+    """Encoder + masked-LM head + next-sentence head (paper §3.1)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+        self.apply(lambda module: init_weights(module, config.initializer_range))
+        with torch.no_grad():  # the tied decoder was re-drawn after the embedding: zero [PAD]'s row again
+            self.bert.embeddings.word_embeddings.weight[config.pad_token_id].zero_()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        masked_positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (MLM logits, NSP logits (B, 2)).
+
+        MLM logits are (B, T, V) for every position, or (N, V) for the N positions where the boolean
+        `masked_positions` (B, T) is true, in row-major order (the order of `labels[masked_positions]`).
+        """
+        sequence_output, pooled_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        if masked_positions is not None:
+            sequence_output = sequence_output[masked_positions]  # (N, H)
+        mlm_logits = self.cls.predictions(sequence_output)
+        nsp_logits = self.cls.seq_relationship(pooled_output)
+        return mlm_logits, nsp_logits
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """The reference initialisation: N(0, 0.02) weights, zero biases, LayerNorm weight 1 and bias 0."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)

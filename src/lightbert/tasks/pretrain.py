@@ -1,0 +1,73 @@
+"""The pre-training LightningModule: masked LM + next sentence prediction on the shared encoder (paper §3.1)."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torchmetrics import MeanMetric
+
+from lightbert.data.masking import IGNORE_INDEX
+from lightbert.model import BertConfig, BertForPreTraining
+from lightbert.optim import OptimConfig, build_optimizer
+
+
+class PreTrainingModule(L.LightningModule):
+    """loss = MLM cross-entropy (over the masked positions) + NSP cross-entropy, as in the reference.
+
+    Takes plain dicts so `save_hyperparameters` stores plain containers and checkpoints load with
+    `torch.load(weights_only=True)`.
+    """
+
+    def __init__(self, model: dict, optim: dict, sparse_mlm_head: bool = True):
+        super().__init__()
+        self.save_hyperparameters()
+        self.config = BertConfig.from_dict(model)
+        self.optim_config = OptimConfig(**optim)
+        self.sparse_mlm_head = sparse_mlm_head
+        self.model = BertForPreTraining(self.config)
+        # Validation aggregates: exact over the whole split and across devices (torchmetrics syncs them).
+        self.val_sums = torch.nn.ModuleDict(
+            {name: MeanMetric() for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
+        )
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        masked = batch["labels"] != IGNORE_INDEX if self.sparse_mlm_head else None
+        return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], masked)
+
+    def _step(self, batch: dict) -> dict[str, torch.Tensor]:
+        mlm_logits, nsp_logits = self(batch)
+        labels = batch["labels"]
+        mlm_labels = labels[labels != IGNORE_INDEX] if self.sparse_mlm_head else labels.flatten()
+        mlm_logits = mlm_logits.reshape(-1, mlm_logits.shape[-1]).float()  # (N, V); fp32 for a stable softmax
+        mlm_loss = F.cross_entropy(mlm_logits, mlm_labels, ignore_index=IGNORE_INDEX)
+        nsp_loss = F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
+        predicted = mlm_labels != IGNORE_INDEX
+        return {
+            "loss": mlm_loss + nsp_loss,
+            "mlm_loss": mlm_loss.detach(),
+            "nsp_loss": nsp_loss.detach(),
+            "mlm_accuracy": (mlm_logits.argmax(-1) == mlm_labels)[predicted].float().mean(),
+            "nsp_accuracy": (nsp_logits.argmax(-1) == batch["next_sentence_label"]).float().mean(),
+            "num_predictions": predicted.sum(),
+        }
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        out = self._step(batch)
+        batch_size = batch["input_ids"].shape[0]
+        for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
+            self.log(f"train/{name}", out[name], prog_bar=name == "loss", batch_size=batch_size)
+        return out["loss"]
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        out = self._step(batch)
+        batch_size = batch["input_ids"].shape[0]
+        # MLM numbers are per predicted token, NSP numbers per sequence: weight each accordingly.
+        weights = {"mlm_loss": out["num_predictions"], "mlm_accuracy": out["num_predictions"]}
+        for name, metric in self.val_sums.items():
+            metric.update(out[name], weights.get(name, batch_size))
+        for name, metric in self.val_sums.items():
+            self.log(f"val/{name}", metric, prog_bar=name == "loss", on_step=False, on_epoch=True)
+
+    def configure_optimizers(self) -> dict:
+        return build_optimizer(self.model, self.optim_config, int(self.trainer.estimated_stepping_batches))
