@@ -27,14 +27,16 @@ def unknown_key_message(cfg: DictConfig, key: str) -> str | None:
     for part in key.split("."):
         if not isinstance(node, DictConfig):
             return None  # a list index or a leaf: not ours to judge
-        if part not in node:
+        valid = sorted(str(k) for k in node.keys())  # keys(), not `in`: a ??? value is "not in" a DictConfig
+        if part not in valid:
             where = ".".join(walked) or "the top level"
-            valid = sorted(str(k) for k in node.keys())
             close = difflib.get_close_matches(part, valid, n=1)
             hint = f" Did you mean {'.'.join([*walked, close[0]])}?" if close else ""
-            return (f"unknown config key '{key}': '{part}' is not a key of {where}.{hint}\n"
-                    f"Valid keys of {where}: {', '.join(valid)}.\nTo add a new key on purpose, write +{key}=...")
-        node = node._get_node(part) if not isinstance(node._get_node(part), DictConfig) else node[part]
+            return (
+                f"unknown config key '{key}': '{part}' is not a key of {where}.{hint}\n"
+                f"Valid keys of {where}: {', '.join(valid)}.\nTo add a new key on purpose, write +{key}=..."
+            )
+        node = node._get_node(part)
         walked.append(part)
     return None
 
@@ -48,7 +50,7 @@ def check_command_line(argv: list[str], conf_dir: Path = CONF_DIR, config_name: 
 
         args = get_args_parser().parse_args(argv)
         overrides = OverridesParser.create().parse_overrides(args.overrides)
-    except BaseException:  # noqa: BLE001 - Hydra reports malformed command lines itself
+    except BaseException:
         return
     groups, keys = [], []
     for override in overrides:
@@ -68,7 +70,7 @@ def check_command_line(argv: list[str], conf_dir: Path = CONF_DIR, config_name: 
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             cfg = compose(config_name, overrides=groups)
-    except BaseException:  # noqa: BLE001 - e.g. an unknown group option: Hydra's own message lists the options
+    except BaseException:
         return
     for key in keys:
         message = unknown_key_message(cfg, key)

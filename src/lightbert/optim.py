@@ -71,5 +71,7 @@ def build_optimizer(model: nn.Module, config: OptimConfig, total_steps: int) -> 
         eps=config.eps,
         fused=fused,
     )
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(config.warmup(total_steps), total_steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, linear_warmup_decay(config.warmup(total_steps), total_steps)
+    )
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -16,8 +16,10 @@ def fsdp_strategy(sharding_strategy: str = "FULL_SHARD", activation_checkpointin
     stay in the root unit: a tied parameter must live in one FSDP unit.
     """
     if not torch.cuda.is_available():
-        raise UserError("trainer=fsdp needs CUDA GPUs (FSDP shards over NCCL) and none is visible here; "
-                        "use trainer=cpu, or trainer=gpu / trainer=ddp on a GPU machine")
+        raise UserError(
+            "trainer=fsdp needs CUDA GPUs (FSDP shards over NCCL) and none is visible here; "
+            "use trainer=cpu, or trainer=gpu / trainer=ddp on a GPU machine"
+        )
     layers = {BertLayer}
     return FSDPStrategy(
         auto_wrap_policy=layers,

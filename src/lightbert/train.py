@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from lightbert.errors import ConfigError, UserError
+from lightbert.model import BertConfig
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +38,18 @@ def _instantiate(node: Any, **kwargs: Any) -> Any:
             raise cause from None
         raise
     except MissingMandatoryValue as error:
-        raise UserError(f"{error.full_key} is required: set it on the command line, e.g. {error.full_key}=...") from None
+        raise UserError(
+            f"{error.full_key} is required: set it on the command line, e.g. {error.full_key}=..."
+        ) from None
 
 
 def _check_output_dir(output_dir: Path) -> None:
     # Nothing a user saved is ever lost: a finished run's directory is not trained into again.
     if (output_dir / RESULTS_FILE).exists():
-        raise UserError(f"{output_dir} already holds a finished run ({RESULTS_FILE}); choose another directory "
-                        "with hydra.run.dir=... or leave it to the default, which is new for every run")
+        raise UserError(
+            f"{output_dir} already holds a finished run ({RESULTS_FILE}); choose another directory "
+            "with hydra.run.dir=... or leave it to the default, which is new for every run"
+        )
 
 
 def _check_devices(cfg: DictConfig) -> None:
@@ -60,8 +65,10 @@ def _model_config(cfg: DictConfig, tokenizer) -> dict:
     model["pad_token_id"] = tokenizer.pad_id
     max_seq_length = OmegaConf.select(cfg, "task.max_seq_length", default=None)
     if max_seq_length and max_seq_length > model.get("max_position_embeddings", 512):
-        raise ConfigError(f"task.max_seq_length ({max_seq_length}) exceeds "
-                          f"model.max_position_embeddings ({model['max_position_embeddings']})")
+        raise ConfigError(
+            f"task.max_seq_length ({max_seq_length}) exceeds "
+            f"model.max_position_embeddings ({model['max_position_embeddings']})"
+        )
     return model
 
 
@@ -82,6 +89,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     L.seed_everything(cfg.seed, workers=True)
+    BertConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))  # a bad size fails before any data work
     try:
         datamodule = _instantiate(cfg.task.datamodule)
         tokenizer = datamodule.tokenizer
@@ -130,6 +138,10 @@ def _write_results(results: dict[str, Any], output_dir: Path) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
     metrics = results["metrics"]
-    shown = ", ".join(f"{k}={metrics[k]:.4f}" for k in ("val/loss", "val/mlm_accuracy", "val/nsp_accuracy") if k in metrics)
-    print(f"lightbert: finished {results['global_step']} steps in {results['seconds']:.0f}s ({shown}). "
-          f"Outputs in {output_dir}: {RESULTS_FILE}, metrics.csv, checkpoints/, tokenizer.json")
+    shown = ", ".join(
+        f"{k}={metrics[k]:.4f}" for k in ("val/loss", "val/mlm_accuracy", "val/nsp_accuracy") if k in metrics
+    )
+    print(
+        f"lightbert: finished {results['global_step']} steps in {results['seconds']:.0f}s ({shown}). "
+        f"Outputs in {output_dir}: {RESULTS_FILE}, metrics.csv, checkpoints/, tokenizer.json"
+    )

@@ -48,11 +48,15 @@ class TextCorpus:
         self.paths = [Path(p).expanduser() for p in paths]
         for path in self.paths:
             if not path.is_file():
-                raise UserError(f"corpus file {path} does not exist; check corpus.paths (relative paths start "
-                                f"from the directory you ran the command in: {Path.cwd()})")
+                raise UserError(
+                    f"corpus file {path} does not exist; check corpus.paths (relative paths start "
+                    f"from the directory you ran the command in: {Path.cwd()})"
+                )
             if path.stat().st_size == 0:
-                raise UserError(f"corpus file {path} is empty; it needs sentences, one per line, with a blank "
-                                "line between documents")
+                raise UserError(
+                    f"corpus file {path} is empty; it needs sentences, one per line, with a blank "
+                    "line between documents"
+                )
 
     @property
     def fingerprint(self) -> str:
@@ -119,8 +123,10 @@ class HFCorpus:
         revision: str | None = None,
     ):
         if not name:
-            raise UserError("corpus.name is empty; give a dataset, e.g. corpus.name=wikimedia/wikipedia "
-                            "corpus.config=20231101.en, or corpus.name=json corpus.data_files=[my.jsonl]")
+            raise UserError(
+                "corpus.name is empty; give a dataset, e.g. corpus.name=wikimedia/wikipedia "
+                "corpus.config=20231101.en, or corpus.name=json corpus.data_files=[my.jsonl]"
+            )
         self.name, self.config, self.split, self.text_column = name, config, split, text_column
         self.data_files, self.revision = data_files, revision
 
@@ -146,11 +152,15 @@ class HFCorpus:
         except FileNotFoundError as error:
             raise UserError(f"could not load corpus {self.name!r} (split {self.split!r}): {error}") from None
         except (ConnectionError, OSError) as error:
-            raise UserError(f"could not reach dataset {self.name!r} on the hub ({error}); without a network, "
-                            "use corpus=text or corpus.name=json corpus.data_files=[...]") from None
+            raise UserError(
+                f"could not reach dataset {self.name!r} on the hub ({error}); without a network, "
+                "use corpus=text or corpus.name=json corpus.data_files=[...]"
+            ) from None
         if self.text_column not in raw.column_names:
-            raise UserError(f"corpus {self.name!r} has no column {self.text_column!r}; its columns are "
-                            f"{raw.column_names}: set corpus.text_column to the one that holds the text")
+            raise UserError(
+                f"corpus {self.name!r} has no column {self.text_column!r}; its columns are "
+                f"{raw.column_names}: set corpus.text_column to the one that holds the text"
+            )
         return raw.map(
             _split_rows,
             batched=True,

@@ -124,8 +124,8 @@ def _create_instances_batch(
 ) -> dict:
     all_documents = _ColumnView(documents, "sentence_ids")
     out: dict[str, list] = {"input_ids": [], "token_type_ids": [], "next_sentence_label": []}
-    for dupe in range(dupe_factor):
-        for document_index in indices:
+    for document_index in indices:  # document-major, so batching and sharding never change the order
+        for dupe in range(dupe_factor):
             rng = random.Random(f"{seed}/{dupe}/{document_index}")
             for instance in create_instances_from_document(
                 all_documents, document_index, max_seq_length, short_seq_prob, rng, cls_id, sep_id

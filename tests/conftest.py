@@ -1,0 +1,132 @@
+"""Shared fixtures: an isolated cache, small BERT-format corpora written by the tests, and config composition."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO / "conf"
+
+# Words for synthetic documents: each document draws from its own slice, so tests can tell documents apart.
+WORDS = [
+    w.strip()
+    for w in [
+        "the",
+        "of",
+        "and",
+        "to",
+        "in",
+        "is",
+        "was",
+        "for",
+        "on",
+        "that",
+        "by",
+        "with",
+        "as",
+        "at",
+        "from",
+        "his",
+        "her",
+        "are",
+        "were",
+        "be",
+        "this",
+        "which",
+        "have",
+        "or",
+        "an",
+        "had",
+        "not",
+        "but",
+        "their",
+        "they",
+        "one",
+        "its",
+        "new",
+        "after",
+        "first",
+        "also",
+        "been",
+        "has",
+        "who",
+        "two",
+        "more",
+        "other",
+        "into",
+        "all",
+        "time",
+        "when",
+        "some",
+        "would",
+        "there",
+        "can",
+        "city",
+        "year",
+        "state",
+        "world",
+        "school",
+        "people",
+        "part",
+        "music",
+        "team",
+        "river",
+        "war",
+        "album",
+        "film",
+        "series",
+        "party",
+        "house",
+        "game",
+        "called",
+    ]
+]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """All tokenizers, examples and the demo corpus of the test session live in one temporary cache."""
+    cache = tmp_path_factory.mktemp("lightbert-cache")
+    os.environ["LIGHTBERT_CACHE"] = str(cache)
+    os.environ["WANDB_MODE"] = "offline"
+    os.environ["WANDB_SILENT"] = "true"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return cache
+
+
+def write_bert_corpus(path: Path, num_documents: int = 40, seed: int = 0) -> Path:
+    """A BERT-format file: `num_documents` documents of 4-12 English-looking sentences, one per line."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(num_documents):
+        for _ in range(rng.randint(4, 12)):
+            words = [rng.choice(WORDS) for _ in range(rng.randint(5, 18))]
+            lines.append(" ".join(words).capitalize() + ".")
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def corpus_file(tmp_path: Path) -> Path:
+    return write_bert_corpus(tmp_path / "corpus.txt")
+
+
+def compose_config(overrides: list[str], output_dir: Path) -> DictConfig:
+    """The config `python src/train.py OVERRIDES` would run, with its run directory at `output_dir`."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(output_dir)
+        cfg.paths.output_dir = str(output_dir)
+    HydraConfig.instance().set_config(cfg)  # so ${hydra:...} interpolations resolve outside a Hydra run
+    with open_dict(cfg):
+        del cfg["hydra"]  # as in a real run: the task function never sees Hydra's own node
+    return cfg

@@ -1,0 +1,85 @@
+"""Every config composes; the headline commands compose as documented; user mistakes get one clear message."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CONF_DIR, REPO, compose_config
+from omegaconf import OmegaConf
+
+from lightbert.cli import check_command_line
+from lightbert.model import BertConfig
+
+# Values a config group needs before it resolves (its ??? fields).
+REQUIRED = {"corpus/text": ["corpus.paths=[corpus.txt]"], "corpus/hf": ["corpus.name=json"]}
+
+
+def all_options() -> list[tuple[str, str]]:
+    options = []
+    for path in sorted(CONF_DIR.rglob("*.yaml")):
+        relative = path.relative_to(CONF_DIR).with_suffix("")
+        if len(relative.parts) > 1:
+            options.append((str(relative.parent), relative.name))
+    return options
+
+
+@pytest.mark.parametrize(("group", "option"), all_options())
+def test_every_config_file_composes_and_resolves(group, option, tmp_path):
+    overrides = [] if group == "hydra" else [f"{group}={option}"]
+    cfg = compose_config(overrides + REQUIRED.get(f"{group}/{option}", []), tmp_path)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert resolved["model"]["num_hidden_layers"] > 0
+    BertConfig.from_dict(resolved["model"])  # every size file is a valid architecture
+
+
+def test_model_sizes_match_their_sources(tmp_path):
+    expected = {
+        "bert_tiny": (2, 128, 2),
+        "bert_mini": (4, 256, 4),
+        "bert_small": (4, 512, 8),
+        "bert_medium": (8, 512, 8),
+        "bert_base": (12, 768, 12),
+        "bert_large": (24, 1024, 16),
+    }
+    for name, (layers, hidden, heads) in expected.items():
+        model = compose_config([f"model={name}"], tmp_path).model
+        assert (model.num_hidden_layers, model.hidden_size, model.num_attention_heads) == (layers, hidden, heads)
+        assert model.intermediate_size == 4 * hidden
+
+
+def run_entry(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "src" / "train.py"), *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
+
+
+def test_headline_command_prints_bert_large_on_ddp8_without_a_gpu():
+    result = run_entry("model=bert_large", "task=pretrain", "trainer=ddp8", "--cfg", "job")
+    assert result.returncode == 0, result.stderr
+    job = OmegaConf.create(result.stdout)
+    assert (job.model.num_hidden_layers, job.model.hidden_size, job.model.num_attention_heads) == (24, 1024, 16)
+    assert (job.trainer.strategy, job.trainer.devices, job.trainer.accelerator) == ("ddp", 8, "gpu")
+
+
+def test_unknown_config_name_lists_the_options():
+    result = run_entry("model=bert_huge", "--cfg", "job")
+    assert result.returncode != 0
+    assert "bert_huge" in result.stderr and "bert_large" in result.stderr
+
+
+def test_misspelled_key_names_the_valid_keys(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        check_command_line(["trainer=cpu", "trainer.max_stepz=10"])
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err
+    assert "trainer.max_stepz" in message and "Did you mean trainer.max_steps?" in message
+    assert "val_check_interval" in message  # the valid keys are listed
+    check_command_line(["trainer.max_steps=10", "+trainer.new_key=1", "-m", "optim.lr=1e-4,2e-4"])  # all fine
+
+
+def test_misspelled_key_on_the_command_line_exits_with_the_message():
+    result = run_entry("task.batch_sise=8")
+    assert result.returncode == 2
+    assert "Did you mean task.batch_size?" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,137 @@
+"""Masking statistics over thousands of sequences: 15% chosen, 80/10/10, never special tokens or padding."""
+
+import random
+
+import pytest
+import torch
+
+from lightbert.data.masking import IGNORE_INDEX, MaskingCollator
+
+PAD, UNK, CLS, SEP, MASK = range(5)
+VOCAB = 1000
+SUBWORDS = list(range(800, 1000))  # ids standing for "##" pieces
+
+
+def make_examples(n: int, seed: int = 0, subword_rate: float = 0.0) -> list[dict]:
+    rng = random.Random(seed)
+    examples = []
+    for _ in range(n):
+        len_a, len_b = rng.randint(5, 60), rng.randint(5, 60)
+        body = [
+            rng.randint(800, 999) if rng.random() < subword_rate else rng.randint(5, 799) for _ in range(len_a + len_b)
+        ]
+        examples.append(
+            {
+                "input_ids": [CLS, *body[:len_a], SEP, *body[len_a:], SEP],
+                "token_type_ids": [0] * (len_a + 2) + [1] * (len_b + 1),
+                "next_sentence_label": rng.randint(0, 1),
+            }
+        )
+    return examples
+
+
+def collator(**kwargs) -> MaskingCollator:
+    return MaskingCollator(
+        vocab_size=VOCAB,
+        pad_id=PAD,
+        mask_id=MASK,
+        special_ids=[PAD, UNK, CLS, SEP, MASK],
+        subword_ids=SUBWORDS,
+        generator=torch.Generator().manual_seed(1),
+        **kwargs,
+    )
+
+
+def batches(c: MaskingCollator, examples: list[dict], size: int = 64):
+    for i in range(0, len(examples), size):
+        chunk = examples[i : i + size]
+        yield chunk, c(chunk)
+
+
+def test_fifteen_percent_eighty_ten_ten_never_special():
+    c = collator(max_predictions_per_seq=1000)  # no cap: measure the rate itself
+    examples = make_examples(4000)
+    real = chosen = as_mask = as_random = kept = 0
+    for chunk, batch in batches(c, examples):
+        original = c.pad(chunk)["input_ids"]
+        labels, inputs = batch["labels"], batch["input_ids"]
+        predicted = labels != IGNORE_INDEX
+        special = torch.isin(original, torch.tensor([PAD, UNK, CLS, SEP, MASK]))
+        assert not (predicted & special).any(), "a special token or padding was chosen"
+        assert torch.equal(labels[predicted], original[predicted]), "labels must be the original tokens"
+        assert torch.equal(inputs[~predicted], original[~predicted]), "unchosen tokens must be untouched"
+        real += (~special).sum().item()
+        chosen += predicted.sum().item()
+        as_mask += (inputs[predicted] == MASK).sum().item()
+        kept += (inputs[predicted] == original[predicted]).sum().item()
+        replaced = predicted & (inputs != MASK) & (inputs != original)
+        assert not torch.isin(inputs[replaced], torch.tensor([PAD, UNK, CLS, SEP, MASK])).any()
+        as_random += replaced.sum().item()
+    assert chosen / real == pytest.approx(0.15, abs=0.003)
+    # Over ~40k choices the standard error is ~0.2 points; allow 1 point.
+    assert as_mask / chosen == pytest.approx(0.80, abs=0.01)
+    # A random replacement can draw the original token (1 in 995): it then counts as kept.
+    assert as_random / chosen == pytest.approx(0.10, abs=0.01)
+    assert kept / chosen == pytest.approx(0.10, abs=0.01)
+
+
+def test_per_sequence_count_and_cap():
+    examples = make_examples(500, seed=2)
+    c = collator(max_predictions_per_seq=5)
+    for chunk, batch in batches(c, examples):
+        counts = (batch["labels"] != IGNORE_INDEX).sum(1)
+        real = torch.tensor([len(e["input_ids"]) - 3 for e in chunk])
+        expected = (real * 0.15).round().long().clamp(min=1, max=5)
+        assert torch.equal(counts, expected)
+
+
+def test_masks_are_fresh_each_call_and_reproducible_with_a_seed():
+    examples = make_examples(32, seed=3)
+    first, second = collator()(examples), collator()(examples)
+    assert torch.equal(first["labels"], second["labels"])  # same seed, same masks
+    c = collator()
+    assert not torch.equal(c(examples)["labels"], c(examples)["labels"])  # the next epoch masks anew
+
+
+def test_padding_batch_layout():
+    examples = make_examples(8, seed=4)
+    batch = collator(pad_to_multiple_of=8)(examples)
+    longest = max(len(e["input_ids"]) for e in examples)
+    assert batch["input_ids"].shape[1] == -(-longest // 8) * 8
+    for row, example in enumerate(examples):
+        n = len(example["input_ids"])
+        assert batch["attention_mask"][row].sum() == n
+        assert batch["token_type_ids"][row, :n].tolist() == example["token_type_ids"]
+        assert (batch["labels"][row, n:] == IGNORE_INDEX).all()
+    assert batch["next_sentence_label"].tolist() == [e["next_sentence_label"] for e in examples]
+
+
+def test_whole_word_masking_takes_all_pieces_of_a_word():
+    examples = make_examples(1000, seed=5, subword_rate=0.4)
+    c = collator(whole_word_masking=True, max_predictions_per_seq=1000)
+    whole_words = total = real = 0
+    for chunk, batch in batches(c, examples):
+        original = c.pad(chunk)["input_ids"]
+        predicted = batch["labels"] != IGNORE_INDEX
+        is_piece = torch.isin(original, torch.tensor(SUBWORDS))
+        special = torch.isin(original, torch.tensor([PAD, CLS, SEP]))
+        for row in range(original.shape[0]):
+            # Walk the words: a word is a non-piece token (or a piece after a special token) plus following pieces.
+            start = None
+            for t in range(original.shape[1] + 1):
+                boundary = (
+                    t == original.shape[1] or special[row, t] or not is_piece[row, t] or (t > 0 and special[row, t - 1])
+                )
+                if boundary and start is not None:
+                    word = predicted[row, start:t]
+                    assert word.all() or not word.any(), "a word was masked in part"
+                    whole_words += int(word.all())
+                    start = None
+                if t < original.shape[1] and not special[row, t] and boundary:
+                    start = t
+        budget = ((~special).sum(1) * 0.15).round().clamp(min=1)
+        assert (predicted.sum(1) <= budget).all(), "whole words never overshoot the 15% budget"
+        total += predicted.sum().item()
+        real += (~special).sum().item()
+    assert whole_words > 0
+    assert 0.12 < total / real <= 0.15  # words are taken while they fit, so a little under 15%

@@ -1,0 +1,137 @@
+"""The encoder and heads: reference behaviour, numerics equal to transformers, validated sizes."""
+
+import pytest
+import torch
+import transformers
+
+from lightbert.errors import ConfigError
+from lightbert.model import BertConfig, BertForPreTraining, BertModel
+
+TINY = BertConfig(
+    vocab_size=300,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=256,
+    max_position_embeddings=64,
+)
+
+
+def hf_twin(config: BertConfig, ours: torch.nn.Module) -> transformers.BertForPreTraining:
+    """A transformers BertForPreTraining holding exactly our weights."""
+    hf = transformers.BertForPreTraining(transformers.BertConfig(**config.to_dict(), attn_implementation="sdpa"))
+    state = ours.state_dict()
+    state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
+    hf.load_state_dict(state, strict=True)
+    return hf.eval()
+
+
+def random_batch(batch: int = 3, seq_len: int = 20, vocab: int = 300):
+    torch.manual_seed(0)
+    input_ids = torch.randint(5, vocab, (batch, seq_len))
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[:, seq_len // 2 :] = 1
+    attention_mask = torch.ones_like(input_ids)
+    if batch >= 3:
+        attention_mask[1, 13:] = 0
+        attention_mask[2, 7:] = 0
+    return input_ids, token_type_ids, attention_mask
+
+
+def test_state_dict_names_are_hugging_face_names():
+    ours = BertForPreTraining(TINY)
+    hf = transformers.BertForPreTraining(transformers.BertConfig(**TINY.to_dict()))
+    # transformers keeps a second name for the MLM bias; everything else matches one to one.
+    assert set(hf.state_dict()) - set(ours.state_dict()) == {"cls.predictions.decoder.bias"}
+    assert set(ours.state_dict()) <= set(hf.state_dict())
+
+
+def test_logits_and_hidden_states_equal_transformers():
+    ours = BertForPreTraining(TINY).eval()
+    hf = hf_twin(TINY, ours)
+    input_ids, token_type_ids, attention_mask = random_batch()
+    with torch.no_grad():
+        mlm, nsp = ours(input_ids, token_type_ids, attention_mask)
+        _, _, hidden = ours.bert(input_ids, token_type_ids, attention_mask, output_hidden_states=True)
+        reference = hf(
+            input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, output_hidden_states=True
+        )
+    real = attention_mask.bool()
+    torch.testing.assert_close(mlm[real], reference.prediction_logits[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(nsp, reference.seq_relationship_logits, atol=1e-5, rtol=1e-5)
+    assert len(hidden) == len(reference.hidden_states) == TINY.num_hidden_layers + 1
+    for ours_h, hf_h in zip(hidden, reference.hidden_states, strict=True):
+        torch.testing.assert_close(ours_h[real], hf_h[real], atol=1e-5, rtol=1e-5)
+
+
+def test_sparse_mlm_head_equals_dense_rows():
+    model = BertForPreTraining(TINY).eval()
+    input_ids, token_type_ids, attention_mask = random_batch()
+    masked = torch.zeros_like(input_ids, dtype=torch.bool)
+    masked[0, [1, 4]] = True
+    masked[2, 3] = True
+    with torch.no_grad():
+        dense, _ = model(input_ids, token_type_ids, attention_mask)
+        sparse, _ = model(input_ids, token_type_ids, attention_mask, masked_positions=masked)
+    torch.testing.assert_close(sparse, dense[masked])
+
+
+def test_padding_never_changes_real_token_outputs():
+    model = BertModel(TINY).eval()
+    input_ids, token_type_ids, _ = random_batch(batch=1, seq_len=12)
+    padded_ids = torch.cat([input_ids, torch.zeros(1, 9, dtype=torch.long)], dim=1)
+    padded_types = torch.cat([token_type_ids, torch.zeros(1, 9, dtype=torch.long)], dim=1)
+    # Garbage under the padding must not leak either.
+    padded_ids[0, 12:] = torch.randint(5, 300, (9,))
+    mask = torch.cat([torch.ones(1, 12, dtype=torch.long), torch.zeros(1, 9, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        alone, pooled_alone, _ = model(input_ids, token_type_ids, torch.ones_like(input_ids))
+        padded, pooled_padded, _ = model(padded_ids, padded_types, mask)
+    torch.testing.assert_close(padded[:, :12], alone, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(pooled_padded, pooled_alone, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("layers", "hidden", "heads", "expected_millions"), [(12, 768, 12, 110), (24, 1024, 16, 340)])
+def test_parameter_counts_equal_transformers(layers, hidden, heads, expected_millions):
+    config = BertConfig(
+        hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=4 * hidden
+    )
+    with torch.device("meta"):  # count without allocating 1.3 GB for BERT_LARGE
+        ours = BertForPreTraining(config)
+        hf = transformers.BertForPreTraining(transformers.BertConfig(**config.to_dict()))
+    ours_count = sum(p.numel() for p in ours.parameters())
+    assert ours_count == sum(p.numel() for p in hf.parameters())
+    assert abs(ours_count / 1e6 - expected_millions) / expected_millions < 0.05  # the paper's 110M / 340M
+
+
+def test_initialisation_follows_the_reference():
+    model = BertForPreTraining(
+        BertConfig(vocab_size=2000, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024)
+    )
+    query = model.bert.encoder.layer[0].attention.self.query
+    assert abs(query.weight.std().item() - 0.02) < 0.002
+    assert torch.all(query.bias == 0)
+    layer_norm = model.bert.embeddings.LayerNorm
+    assert torch.all(layer_norm.weight == 1) and torch.all(layer_norm.bias == 0)
+    assert torch.all(model.cls.predictions.bias == 0)
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight  # tied
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"hidden_size": 100, "num_attention_heads": 12}, "hidden_size"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers"),
+        ({"intermediate_size": -1}, "intermediate_size"),
+        ({"hidden_size": "big"}, "hidden_size"),
+        ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob"),
+    ],
+)
+def test_bad_sizes_fail_naming_the_field(change, field):
+    with pytest.raises(ConfigError, match=f"model.{field}"):
+        BertConfig(**change)
+
+
+def test_unknown_model_key_lists_valid_keys():
+    with pytest.raises(ConfigError, match="hidden_sise.*valid keys"):
+        BertConfig.from_dict({"hidden_sise": 128})

@@ -1,0 +1,86 @@
+"""Sentence-pair examples: layout, lengths, true continuations for IsNext, NSP balance."""
+
+import random
+
+import datasets
+import pytest
+
+from lightbert.data.pretraining import IS_NEXT, NOT_NEXT, create_instances_from_document, create_pretraining_examples
+
+CLS, SEP = 2, 3
+
+
+def synthetic_documents(num_documents: int, seed: int = 0, sentences=(2, 15)) -> list[list[list[int]]]:
+    """Token ids encode (document, sentence, position), so any example can be traced back to its source."""
+    rng = random.Random(seed)
+    return [
+        [[10_000 * (d + 1) + 100 * s + t for t in range(rng.randint(3, 40))] for s in range(rng.randint(*sentences))]
+        for d in range(num_documents)
+    ]
+
+
+def source(token: int) -> tuple[int, int]:
+    return token // 10_000 - 1, (token % 10_000) // 100
+
+
+def all_examples(documents, max_seq_length=64, short_seq_prob=0.1, seed=0):
+    examples = []
+    for index in range(len(documents)):
+        rng = random.Random(f"{seed}/{index}")
+        examples += create_instances_from_document(documents, index, max_seq_length, short_seq_prob, rng, CLS, SEP)
+    return examples
+
+
+@pytest.mark.parametrize("max_seq_length", [16, 64, 128])
+def test_layout_lengths_and_segment_ids(max_seq_length):
+    for example in all_examples(synthetic_documents(200), max_seq_length=max_seq_length):
+        ids, types = example["input_ids"], example["token_type_ids"]
+        assert len(ids) == len(types) <= max_seq_length
+        assert ids[0] == CLS and ids[-1] == SEP and ids.count(SEP) == 2 and ids.count(CLS) == 1
+        first_sep = ids.index(SEP)
+        assert first_sep >= 2 and len(ids) - first_sep >= 3, "A and B each have at least one token"
+        assert types == [0] * (first_sep + 1) + [1] * (len(ids) - first_sep - 1)
+
+
+def test_is_next_b_continues_a_and_not_next_b_comes_from_elsewhere():
+    documents = synthetic_documents(200, seed=1)
+    examples = all_examples(documents, max_seq_length=128, short_seq_prob=0.0)
+    for example in examples:
+        ids = example["input_ids"]
+        first_sep = ids.index(SEP)
+        a, b = ids[1:first_sep], ids[first_sep + 1 : -1]
+        doc_a, doc_b = source(a[0])[0], source(b[0])[0]
+        assert a == sorted(a) and b == sorted(b), "segments are contiguous text, in order"
+        if example["next_sentence_label"] == IS_NEXT:
+            # Truncation may trim A's end or B's start, but B still follows A in the same document.
+            assert doc_a == doc_b and a[-1] < b[0]
+        else:
+            assert example["next_sentence_label"] == NOT_NEXT
+            assert doc_b != doc_a  # with 200 documents, 10 tries always find another one
+
+
+def test_nsp_balance_near_half():
+    # Documents of 10-60 sentences, like encyclopedia articles. A lone last sentence of a document can only
+    # pair with a random B (as in the reference), which tilts short documents a little towards NotNext.
+    examples = all_examples(synthetic_documents(1000, seed=2, sentences=(10, 60)), max_seq_length=128)
+    not_next = sum(e["next_sentence_label"] == NOT_NEXT for e in examples) / len(examples)
+    assert 0.47 < not_next < 0.54, not_next
+    assert len(examples) > 5000
+
+
+def test_short_seq_prob_gives_shorter_targets():
+    documents = synthetic_documents(400, seed=3)
+    long_only = all_examples(documents, max_seq_length=128, short_seq_prob=0.0)
+    mixed = all_examples(documents, max_seq_length=128, short_seq_prob=0.5)
+    mean = lambda xs: sum(len(x["input_ids"]) for x in xs) / len(xs)  # noqa: E731
+    assert mean(mixed) < mean(long_only) - 10
+
+
+def test_datasets_map_gives_the_same_examples_whatever_the_process_count():
+    documents = datasets.Dataset.from_dict({"sentence_ids": synthetic_documents(150, seed=4)})
+    kwargs = dict(max_seq_length=64, short_seq_prob=0.1, dupe_factor=2, seed=7, cls_id=CLS, sep_id=SEP)
+    one = create_pretraining_examples(documents, **kwargs)
+    two = create_pretraining_examples(documents, num_proc=2, **kwargs)
+    assert one["input_ids"] == two["input_ids"]
+    assert one["next_sentence_label"] == two["next_sentence_label"]
+    assert len(one) > 2 * 150  # dupe_factor 2: every document paired twice

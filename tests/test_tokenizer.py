@@ -1,0 +1,56 @@
+"""WordPiece: trained from a corpus, saved, and loaded back from tokenizer.json or a BERT vocab.txt."""
+
+import pytest
+
+from lightbert.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, train_wordpiece
+from lightbert.errors import UserError
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Pre-training deep bidirectional transformers for language understanding.",
+    "Masked language models predict tokens that were hidden.",
+] * 50
+
+
+def test_train_save_and_load_round_trip(tmp_path):
+    tokenizer = train_wordpiece(SENTENCES, vocab_size=200)
+    assert tokenizer.vocab_size <= 200
+    assert [tokenizer.backend.id_to_token(i) for i in range(5)] == list(SPECIAL_TOKENS)
+    ids = tokenizer.encode_batch(["The QUICK fox, understanding!"])[0]
+    assert tokenizer.cls_id not in ids and tokenizer.sep_id not in ids  # no specials added
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    assert tokens[:2] == ["the", "quick"]  # lower-cased by the BERT normaliser
+    loaded = load_tokenizer(tokenizer.save(tmp_path / "tokenizer.json"))
+    assert loaded.encode_batch(["The QUICK fox, understanding!"])[0] == ids
+    assert any(t.startswith("##") for t in tokenizer.convert_ids_to_tokens(tokenizer.subword_ids))
+
+
+def test_cased_option_keeps_case():
+    tokenizer = train_wordpiece(SENTENCES, vocab_size=300, lowercase=False)
+    assert "The" in tokenizer.convert_ids_to_tokens(tokenizer.encode_batch(["The dog"])[0])
+
+
+def test_loads_a_bert_vocab_txt(tmp_path):
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "dog", "un", "##der", "##stand", ",", "!"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tokenizer = load_tokenizer(tmp_path)  # a directory holding vocab.txt
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode_batch(["The dog, understand!"])[0]) == [
+        "the",
+        "dog",
+        ",",
+        "un",
+        "##der",
+        "##stand",
+        "!",
+    ]
+    assert (tokenizer.cls_id, tokenizer.mask_id) == (2, 4)
+
+
+def test_missing_or_unusable_tokenizer_is_a_clear_error(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_tokenizer(tmp_path / "nope.json")
+    with pytest.raises(UserError, match="no tokenizer.json or vocab.txt"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "vocab.txt").write_text("the\ndog\n")
+    with pytest.raises(UserError, match="lacks the special token"):
+        load_tokenizer(tmp_path / "vocab.txt")

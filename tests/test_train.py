@@ -1,0 +1,159 @@
+"""`train(cfg)` end to end on CPU, and the errors a user can make on the way."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO, compose_config
+
+from lightbert.errors import ConfigError, UserError
+from lightbert.tasks.pretrain import PreTrainingModule
+from lightbert.train import train
+
+FAST = [
+    "model=bert_tiny",
+    "trainer=cpu",
+    "logger=csv",
+    "task.batch_size=8",
+    "task.max_seq_length=64",
+    "task.datamodule.num_workers=0",
+    "task.datamodule.vocab_size=400",
+]
+
+
+def text_corpus_overrides(path) -> list[str]:
+    return ["corpus=text", f"corpus.paths=[{path}]"]
+
+
+def test_train_smoke_run_writes_results_checkpoints_and_metrics(tmp_path, corpus_file):
+    cfg = compose_config(
+        FAST
+        + text_corpus_overrides(corpus_file)
+        + ["trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.log_every_n_steps=2"],
+        tmp_path / "run",
+    )
+    results = train(cfg)
+    run = tmp_path / "run"
+    assert json.loads((run / "results.json").read_text()) == results
+    assert results["global_step"] == 6
+    for name in ("val/loss", "val/mlm_loss", "val/nsp_loss", "val/mlm_accuracy", "val/nsp_accuracy", "train/loss"):
+        assert name in results["metrics"]
+    header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"train/mlm_loss", "train/nsp_accuracy", "val/mlm_accuracy"} <= set(header)
+    assert (run / "tokenizer.json").is_file()
+    # Checkpoints hold plain containers: they load with weights_only=True, and back into the module.
+    checkpoint = torch.load(results["last_checkpoint"], weights_only=True, map_location="cpu")
+    assert checkpoint["hyper_parameters"]["model"]["num_hidden_layers"] == 2
+    restored = PreTrainingModule.load_from_checkpoint(results["best_checkpoint"], weights_only=True)
+    assert restored.config.vocab_size == checkpoint["hyper_parameters"]["model"]["vocab_size"]
+
+
+@pytest.mark.slow
+def test_pretraining_learns_on_real_text(tmp_path):
+    cfg = compose_config(
+        FAST
+        + [
+            "corpus=demo",
+            "task.datamodule.vocab_size=2000",
+            "task.batch_size=16",
+            "trainer.max_steps=150",
+            "trainer.val_check_interval=75",
+            "trainer.log_every_n_steps=1",
+            "optim.lr=2e-3",
+        ],
+        tmp_path / "run",
+    )
+    results = train(cfg)
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    column = rows[0].split(",").index("train/mlm_loss")
+    losses = [float(r.split(",")[column]) for r in rows[1:] if r.split(",")[column]]
+    start, end = sum(losses[:5]) / 5, sum(losses[-10:]) / 10
+    assert start > 7.0  # ~ln(2000) = 7.6: an untrained model guesses uniformly
+    assert end < start - 1.0, losses
+    assert results["metrics"]["val/mlm_loss"] < start - 1.0
+    assert results["metrics"]["val/mlm_accuracy"] > 0.03  # chance is 1/2000; "the" alone is ~5%
+
+
+def test_finished_run_directory_is_never_overwritten(tmp_path, corpus_file):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text("{}")
+    cfg = compose_config(FAST + text_corpus_overrides(corpus_file), tmp_path / "run")
+    with pytest.raises(UserError, match="already holds a finished run"):
+        train(cfg)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "message"),
+    [
+        (["corpus=text", "corpus.paths=[missing.txt]"], UserError, "corpus file missing.txt does not exist"),
+        (["corpus=text"], UserError, "corpus.paths is required"),
+        (["model.hidden_size=129"], ConfigError, "model.hidden_size \\(129\\) must be divisible"),
+        (["model.num_hidden_layers=0"], ConfigError, "model.num_hidden_layers must be a positive integer"),
+        (["task.max_seq_length=1024"], ConfigError, "exceeds model.max_position_embeddings"),
+    ],
+)
+def test_user_errors_name_the_thing(tmp_path, corpus_file, overrides, error, message):
+    base = FAST if "corpus=text" in overrides else FAST + text_corpus_overrides(corpus_file)
+    with pytest.raises(error, match=message):
+        train(compose_config(base + overrides, tmp_path / "run"))
+
+
+def test_corpus_without_enough_documents(tmp_path):
+    one_document = tmp_path / "one.txt"
+    one_document.write_text("A single document.\nWith two sentences.\n")
+    with pytest.raises(UserError, match="1 usable document.*blank line"):
+        train(compose_config(FAST + text_corpus_overrides(one_document), tmp_path / "run"))
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n\n   \n\x07\n")
+    with pytest.raises(UserError, match="0 usable document"):
+        train(compose_config(FAST + text_corpus_overrides(blank), tmp_path / "run2"))
+
+
+@pytest.mark.slow
+def test_entry_point_with_default_wandb_logger_runs_offline(tmp_path, corpus_file):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "src" / "train.py"),
+            "model=bert_tiny",
+            "task.batch_size=8",
+            "task.max_seq_length=64",
+            "task.datamodule.num_workers=0",
+            "task.datamodule.vocab_size=400",
+            "trainer.max_steps=4",
+            "trainer.val_check_interval=2",
+            *text_corpus_overrides(corpus_file),
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "WANDB_API_KEY": ""},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "lightbert: finished 4 steps" in result.stdout
+    run = tmp_path / "run"
+    assert (run / "results.json").is_file() and (run / "metrics.csv").is_file()
+    assert list((run / "wandb").glob("offline-run-*")), "W&B ran offline, without prompting"
+
+
+def test_entry_point_reports_a_user_error_without_a_traceback(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "src" / "train.py"),
+            "corpus=text",
+            "corpus.paths=[nowhere.txt]",
+            "logger=csv",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "lightbert: error: corpus file nowhere.txt does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
