@@ -14,80 +14,12 @@ from omegaconf import DictConfig, open_dict
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
 
-# Words for synthetic documents: each document draws from its own slice, so tests can tell documents apart.
-WORDS = [
-    w.strip()
-    for w in [
-        "the",
-        "of",
-        "and",
-        "to",
-        "in",
-        "is",
-        "was",
-        "for",
-        "on",
-        "that",
-        "by",
-        "with",
-        "as",
-        "at",
-        "from",
-        "his",
-        "her",
-        "are",
-        "were",
-        "be",
-        "this",
-        "which",
-        "have",
-        "or",
-        "an",
-        "had",
-        "not",
-        "but",
-        "their",
-        "they",
-        "one",
-        "its",
-        "new",
-        "after",
-        "first",
-        "also",
-        "been",
-        "has",
-        "who",
-        "two",
-        "more",
-        "other",
-        "into",
-        "all",
-        "time",
-        "when",
-        "some",
-        "would",
-        "there",
-        "can",
-        "city",
-        "year",
-        "state",
-        "world",
-        "school",
-        "people",
-        "part",
-        "music",
-        "team",
-        "river",
-        "war",
-        "album",
-        "film",
-        "series",
-        "party",
-        "house",
-        "game",
-        "called",
-    ]
-]
+# Common English words: the synthetic corpora are random sentences of these.
+WORDS = """
+the of and to in is was for on that by with as at from his her are were be this which have or an had not but
+their they one its new after first also been has who two more other into all time when some would there can
+city year state world school people part music team river war album film series party house game called
+""".split()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -27,7 +27,7 @@ def unknown_key_message(cfg: DictConfig, key: str) -> str | None:
     for part in key.split("."):
         if not isinstance(node, DictConfig):
             return None  # a list index or a leaf: not ours to judge
-        valid = sorted(str(k) for k in node.keys())  # keys(), not `in`: a ??? value is "not in" a DictConfig
+        valid = sorted(str(k) for k in node)  # iterate, not `in`: a ??? value is "not in" a DictConfig
         if part not in valid:
             where = ".".join(walked) or "the top level"
             close = difflib.get_close_matches(part, valid, n=1)

@@ -13,50 +13,8 @@ import re
 
 _CANDIDATE_BREAK = re.compile(r"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+(?=[\"'\u201c\u2018(\[]?[A-Z0-9])")
 _ABBREVIATIONS = frozenset(
-    [
-        "e.g",
-        "i.e",
-        "etc",
-        "vs",
-        "cf",
-        "al",
-        "fig",
-        "figs",
-        "no",
-        "nos",
-        "vol",
-        "pp",
-        "ch",
-        "sec",
-        "mr",
-        "mrs",
-        "ms",
-        "dr",
-        "prof",
-        "sr",
-        "jr",
-        "st",
-        "mt",
-        "inc",
-        "ltd",
-        "co",
-        "corp",
-        "jan",
-        "feb",
-        "mar",
-        "apr",
-        "jun",
-        "jul",
-        "aug",
-        "sep",
-        "sept",
-        "oct",
-        "nov",
-        "dec",
-        "approx",
-        "dept",
-        "est",
-    ]
+    "e.g i.e etc vs cf al fig figs no nos vol pp ch sec mr mrs ms dr prof sr jr st mt inc ltd co corp jan feb "
+    "mar apr jun jul aug sep sept oct nov dec approx dept est".split()
 )
 _WHITESPACE = re.compile(r"\s+")
 
