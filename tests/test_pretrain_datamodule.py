@@ -1,0 +1,52 @@
+"""The pre-training DataModule: prepared once and cached, held-out documents, masked batches."""
+
+import torch
+from conftest import write_bert_corpus
+
+from lightbert.data.corpus import TextCorpus
+from lightbert.data.masking import IGNORE_INDEX
+from lightbert.data.pretrain_datamodule import PretrainDataModule
+
+
+def datamodule(path, cache, **kwargs) -> PretrainDataModule:
+    options = dict(vocab_size=300, max_seq_length=64, batch_size=4, num_workers=0) | kwargs
+    return PretrainDataModule(TextCorpus([str(path)]), cache_dir=str(cache), **options)
+
+
+def test_prepared_once_then_loaded_from_cache(tmp_path, corpus_file):
+    first = datamodule(corpus_file, tmp_path)
+    first.prepare_data()
+    stamp = (first.examples_dir / "dataset_dict.json").stat().st_mtime_ns
+    second = datamodule(corpus_file, tmp_path)
+    assert second.examples_dir == first.examples_dir
+    second.prepare_data()  # a cache hit: nothing rewritten
+    assert (second.examples_dir / "dataset_dict.json").stat().st_mtime_ns == stamp
+    # Different settings or different text: a different cache entry.
+    assert datamodule(corpus_file, tmp_path, max_seq_length=32).examples_dir != first.examples_dir
+    write_bert_corpus(corpus_file, seed=9)
+    assert datamodule(corpus_file, tmp_path).examples_dir != first.examples_dir
+
+
+def test_validation_documents_are_held_out_whole(tmp_path, corpus_file):
+    dm = datamodule(corpus_file, tmp_path, validation_fraction=0.25)
+    dm.prepare_data()
+    dm.setup("fit")
+    train, validation = dm.datasets["train"], dm.datasets["validation"]
+    assert len(train) > 3 * len(validation) > 0
+
+    def segment_a_sentences(dataset):  # a first segment starts at a sentence of its own document
+        return {tuple(ids[1 : ids.index(dm.tokenizer.sep_id)][:5]) for ids in dataset["input_ids"]}
+
+    assert not segment_a_sentences(train) & segment_a_sentences(validation)
+
+
+def test_batches_are_masked_and_validation_masks_repeat(tmp_path, corpus_file):
+    dm = datamodule(corpus_file, tmp_path)
+    dm.prepare_data()
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert set(batch) == {"input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label"}
+    assert batch["input_ids"].shape[0] == 4 and batch["input_ids"].shape[1] % 8 == 0
+    assert (batch["labels"] != IGNORE_INDEX).sum() > 0
+    first, again = next(iter(dm.val_dataloader())), next(iter(dm.val_dataloader()))
+    assert torch.equal(first["labels"], again["labels"])  # comparable validation metrics across evaluations
