@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,15 @@ def compose_config(overrides: list[str], output_dir: Path) -> DictConfig:
     with open_dict(cfg):
         del cfg["hydra"]  # as in a real run: the task function never sees Hydra's own node
     return cfg
+
+
+def run_train_script(*args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
+    """`python src/train.py ARGS` in a subprocess, as a user would run it."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "src" / "train.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+        env={**os.environ, **env},
+    )

@@ -1,11 +1,7 @@
 """Every config composes; the headline commands compose as documented; user mistakes get one clear message."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from conftest import CONF_DIR, REPO, compose_config
+from conftest import CONF_DIR, compose_config, run_train_script
 from omegaconf import OmegaConf
 
 from lightbert.cli import check_command_line
@@ -48,14 +44,8 @@ def test_model_sizes_match_their_sources(tmp_path):
         assert model.intermediate_size == 4 * hidden
 
 
-def run_entry(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "src" / "train.py"), *args], capture_output=True, text=True, cwd=cwd, timeout=600
-    )
-
-
 def test_headline_command_prints_bert_large_on_ddp8_without_a_gpu():
-    result = run_entry("model=bert_large", "task=pretrain", "trainer=ddp8", "--cfg", "job")
+    result = run_train_script("model=bert_large", "task=pretrain", "trainer=ddp8", "--cfg", "job")
     assert result.returncode == 0, result.stderr
     job = OmegaConf.create(result.stdout)
     assert (job.model.num_hidden_layers, job.model.hidden_size, job.model.num_attention_heads) == (24, 1024, 16)
@@ -63,7 +53,7 @@ def test_headline_command_prints_bert_large_on_ddp8_without_a_gpu():
 
 
 def test_unknown_config_name_lists_the_options():
-    result = run_entry("model=bert_huge", "--cfg", "job")
+    result = run_train_script("model=bert_huge", "--cfg", "job")
     assert result.returncode != 0
     assert "bert_huge" in result.stderr and "bert_large" in result.stderr
 
@@ -79,7 +69,7 @@ def test_misspelled_key_names_the_valid_keys(capsys):
 
 
 def test_misspelled_key_on_the_command_line_exits_with_the_message():
-    result = run_entry("task.batch_sise=8")
+    result = run_train_script("task.batch_sise=8")
     assert result.returncode == 2
     assert "Did you mean task.batch_size?" in result.stderr
     assert "Traceback" not in result.stderr

@@ -1,26 +1,25 @@
 """`train(cfg)` end to end on CPU, and the errors a user can make on the way."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import REPO, compose_config
+from conftest import compose_config, run_train_script
 
 from lightbert.errors import ConfigError, UserError
 from lightbert.tasks.pretrain import PreTrainingModule
 from lightbert.train import train
 
-FAST = [
+# A tiny model on short sequences: a run of a few steps takes a second or two.
+SMALL = [
     "model=bert_tiny",
     "trainer=cpu",
-    "logger=csv",
     "task.batch_size=8",
     "task.max_seq_length=64",
     "task.datamodule.num_workers=0",
     "task.datamodule.vocab_size=400",
 ]
+FAST = [*SMALL, "logger=csv"]
 
 
 def text_corpus_overrides(path) -> list[str]:
@@ -113,24 +112,13 @@ def test_corpus_without_enough_documents(tmp_path):
 
 @pytest.mark.slow
 def test_entry_point_with_default_wandb_logger_runs_offline(tmp_path, corpus_file):
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "src" / "train.py"),
-            "model=bert_tiny",
-            "task.batch_size=8",
-            "task.max_seq_length=64",
-            "task.datamodule.num_workers=0",
-            "task.datamodule.vocab_size=400",
-            "trainer.max_steps=4",
-            "trainer.val_check_interval=2",
-            *text_corpus_overrides(corpus_file),
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**__import__("os").environ, "WANDB_API_KEY": ""},
+    result = run_train_script(
+        *SMALL,  # the logger stays the default, wandb
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        *text_corpus_overrides(corpus_file),
+        f"hydra.run.dir={tmp_path / 'run'}",
+        WANDB_API_KEY="",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "lightbert: finished 4 steps" in result.stdout
@@ -140,20 +128,15 @@ def test_entry_point_with_default_wandb_logger_runs_offline(tmp_path, corpus_fil
 
 
 def test_entry_point_reports_a_user_error_without_a_traceback(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "src" / "train.py"),
-            "corpus=text",
-            "corpus.paths=[nowhere.txt]",
-            "logger=csv",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
+    result = run_train_script(
+        "corpus=text", "corpus.paths=[nowhere.txt]", "logger=csv", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path
     )
     assert result.returncode == 2
     assert "lightbert: error: corpus file nowhere.txt does not exist" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_gpu_trainer_without_a_gpu_is_a_clear_error(tmp_path, corpus_file):
+    cfg = compose_config(FAST + text_corpus_overrides(corpus_file) + ["trainer=gpu"], tmp_path / "run")
+    with pytest.raises(UserError, match="trainer=gpu needs a CUDA GPU"):
+        train(cfg)

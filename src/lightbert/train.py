@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -55,19 +56,19 @@ def _check_output_dir(output_dir: Path) -> None:
 def _check_devices(cfg: DictConfig) -> None:
     accelerator = str(cfg.trainer.get("accelerator", "auto"))
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        choice = OmegaConf.select(cfg, "hydra:runtime.choices.trainer", default=None) or "this trainer"
-        raise UserError(f"trainer={choice} needs a CUDA GPU and none is visible here; use trainer=cpu")
+        choice = HydraConfig.get().runtime.choices.get("trainer") if HydraConfig.initialized() else None
+        raise UserError(f"trainer={choice or accelerator} needs a CUDA GPU and none is visible here; use trainer=cpu")
 
 
-def _model_config(cfg: DictConfig, tokenizer) -> dict:
+def _checked_model_config(cfg: DictConfig) -> dict:
+    """The model section as a plain dict, validated before any data work so a bad size fails at once."""
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    model["vocab_size"] = tokenizer.vocab_size  # the size files leave it to the tokenizer
-    model["pad_token_id"] = tokenizer.pad_id
+    config = BertConfig.from_dict(model)
     max_seq_length = OmegaConf.select(cfg, "task.max_seq_length", default=None)
-    if max_seq_length and max_seq_length > model.get("max_position_embeddings", 512):
+    if max_seq_length and max_seq_length > config.max_position_embeddings:
         raise ConfigError(
-            f"task.max_seq_length ({max_seq_length}) exceeds "
-            f"model.max_position_embeddings ({model['max_position_embeddings']})"
+            f"task.max_seq_length ({max_seq_length}) exceeds model.max_position_embeddings "
+            f"({config.max_position_embeddings}); shorten the sequences or raise max_position_embeddings"
         )
     return model
 
@@ -89,13 +90,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     L.seed_everything(cfg.seed, workers=True)
-    BertConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))  # a bad size fails before any data work
+    model_config = _checked_model_config(cfg)
     try:
         datamodule = _instantiate(cfg.task.datamodule)
         tokenizer = datamodule.tokenizer
         module = _instantiate(
             cfg.task.module,
-            model=_model_config(cfg, tokenizer),
+            # The size files leave the vocabulary to the tokenizer.
+            model={**model_config, "vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_id},
             optim=OmegaConf.to_container(cfg.optim, resolve=True),
             _convert_="all",
         )

@@ -28,7 +28,8 @@ from lightbert.data.sentences import split_document, split_sentences
 from lightbert.errors import UserError
 
 
-def _digest(obj: object) -> str:
+def digest(obj: object) -> str:
+    """A short stable hash of JSON-able values: the cache keys of corpora, tokenizers and examples."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -60,7 +61,7 @@ class TextCorpus:
 
     @property
     def fingerprint(self) -> str:
-        return _digest(["text", [_file_identity(p) for p in self.paths]])
+        return digest(["text", [_file_identity(p) for p in self.paths]])
 
     def documents(self) -> Iterator[list[str]]:
         for path in self.paths:
@@ -137,7 +138,7 @@ class HFCorpus:
             listed = [files] if isinstance(files, str) else files
             if not isinstance(listed, dict):
                 files = [_file_identity(Path(p)) if Path(p).is_file() else p for p in listed]
-        return _digest(["hf", self.name, self.config, self.split, self.text_column, files, self.revision])
+        return digest(["hf", self.name, self.config, self.split, self.text_column, files, self.revision])
 
     def load(self, cache_dir: Path, num_proc: int | None = None) -> datasets.Dataset:
         try:
@@ -182,7 +183,7 @@ class DemoCorpus:
 
     @property
     def fingerprint(self) -> str:
-        return _digest(["demo", self.VERSION, sys.version_info[:2]])
+        return digest(["demo", self.VERSION, sys.version_info[:2]])
 
     def path(self, cache_dir: Path) -> Path:
         return cache_dir / "demo" / f"python{sys.version_info[0]}{sys.version_info[1]}-docs-v{self.VERSION}.txt"

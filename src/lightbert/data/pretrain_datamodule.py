@@ -8,7 +8,6 @@ keyed by everything they depend on. `setup` only loads them. Masking happens in 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 from functools import cached_property
@@ -19,7 +18,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from lightbert.data.corpus import DemoCorpus, HFCorpus, TextCorpus
+from lightbert.data.corpus import DemoCorpus, HFCorpus, TextCorpus, digest
 from lightbert.data.masking import MaskingCollator
 from lightbert.data.pretraining import create_pretraining_examples
 from lightbert.data.tokenizer import BertTokenizer, iter_sentences, load_tokenizer, train_wordpiece
@@ -27,10 +26,6 @@ from lightbert.errors import UserError
 
 Corpus = TextCorpus | HFCorpus | DemoCorpus
 EXAMPLES_VERSION = 2  # bump when example creation changes, so cached examples are rebuilt
-
-
-def _digest(obj: object) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _tokenize_documents(batch: dict, tokenizer: BertTokenizer) -> dict:
@@ -92,7 +87,7 @@ class PretrainDataModule(L.LightningDataModule):
         """The given tokenizer, or one trained on this corpus (cached, so every rank and rerun shares it)."""
         if self.tokenizer_path:
             return load_tokenizer(self.tokenizer_path, lowercase=self.lowercase)
-        key = _digest([self.corpus.fingerprint, self.vocab_size, self.lowercase])
+        key = digest([self.corpus.fingerprint, self.vocab_size, self.lowercase])
         path = self.cache_dir / "tokenizers" / key / "tokenizer.json"
         if not path.is_file():
             documents = self._documents()
@@ -106,7 +101,7 @@ class PretrainDataModule(L.LightningDataModule):
 
     @cached_property
     def examples_dir(self) -> Path:
-        key = _digest(
+        key = digest(
             [
                 EXAMPLES_VERSION,
                 self.corpus.fingerprint,

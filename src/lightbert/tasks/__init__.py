@@ -1,0 +1,1 @@
+"""LightningModules, one per objective family, each wrapping the shared encoder."""
