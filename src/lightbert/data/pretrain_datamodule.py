@@ -52,7 +52,7 @@ class PretrainDataModule(L.LightningDataModule):
         masked_lm_prob: float = 0.15,
         short_seq_prob: float = 0.1,
         whole_word_masking: bool = False,
-        dupe_factor: int = 1,
+        dupe_factor: int = 10,
         validation_fraction: float = 0.05,
         batch_size: int = 32,
         num_workers: int = 2,
