@@ -84,6 +84,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     started = time.time()
     # The run directory always holds Hydra's .hydra/ when the CSV logger starts writing there: not a problem.
     warnings.filterwarnings("ignore", message=".*exists and is not empty.*")
+    warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")  # Lightning internals vs newer torch
     output_dir = Path(cfg.paths.output_dir)
     _check_output_dir(output_dir)
     _check_devices(cfg)
