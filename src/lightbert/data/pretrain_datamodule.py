@@ -90,9 +90,8 @@ class PretrainDataModule(L.LightningDataModule):
         key = digest([self.corpus.fingerprint, self.vocab_size, self.lowercase])
         path = self.cache_dir / "tokenizers" / key / "tokenizer.json"
         if not path.is_file():
-            documents = self._documents()
             tokenizer = train_wordpiece(
-                iter_sentences(documents["sentences"]), vocab_size=self.vocab_size, lowercase=self.lowercase
+                iter_sentences(self.documents["sentences"]), vocab_size=self.vocab_size, lowercase=self.lowercase
             )
             tokenizer.save(path)
         return load_tokenizer(path)
@@ -115,13 +114,15 @@ class PretrainDataModule(L.LightningDataModule):
         )
         return self.cache_dir / "examples" / key
 
-    def _documents(self) -> datasets.Dataset:
+    @cached_property
+    def documents(self) -> datasets.Dataset:
+        """The corpus as a dataset of documents; loaded once, shared by tokenizer training and example creation."""
         return self.corpus.load(self.cache_dir, num_proc=self.preprocessing_workers)
 
     def prepare_data(self) -> None:
         if (self.examples_dir / "dataset_dict.json").is_file():
             return
-        documents = self._documents()
+        documents = self.documents
         tokenizer = self.tokenizer
         num_proc = self._num_proc(len(documents))
         documents = documents.map(

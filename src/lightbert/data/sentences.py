@@ -37,7 +37,7 @@ def split_sentences(text: str) -> list[str]:
         piece = text[start : match.start()]
         if piece.endswith(".") and _ends_with_abbreviation(piece):
             continue
-        sentences.append(text[start : match.start()].strip() + text[match.start() : match.end()].rstrip())
+        sentences.append(piece.strip() + text[match.start() : match.end()].rstrip())  # keep closing quotes
         start = match.end()
     sentences.append(text[start:].strip())
     return [s for s in sentences if s]
