@@ -1,4 +1,4 @@
-"""Friendlier command-line errors than Hydra's for the commonest mistake: a misspelled config key.
+"""Friendlier command-line errors than Hydra's for the commonest mistakes: a misspelled config key or option.
 
 Hydra rejects `trainer.max_stepz=10` with "Key 'max_stepz' is not in struct". Before Hydra runs, this
 composes the config the same way and, for a key that does not exist, names the valid keys at that level
@@ -19,6 +19,24 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 def _is_group(key: str, conf_dir: Path) -> bool:
     return (conf_dir / key.replace(".", "/")).is_dir()
+
+
+def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
+    """The options of a config group, nested ones as `glue/mrpc`; files starting with `_` are shared parts."""
+    root = conf_dir / group.replace(".", "/")
+    return sorted(
+        str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml") if not p.name.startswith("_")
+    )
+
+
+def unknown_option_message(group: str, option: str, conf_dir: Path = CONF_DIR) -> str | None:
+    """None when `group=option` names a config file, else a message listing the group's options."""
+    options = group_options(group, conf_dir)
+    if option in options or option == "null":
+        return None
+    close = difflib.get_close_matches(option, options, n=1)
+    hint = f" Did you mean {group}={close[0]}?" if close else ""
+    return f"unknown {group} '{option}'.{hint}\nValid options of {group}: {', '.join(options)}."
 
 
 def unknown_key_message(cfg: DictConfig, key: str) -> str | None:
@@ -42,7 +60,7 @@ def unknown_key_message(cfg: DictConfig, key: str) -> str | None:
 
 
 def check_command_line(argv: list[str], conf_dir: Path = CONF_DIR, config_name: str = "train") -> None:
-    """Exit with a clear message when an override names a config key that does not exist."""
+    """Exit with a clear message when an override names a config key or a group option that does not exist."""
     try:
         from hydra import compose, initialize_config_dir
         from hydra._internal.utils import get_args_parser
@@ -58,11 +76,14 @@ def check_command_line(argv: list[str], conf_dir: Path = CONF_DIR, config_name: 
         if override.is_add() or override.is_force_add() or override.is_delete() or key.startswith("hydra"):
             continue
         if _is_group(key, conf_dir):
-            value = override.value()
-            if override.is_sweep_override():
-                value = next(iter(override.sweep_string_iterator()), None)
-            if isinstance(value, str):
-                groups.append(f"{key}={value}")
+            values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+            for value in values:
+                message = unknown_option_message(key, value, conf_dir) if isinstance(value, str) else None
+                if message:
+                    print(f"lightbert: error: {message}", file=sys.stderr)
+                    sys.exit(2)
+            if values and isinstance(values[0], str):
+                groups.append(f"{key}={values[0]}")
         else:
             keys.append(key)
     if not keys:

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from lightbert.errors import ConfigError, UserError
+from lightbert.interop import Pretrained, load_into, load_pretrained
 from lightbert.model import BertConfig
 
 log = logging.getLogger(__name__)
@@ -60,10 +61,46 @@ def _check_devices(cfg: DictConfig) -> None:
         raise UserError(f"trainer={choice or accelerator} needs a CUDA GPU and none is visible here; use trainer=cpu")
 
 
-def _checked_model_config(cfg: DictConfig) -> dict:
-    """The model section as a plain dict, validated before any data work so a bad size fails at once."""
+SIZE_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
+REGULARISATION_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+
+
+def _explicit_model_overrides() -> list[str]:
+    """The command line's `model=...` / `model.x=...` overrides (empty outside a Hydra run)."""
+    if not HydraConfig.initialized():
+        return []
+    overrides = HydraConfig.get().overrides.task
+    return [o for o in overrides if o.lstrip("+~").startswith(("model=", "model."))]
+
+
+def _checked_model_config(cfg: DictConfig, pretrained: Pretrained | None) -> dict:
+    """The architecture as a plain dict, validated before any data work so a bad size fails at once.
+
+    With init_from the checkpoint decides the sizes; a `model=` asking for other sizes is an error rather than
+    a silent choice. Dropout set on the command line still applies (it does not change the weights).
+    """
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    config = BertConfig.from_dict(model)
+    if pretrained is not None:
+        explicit = _explicit_model_overrides()
+        if explicit:
+            differ = [f for f in SIZE_FIELDS if f in model and model[f] != pretrained.config[f]]
+            if differ:
+                sizes = ", ".join(f"{f} {pretrained.config[f]} (asked {model[f]})" for f in differ)
+                raise ConfigError(
+                    f"init_from={cfg.init_from} has other sizes than {' '.join(explicit)} asks for: {sizes}. "
+                    "The checkpoint sets the architecture: drop the model override"
+                )
+            model = {**pretrained.config, **{f: model[f] for f in REGULARISATION_FIELDS if f in model}}
+        else:
+            model = dict(pretrained.config)
+    config = BertConfig.from_dict({k: v for k, v in model.items() if k != "vocab_size"})
     max_seq_length = OmegaConf.select(cfg, "task.max_seq_length", default=None)
     if max_seq_length and max_seq_length > config.max_position_embeddings:
         raise ConfigError(
@@ -91,17 +128,22 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     L.seed_everything(cfg.seed, workers=True)
-    model_config = _checked_model_config(cfg)
+    init_from = cfg.get("init_from")
+    pretrained = load_pretrained(str(init_from)) if init_from else None
+    model_config = _checked_model_config(cfg, pretrained)
     try:
-        datamodule = _instantiate(cfg.task.datamodule)
+        tokenizer_kwargs = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}
+        # Partial, then called: objects passed through instantiate() would be turned into configs.
+        datamodule = _instantiate(cfg.task.datamodule, _partial_=True)(**tokenizer_kwargs)
         tokenizer = datamodule.tokenizer
         module = _instantiate(
             cfg.task.module,
-            # The size files leave the vocabulary to the tokenizer.
-            model={**model_config, "vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_id},
+            model=_with_vocabulary(model_config, tokenizer, pretrained),
             optim=OmegaConf.to_container(cfg.optim, resolve=True),
             _convert_="all",
         )
+        if pretrained is not None:
+            load_into(module.model, pretrained)
         callbacks = [_instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
         loggers = [_instantiate(c) for c in (cfg.get("logger") or {}).values()]
         trainer: L.Trainer = _instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
@@ -110,10 +152,48 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         _save_tokenizer(tokenizer, output_dir)
         trainer.fit(module, datamodule=datamodule)
         results = _results(trainer, output_dir, time.time() - started)
+        results["predictions"] = _write_test_predictions(trainer, module, datamodule, output_dir)
         _write_results(results, output_dir)
         return results
     finally:
         _finish_wandb()
+
+
+def _with_vocabulary(model_config: dict, tokenizer, pretrained: Pretrained | None) -> dict:
+    """The size files leave the vocabulary to the tokenizer; a checkpoint brings its own embedding size."""
+    if pretrained is None:
+        return {**model_config, "vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_id}
+    if tokenizer.vocab_size > model_config["vocab_size"]:
+        raise UserError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but init_from={pretrained.source} embeds only "
+            f"{model_config['vocab_size']}; use the tokenizer that came with the checkpoint"
+        )
+    return model_config
+
+
+def _write_test_predictions(trainer: L.Trainer, module, datamodule, output_dir: Path) -> list[str]:
+    """Predict every test split with the best checkpoint and write the task's submission files."""
+    if not callable(getattr(datamodule, "write_predictions", None)) or not datamodule.test_splits:
+        return []
+    checkpoint = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
+    ckpt_path = "best" if checkpoint is not None and checkpoint.best_model_path else None
+    batches = trainer.predict(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    if len(datamodule.test_splits) == 1:
+        batches = [batches]
+    merged = []
+    for split_batches in batches:
+        by_idx = {}
+        for out in split_batches:
+            by_idx.update(zip(out["idx"].tolist(), out["prediction"].tolist(), strict=True))
+        merged.append(by_idx)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gathered: list = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, merged)  # each rank predicted its share of every split
+        merged = [{k: v for rank in gathered for k, v in rank[i].items()} for i in range(len(merged))]
+    if trainer.global_rank != 0:
+        return []
+    written = datamodule.write_predictions(merged, output_dir / "predictions")
+    return [str(p) for p in written]
 
 
 @rank_zero_only
@@ -125,8 +205,11 @@ def _save_tokenizer(tokenizer, output_dir: Path) -> None:
 def _results(trainer: L.Trainer, output_dir: Path, seconds: float) -> dict[str, Any]:
     checkpoint = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
     metrics = {name: float(value) for name, value in sorted(trainer.callback_metrics.items())}
+    best = checkpoint.best_model_score if checkpoint is not None else None
     return {
         "metrics": metrics,
+        "monitor": checkpoint.monitor if checkpoint else None,
+        "best_score": float(best) if best is not None else None,
         "global_step": trainer.global_step,
         "best_checkpoint": checkpoint.best_model_path if checkpoint else None,
         "last_checkpoint": checkpoint.last_model_path if checkpoint else None,
@@ -141,10 +224,13 @@ def _write_results(results: dict[str, Any], output_dir: Path) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
     metrics = results["metrics"]
-    shown = ", ".join(
-        f"{k}={metrics[k]:.4f}" for k in ("val/loss", "val/mlm_accuracy", "val/nsp_accuracy") if k in metrics
-    )
+    shown = [f"{k}={v:.4f}" for k, v in metrics.items() if k.startswith("val/")][:6]
+    if results["monitor"] and results["best_score"] is not None:
+        shown.append(f"best {results['monitor']}={results['best_score']:.4f}")
+    outputs = [RESULTS_FILE, "metrics.csv", "checkpoints/", "tokenizer.json"]
+    if results.get("predictions"):
+        outputs.append("predictions/")
     print(
-        f"lightbert: finished {results['global_step']} steps in {results['seconds']:.0f}s ({shown}). "
-        f"Outputs in {output_dir}: {RESULTS_FILE}, metrics.csv, checkpoints/, tokenizer.json"
+        f"lightbert: finished {results['global_step']} steps in {results['seconds']:.0f}s ({', '.join(shown)}). "
+        f"Outputs in {output_dir}: {', '.join(outputs)}"
     )

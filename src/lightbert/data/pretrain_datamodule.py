@@ -44,6 +44,7 @@ class PretrainDataModule(L.LightningDataModule):
         self,
         corpus: Corpus,
         cache_dir: str,
+        tokenizer: BertTokenizer | None = None,
         tokenizer_path: str | None = None,
         vocab_size: int = 30522,
         lowercase: bool = True,
@@ -69,7 +70,7 @@ class PretrainDataModule(L.LightningDataModule):
             raise UserError(f"task.validation_fraction must be in (0, 1), got {validation_fraction}")
         self.corpus = corpus
         self.cache_dir = Path(cache_dir).expanduser()
-        self.tokenizer_path = tokenizer_path
+        self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
         self.vocab_size, self.lowercase = vocab_size, lowercase
         self.max_seq_length, self.short_seq_prob, self.dupe_factor = max_seq_length, short_seq_prob, dupe_factor
         self.max_predictions_per_seq, self.masked_lm_prob = max_predictions_per_seq, masked_lm_prob
@@ -85,6 +86,8 @@ class PretrainDataModule(L.LightningDataModule):
     @cached_property
     def tokenizer(self) -> BertTokenizer:
         """The given tokenizer, or one trained on this corpus (cached, so every rank and rerun shares it)."""
+        if self._tokenizer is not None:  # from init_from's checkpoint
+            return self._tokenizer
         if self.tokenizer_path:
             return load_tokenizer(self.tokenizer_path, lowercase=self.lowercase)
         key = digest([self.corpus.fingerprint, self.vocab_size, self.lowercase])

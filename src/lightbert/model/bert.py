@@ -258,3 +258,29 @@ def init_weights(module: nn.Module, std: float) -> None:
     elif isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)
         nn.init.zeros_(module.bias)
+
+
+class BertForSequenceClassification(nn.Module):
+    """Encoder + dropout + one linear layer on the pooled [CLS] vector (paper §4.1).
+
+    `num_labels == 1` makes it a regression head (STS-B). Names match Hugging Face's class of the same name,
+    so its fine-tuned checkpoints load one-to-one.
+    """
+
+    def __init__(self, config: BertConfig, num_labels: int):
+        super().__init__()
+        self.config = config
+        self.num_labels = num_labels
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        self.apply(lambda module: init_weights(module, config.initializer_range))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        _, pooled_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        return self.classifier(self.dropout(pooled_output))  # (B, num_labels)
