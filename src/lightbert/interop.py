@@ -26,7 +26,7 @@ import torch
 
 from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
 from lightbert.errors import UserError
-from lightbert.model import BertConfig
+from lightbert.model import BertConfig, BertForPreTraining
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +297,10 @@ def import_hf(pretrained: Pretrained, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir).expanduser()
     tmp = _fresh_output_dir(out_dir)
     try:
-        state = {"model." + k: v.contiguous() for k, v in pretrained.state_dict.items()}
+        # Through the real module, so the checkpoint holds exactly its keys (the tied decoder included).
+        model = BertForPreTraining(BertConfig.from_dict(pretrained.config))
+        load_into(model, pretrained)
+        state = {"model." + k: v for k, v in model.state_dict().items()}
         checkpoint = {
             "state_dict": state,
             "hyper_parameters": {"model": pretrained.config, "optim": {}, "sparse_mlm_head": True},

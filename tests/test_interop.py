@@ -1,0 +1,222 @@
+"""Checkpoints in and out: Hugging Face directories <-> lightbert, with equal numerics both ways."""
+
+import json
+import random
+
+import pytest
+import torch
+import transformers
+from conftest import compose_config
+from glue_files import WORDS
+from test_model import random_batch
+
+from lightbert.convert import main as convert
+from lightbert.data.tokenizer import train_wordpiece
+from lightbert.errors import ConfigError, UserError
+from lightbert.interop import load_into, load_pretrained
+from lightbert.model import BertConfig, BertForPreTraining
+from lightbert.tasks.pretrain import PreTrainingModule
+from lightbert.train import train
+
+ATOL = 1e-5
+
+
+def write_hf_bert(directory, seed: int = 0, bare_encoder: bool = False):
+    """A small random transformers BERT saved with save_pretrained, plus a WordPiece vocab.txt."""
+    rng = random.Random(seed)
+    tokenizer = train_wordpiece([" ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(200)], vocab_size=200)
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    model = transformers.BertModel(config) if bare_encoder else transformers.BertForPreTraining(config)
+    model.save_pretrained(directory)
+    vocab = sorted(tokenizer.backend.get_vocab().items(), key=lambda item: item[1])
+    (directory / "vocab.txt").write_text("".join(token + "\n" for token, _ in vocab))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return write_hf_bert(tmp_path_factory.mktemp("hf") / "bert")
+
+
+def lightbert_from(directory) -> BertForPreTraining:
+    pretrained = load_pretrained(str(directory))
+    model = BertForPreTraining(BertConfig.from_dict(pretrained.config))
+    assert load_into(model, pretrained) == []  # every weight came from the checkpoint
+    return model.eval()
+
+
+def assert_same_outputs(ours: BertForPreTraining, hf: transformers.BertForPreTraining, vocab: int) -> None:
+    input_ids, token_type_ids, attention_mask = random_batch(vocab=vocab)
+    with torch.no_grad():
+        mlm, nsp = ours(input_ids, token_type_ids, attention_mask)
+        _, _, hidden = ours.bert(input_ids, token_type_ids, attention_mask, output_hidden_states=True)
+        ref = hf(
+            input_ids=input_ids,
+            token_type_ids=token_type_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=True,
+        )
+    real = attention_mask.bool()  # padded positions are free to differ
+    torch.testing.assert_close(mlm[real], ref.prediction_logits[real], atol=ATOL, rtol=0)
+    torch.testing.assert_close(nsp, ref.seq_relationship_logits, atol=ATOL, rtol=0)
+    assert len(hidden) == len(ref.hidden_states)
+    for layer, (h, r) in enumerate(zip(hidden, ref.hidden_states, strict=True)):
+        torch.testing.assert_close(h[real], r[real], atol=ATOL, rtol=0, msg=f"hidden state {layer}")
+
+
+def test_hugging_face_directory_loads_with_equal_outputs(hf_dir):
+    hf = transformers.BertForPreTraining.from_pretrained(hf_dir).eval()
+    ours = lightbert_from(hf_dir)
+    assert_same_outputs(ours, hf, ours.config.vocab_size)
+
+
+def test_hugging_face_tokenizer_comes_with_the_checkpoint(hf_dir):
+    pretrained = load_pretrained(str(hf_dir))
+    reference = transformers.AutoTokenizer.from_pretrained(hf_dir)  # a BERT tokenizer from vocab.txt
+    text = "The film was GREAT, the river city team"
+    assert pretrained.tokenizer.encode_batch([text])[0] == reference(text, add_special_tokens=False)["input_ids"]
+
+
+def test_bare_encoder_checkpoint_loads_and_leaves_heads_fresh(tmp_path):
+    directory = write_hf_bert(tmp_path / "encoder", bare_encoder=True)
+    pretrained = load_pretrained(str(directory))
+    model = BertForPreTraining(BertConfig.from_dict(pretrained.config))
+    fresh = load_into(model, pretrained)
+    assert fresh and all(name.startswith("cls.") for name in fresh)
+    hf = transformers.BertModel.from_pretrained(directory).eval()
+    input_ids, token_type_ids, attention_mask = random_batch(vocab=model.config.vocab_size)
+    with torch.no_grad():
+        ours = model.eval().bert(input_ids, token_type_ids, attention_mask)[0]
+        ref = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).last_hidden_state
+    real = attention_mask.bool()
+    torch.testing.assert_close(ours[real], ref[real], atol=ATOL, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def pretraining_run(tmp_path_factory):
+    """A real lightbert pre-training run (issue #2's pipeline) of a few steps: its directory."""
+    root = tmp_path_factory.mktemp("pretrain")
+    from conftest import write_bert_corpus
+
+    corpus = write_bert_corpus(root / "corpus.txt")
+    cfg = compose_config(
+        [
+            "model=bert_tiny",
+            "trainer=cpu",
+            "logger=csv",
+            "corpus=text",
+            f"corpus.paths=[{corpus}]",
+            "task.batch_size=8",
+            "task.max_seq_length=64",
+            "task.datamodule.num_workers=0",
+            "task.datamodule.vocab_size=400",
+            "trainer.max_steps=4",
+            "trainer.val_check_interval=2",
+        ],
+        root / "run",
+    )
+    train(cfg)
+    return root / "run"
+
+
+def test_exported_pretraining_checkpoint_gives_transformers_the_same_logits(pretraining_run, tmp_path):
+    out = tmp_path / "exported"
+    assert convert(["to-hf", str(pretraining_run), str(out)]) == 0
+    assert {"config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "tokenizer_config.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    hf = transformers.BertForPreTraining.from_pretrained(out).eval()
+    results = json.loads((pretraining_run / "results.json").read_text())
+    ours = PreTrainingModule.load_from_checkpoint(results["best_checkpoint"], weights_only=True).model.eval()
+    assert_same_outputs(ours, hf, ours.config.vocab_size)
+    # The exported tokenizer is the run's: transformers encodes text to the same ids.
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    text = "The album was called the new river."
+    ours_ids = load_pretrained(str(pretraining_run)).tokenizer.encode_batch([text])[0]
+    assert hf_tokenizer(text, add_special_tokens=False)["input_ids"] == ours_ids
+
+
+def test_imported_checkpoint_loads_as_a_lightbert_module(hf_dir, tmp_path):
+    out = tmp_path / "imported"
+    assert convert(["from-hf", str(hf_dir), str(out)]) == 0
+    module = PreTrainingModule.load_from_checkpoint(out / "model.ckpt", weights_only=True)
+    hf = transformers.BertForPreTraining.from_pretrained(hf_dir).eval()
+    assert_same_outputs(module.model.eval(), hf, module.config.vocab_size)
+    assert (out / "tokenizer.json").is_file()
+    # ... and back: exporting the import reproduces the original outputs.
+    assert convert(["to-hf", str(out / "model.ckpt"), str(tmp_path / "again")]) == 0
+    assert_same_outputs(
+        module.model.eval(),
+        transformers.BertForPreTraining.from_pretrained(tmp_path / "again").eval(),
+        module.config.vocab_size,
+    )
+
+
+# -- errors a user can make -----------------------------------------------------------------------------------
+
+
+def test_missing_checkpoint_names_the_path(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_pretrained(str(tmp_path / "nope.ckpt"))
+
+
+def test_unreadable_checkpoint_is_one_clear_error(tmp_path):
+    broken = tmp_path / "broken.ckpt"
+    broken.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(UserError, match="could not read checkpoint"):
+        load_pretrained(str(broken))
+
+
+def test_unreadable_hugging_face_weights_are_one_clear_error(hf_dir, tmp_path):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "config.json").write_text((hf_dir / "config.json").read_text())
+    (copy / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(UserError, match="could not read weights"):
+        load_pretrained(str(copy))
+
+
+def test_directory_that_is_no_checkpoint_says_what_it_needs(tmp_path):
+    with pytest.raises(UserError, match="neither config.json"):
+        load_pretrained(str(tmp_path))
+
+
+def test_hub_id_without_network_says_to_pass_a_directory(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError, match="download the model elsewhere"):
+        load_pretrained("someone/not-a-cached-bert")
+
+
+def test_weights_that_do_not_fit_the_config_are_refused(hf_dir, tmp_path):
+    copy = tmp_path / "mismatch"
+    copy.mkdir()
+    config = json.loads((hf_dir / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
+    (copy / "model.safetensors").write_bytes((hf_dir / "model.safetensors").read_bytes())
+    pretrained = load_pretrained(str(copy))
+    with pytest.raises(UserError, match="does not fit the model"):
+        load_into(BertForPreTraining(BertConfig.from_dict(pretrained.config)), pretrained)
+
+
+def test_export_never_writes_into_a_non_empty_directory(pretraining_run, tmp_path):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert convert(["to-hf", str(pretraining_run), str(out)]) == 2
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert not list(tmp_path.glob("taken.tmp*"))
+
+
+def test_model_size_other_than_the_checkpoint_is_refused(hf_dir, tmp_path):
+    cfg = compose_config(["task=glue/sst2", f"init_from={hf_dir}", "model=bert_base"], tmp_path / "run")
+    with pytest.raises(ConfigError, match="other sizes"):
+        train(cfg)
+    assert not (tmp_path / "run" / "results.json").exists()
