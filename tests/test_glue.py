@@ -1,0 +1,226 @@
+"""GLUE: metrics equal to scikit-learn/scipy, encoding, every task end to end on local files, and bad input."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import compose_config, run_train_script
+from glue_files import glue_data_files, write_glue_file
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+from test_interop import write_hf_bert
+
+from lightbert.data.glue import TASKS, UnpaddedDistributedSampler, encode_examples, truncate_pair
+from lightbert.data.tokenizer import load_tokenizer
+from lightbert.errors import UserError
+from lightbert.tasks.classification import SequenceClassificationModule, glue_metrics
+from lightbert.train import train
+
+REFERENCE = {
+    "accuracy": accuracy_score,
+    "f1": f1_score,
+    "mcc": matthews_corrcoef,
+    "pearson": lambda y, p: pearsonr(y, p)[0],
+    "spearman": lambda y, p: spearmanr(y, p)[0],
+}
+
+
+def fake_predictions(task: str, n: int = 301, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    spec = TASKS[task]
+    if spec.is_regression:
+        labels = rng.uniform(0, 5, n)
+        return labels, labels + rng.normal(0, 1.5, n)  # correlated, not equal
+    labels = rng.integers(0, spec.num_labels, n)
+    predictions = np.where(rng.random(n) < 0.6, labels, rng.integers(0, spec.num_labels, n))
+    return labels, predictions
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_metrics_equal_scikit_learn_and_scipy(task):
+    labels, predictions = fake_predictions(task)
+    metrics = glue_metrics(TASKS[task])
+    dtype = torch.float if TASKS[task].is_regression else torch.long
+    for chunk in np.array_split(np.arange(len(labels)), 7):  # batch by batch, as in validation
+        metrics.update(torch.tensor(predictions[chunk], dtype=dtype), torch.tensor(labels[chunk], dtype=dtype))
+    values = metrics.compute()
+    assert set(values) == set(TASKS[task].metrics)
+    for name, value in values.items():
+        assert float(value) == pytest.approx(REFERENCE[name](labels, predictions), abs=1e-5), name
+
+
+def test_metrics_over_shards_of_several_devices_count_every_example_once():
+    labels, predictions = fake_predictions("mrpc", n=103)
+    world = 4
+    shards = []
+    for rank in range(world):
+        indices = list(UnpaddedDistributedSampler(range(len(labels)), num_replicas=world, rank=rank))
+        shard = glue_metrics(TASKS["mrpc"])
+        shard.update(torch.tensor(predictions[indices]), torch.tensor(labels[indices]))
+        shards.append((indices, shard))
+    seen = sorted(i for indices, _ in shards for i in indices)
+    assert seen == list(range(len(labels)))  # no example dropped, none repeated
+    # What torchmetrics' sync does across processes: merge the states, then compute.
+    merged = shards[0][1]
+    for _, shard in shards[1:]:
+        for name in merged:
+            merged[name].merge_state(shard[name])
+    values = merged.compute()
+    assert float(values["f1"]) == pytest.approx(f1_score(labels, predictions), abs=1e-6)
+    assert float(values["accuracy"]) == pytest.approx(accuracy_score(labels, predictions), abs=1e-6)
+
+
+def test_truncation_drops_from_the_longer_sequence_first():
+    a, b = truncate_pair(list(range(10)), list(range(100, 104)), 9)
+    assert (a, b) == ([0, 1, 2, 3, 4], [100, 101, 102, 103])
+    a, b = truncate_pair(list(range(6)), list(range(100, 106)), 7)
+    assert len(a) + len(b) == 7 and abs(len(a) - len(b)) <= 1
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return write_hf_bert(tmp_path_factory.mktemp("hf") / "bert")
+
+
+def test_pairs_are_encoded_as_cls_a_sep_b_sep_with_segments(hf_dir):
+    tokenizer = load_tokenizer(hf_dir / "vocab.txt")
+    batch = {"sentence1": ["the film was good " * 20], "sentence2": ["the river"]}
+    out = encode_examples(batch, tokenizer, ("sentence1", "sentence2"), max_seq_length=16)
+    ids, types = out["input_ids"][0], out["token_type_ids"][0]
+    assert len(ids) == 16 and ids[0] == tokenizer.cls_id
+    assert [i for i, t in enumerate(ids) if t == tokenizer.sep_id] == [12, 15]
+    assert types == [0] * 13 + [1] * 3
+    assert tokenizer.convert_ids_to_tokens(ids[13:15]) == ["the", "river"]
+
+
+def glue_overrides(task: str, files: dict, hf_dir) -> list[str]:
+    return [
+        f"task=glue/{task}",
+        f"init_from={hf_dir}",
+        "trainer=cpu",
+        "logger=csv",
+        "task.batch_size=8",
+        "task.max_seq_length=32",
+        "task.datamodule.num_workers=0",
+        "trainer.max_epochs=2",
+        *(f"task.data_files.{split}={path}" for split, path in files.items()),
+    ]
+
+
+FORMATS = ["csv", "tsv", "json", "jsonl", "parquet"]
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_every_glue_task_fine_tunes_end_to_end_on_local_files(task, hf_dir, tmp_path):
+    ext = FORMATS[sorted(TASKS).index(task) % len(FORMATS)]
+    files = glue_data_files(tmp_path / "data", task, ext)
+    results = train(compose_config(glue_overrides(task, files, hf_dir), tmp_path / "run"))
+    spec = TASKS[task]
+    metrics = results["metrics"]
+    tags = ["_m", "_mm"] if task == "mnli" else [""]
+    for tag in tags:  # MNLI reports both validation sets
+        for name in spec.metrics:
+            assert f"val/{name}{tag}" in metrics
+    assert results["monitor"] == "val/score" and results["best_score"] is not None
+    assert results["global_step"] == 2 * 3  # 2 epochs of 24 rows in batches of 8
+    # Submission files: named as the GLUE server expects, one row per test example, labels in its format.
+    assert sorted(p.rsplit("/", 1)[1] for p in results["predictions"]) == sorted(spec.submission_files)
+    for path in results["predictions"]:
+        rows = list(csv.reader(open(path), delimiter="\t"))
+        assert rows[0] == ["index", "prediction"] and [int(r[0]) for r in rows[1:]] == list(range(12))
+        predictions = {r[1] for r in rows[1:]}
+        if spec.is_regression:
+            assert all(0 <= float(p) <= 5 for p in predictions)
+        elif spec.submit_label_names:
+            assert predictions <= set(spec.label_names)
+        else:
+            assert predictions <= {str(i) for i in range(spec.num_labels)}
+    # The fine-tuned checkpoint loads back on its own.
+    module = SequenceClassificationModule.load_from_checkpoint(results["best_checkpoint"], weights_only=True)
+    assert module.spec.name == task
+
+
+def test_test_predictions_are_skipped_without_a_test_file(hf_dir, tmp_path):
+    files = glue_data_files(tmp_path / "data", "rte")
+    del files["test"]
+    results = train(compose_config(glue_overrides("rte", files, hf_dir), tmp_path / "run"))
+    assert results["predictions"] == [] and not (tmp_path / "run" / "predictions").exists()
+
+
+# -- errors a user can make -----------------------------------------------------------------------------------
+
+
+def run_glue(tmp_path, hf_dir, task: str, files: dict, extra: tuple = ()):
+    return train(compose_config(glue_overrides(task, files, hf_dir) + list(extra), tmp_path / "run"))
+
+
+def test_missing_split_names_the_override_to_add(hf_dir, tmp_path):
+    files = glue_data_files(tmp_path / "data", "mnli")
+    del files["validation_mismatched"]
+    with pytest.raises(UserError, match=r"task.data_files.validation_mismatched=PATH"):
+        run_glue(tmp_path, hf_dir, "mnli", files)
+
+
+def test_missing_file_is_named(hf_dir, tmp_path):
+    files = glue_data_files(tmp_path / "data", "sst2")
+    files["validation"] = tmp_path / "nope.csv"
+    with pytest.raises(UserError, match="nope.csv does not exist"):
+        run_glue(tmp_path, hf_dir, "sst2", files)
+
+
+def test_wrong_column_names_list_the_expected_ones(hf_dir, tmp_path):
+    files = glue_data_files(tmp_path / "data", "mrpc", "jsonl")
+    rows = [json.loads(line) for line in files["train"].read_text().splitlines()]
+    files["train"].write_text("".join(json.dumps({"text": r["sentence1"], "label": r["label"]}) + "\n" for r in rows))
+    with pytest.raises(UserError, match=r"lacks the column\(s\) \['sentence1', 'sentence2'\]"):
+        run_glue(tmp_path, hf_dir, "mrpc", files)
+
+
+def test_labels_out_of_range_are_refused(hf_dir, tmp_path):
+    files = glue_data_files(tmp_path / "data", "sst2")
+    files["train"].write_text(files["train"].read_text().replace(",1,", ",7,", 1))
+    with pytest.raises(UserError, match="label 7 is out of range"):
+        run_glue(tmp_path, hf_dir, "sst2", files)
+    assert not list((tmp_path / "run").glob("results.json"))
+
+
+def test_label_names_are_accepted_in_local_files(hf_dir, tmp_path):
+    files = glue_data_files(tmp_path / "data", "rte", "jsonl")
+    for split in ("train", "validation"):
+        rows = [json.loads(line) for line in files[split].read_text().splitlines()]
+        files[split].write_text(
+            "".join(json.dumps({**r, "label": TASKS["rte"].label_names[r["label"]]}) + "\n" for r in rows)
+        )
+    assert run_glue(tmp_path, hf_dir, "rte", files)["global_step"] == 6
+
+
+def test_stsb_scores_outside_0_to_5_are_refused(hf_dir, tmp_path):
+    files = glue_data_files(tmp_path / "data", "stsb")
+    write_glue_file(files["validation"], "stsb", 12)
+    text = files["validation"].read_text().splitlines()
+    text[1] = text[1].rsplit(",", 2)[0] + ",9.5,0"
+    files["validation"].write_text("\n".join(text) + "\n")
+    with pytest.raises(UserError, match="not a similarity score"):
+        run_glue(tmp_path, hf_dir, "stsb", files)
+
+
+def test_fine_tuning_without_init_from_says_what_to_give(tmp_path):
+    files = glue_data_files(tmp_path / "data", "cola")
+    overrides = [o for o in glue_overrides("cola", files, "x") if not o.startswith("init_from")]
+    with pytest.raises(UserError, match="set init_from="):
+        train(compose_config(overrides, tmp_path / "run"))
+
+
+def test_unknown_task_name_lists_the_glue_tasks():
+    result = run_train_script("task=glue/mrcp")
+    assert result.returncode == 2
+    assert "Did you mean task=glue/mrpc?" in result.stderr and "glue/wnli" in result.stderr
+
+
+def test_unknown_split_name_is_refused(hf_dir, tmp_path):
+    files = glue_data_files(tmp_path / "data", "sst2")
+    files["dev"] = files.pop("validation")
+    result = run_train_script(*glue_overrides("sst2", files, hf_dir), f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2 and "task.data_files" in result.stderr and "dev" in result.stderr
