@@ -6,6 +6,8 @@ Thin on purpose: Hydra composes the config from conf/, `lightbert.train.train` d
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from lightbert.cli import check_command_line
@@ -13,13 +15,16 @@ from lightbert.errors import UserError
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> float | None:
+    """Returns the best validation metric: what a sweeper (e.g. sweep=optuna) optimises."""
     from lightbert.train import train  # imported here so that --help and --cfg stay fast
 
     try:
-        train(cfg)
+        return train(cfg)["best_score"]
     except UserError as error:
         print(f"lightbert: error: {error}", file=sys.stderr)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # Hydra records the failed job, runs the others, and reports it at the end
         sys.exit(2)
 
 

@@ -2,6 +2,7 @@
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,7 +129,7 @@ def test_every_glue_task_fine_tunes_end_to_end_on_local_files(task, hf_dir, tmp_
     # Submission files: named as the GLUE server expects, one row per test example, labels in its format.
     assert sorted(p.rsplit("/", 1)[1] for p in results["predictions"]) == sorted(spec.submission_files)
     for path in results["predictions"]:
-        rows = list(csv.reader(open(path), delimiter="\t"))
+        rows = list(csv.reader(Path(path).read_text().splitlines(), delimiter="\t"))
         assert rows[0] == ["index", "prediction"] and [int(r[0]) for r in rows[1:]] == list(range(12))
         predictions = {r[1] for r in rows[1:]}
         if spec.is_regression:

@@ -24,9 +24,7 @@ def _is_group(key: str, conf_dir: Path) -> bool:
 def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
     """The options of a config group, nested ones as `glue/mrpc`; files starting with `_` are shared parts."""
     root = conf_dir / group.replace(".", "/")
-    return sorted(
-        str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml") if not p.name.startswith("_")
-    )
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml") if not p.name.startswith("_"))
 
 
 def unknown_option_message(group: str, option: str, conf_dir: Path = CONF_DIR) -> str | None:

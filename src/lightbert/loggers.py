@@ -6,6 +6,8 @@ import netrc
 import os
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.pytorch.loggers import WandbLogger
 
 from lightbert.errors import UserError
@@ -36,6 +38,11 @@ def wandb_logger(
         raise UserError(f"logger.wandb.mode {mode!r} is not one of {list(WANDB_MODES)}")
     if mode == "auto":
         mode = os.environ.get("WANDB_MODE") or ("online" if wandb_has_credentials() else "offline")
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        # Every job of a sweep is its own run; the sweep is one group (its directory names it).
+        hydra = HydraConfig.get()
+        group = group or str(hydra.sweep.dir)
+        name = f"{name}-{hydra.job.num}" if name else None
     Path(save_dir).mkdir(parents=True, exist_ok=True)
     return WandbLogger(
         project=project,

@@ -1,0 +1,116 @@
+"""Multirun sweeps: summary.csv/summary.md after every sweep, failed jobs included, mean ± std over seeds."""
+
+import csv
+import json
+import statistics
+
+import pytest
+import yaml
+from conftest import run_train_script
+from glue_files import glue_data_files
+from test_interop import write_hf_bert
+
+from lightbert.sweep import write_summary
+
+
+def fake_job(sweep_dir, num: int, overrides: list[str], best: float | None, task: str = "rte"):
+    job = sweep_dir / str(num)
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    config = {"task": {"name": task, "monitor": "val/score", "monitor_mode": "max"}}
+    (job / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    if best is None:
+        (job / "failed.txt").write_text("UserError: something\n")
+    else:
+        (job / "results.json").write_text(json.dumps({"monitor": "val/score", "best_score": best, "seconds": 1.0}))
+
+
+def test_summary_lists_every_job_the_best_and_mean_std_over_seeds(tmp_path):
+    scores = {("2e-5", 1): 0.61, ("2e-5", 2): 0.65, ("5e-5", 1): 0.70, ("5e-5", 2): 0.66}
+    for num, ((lr, seed), best) in enumerate(scores.items()):
+        fake_job(tmp_path, num, ["task=glue/rte", f"optim.lr={lr}", f"seed={seed}"], best)
+    fake_job(tmp_path, 4, ["task=glue/rte", "optim.lr=9e-5", "seed=1"], None)
+    write_summary(tmp_path)
+    rows = list(csv.DictReader((tmp_path / "summary.csv").read_text().splitlines()))
+    assert [r["job"] for r in rows] == ["0", "1", "2", "3", "4"]
+    assert [r["status"] for r in rows] == ["ok"] * 4 + ["failed"]
+    assert rows[2]["optim.lr"] == "5e-5" and float(rows[2]["best"]) == 0.70
+    md = (tmp_path / "summary.md").read_text()
+    best_section = md.split("## Best configuration per task")[1].split("##")[0]
+    assert "| rte | 2 | optim.lr=5e-5 seed=1 | val/score | 0.7000 |" in best_section
+    mean, std = statistics.mean([0.70, 0.66]), statistics.stdev([0.70, 0.66])
+    assert f"| rte | optim.lr=5e-5 | 2 | val/score | {mean:.4f} ± {std:.4f} |" in md
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return write_hf_bert(tmp_path_factory.mktemp("hf") / "bert")
+
+
+@pytest.mark.slow
+def test_multirun_over_learning_rates_ends_with_a_summary_of_both_jobs(hf_dir, tmp_path):
+    files = glue_data_files(tmp_path / "data", "sst2", "tsv")
+    sweep = tmp_path / "sweep"
+    result = run_train_script(
+        "-m",
+        "task=glue/sst2",
+        f"init_from={hf_dir}",
+        f"task.data_files.train={files['train']}",
+        f"task.data_files.validation={files['validation']}",
+        "optim.lr=2e-5,5e-5",
+        "trainer=cpu",
+        "task.datamodule.num_workers=0",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = list(csv.DictReader((sweep / "summary.csv").read_text().splitlines()))
+    assert [(float(r["optim.lr"]), r["status"]) for r in rows] == [(2e-5, "ok"), (5e-5, "ok")]
+    assert all(r["monitor"] == "val/score" and r["best"] for r in rows)
+    md = (sweep / "summary.md").read_text()
+    assert "| 0 | sst2 | ok | 2e-05 |" in md and "| 1 | sst2 | ok | 5e-05 |" in md
+    # Each job is its own W&B run (offline here) in its own directory.
+    assert all(list((sweep / job / "wandb").glob("offline-run-*")) for job in ("0", "1"))
+
+
+@pytest.mark.slow
+def test_a_failed_job_does_not_stop_the_sweep_and_is_in_the_summary(hf_dir, tmp_path):
+    files = glue_data_files(tmp_path / "data", "rte")
+    sweep = tmp_path / "sweep"
+    result = run_train_script(
+        "-m",
+        "task=glue/rte",
+        f"init_from={hf_dir}",
+        f"task.data_files.train={files['train']}",
+        f"task.data_files.validation={files['validation']}",
+        "task.max_seq_length=4,32",  # 4 is refused: the first job fails
+        "trainer=cpu",
+        "logger=csv",
+        "task.datamodule.num_workers=0",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode != 0 and "max_seq_length must be at least 8" in result.stderr
+    rows = list(csv.DictReader((sweep / "summary.csv").read_text().splitlines()))
+    assert [(r["task.max_seq_length"], r["status"]) for r in rows] == [("4", "failed"), ("32", "ok")]
+    assert "max_seq_length" in rows[0]["error"]
+
+
+@pytest.mark.slow
+def test_optuna_sweep_runs_its_trials(hf_dir, tmp_path):
+    files = glue_data_files(tmp_path / "data", "mrpc")
+    sweep = tmp_path / "sweep"
+    result = run_train_script(
+        "task=glue/mrpc",
+        "sweep=optuna",
+        "hydra.sweeper.n_trials=2",
+        f"init_from={hf_dir}",
+        f"task.data_files.train={files['train']}",
+        f"task.data_files.validation={files['validation']}",
+        "trainer=cpu",
+        "logger=csv",
+        "task.datamodule.num_workers=0",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = list(csv.DictReader((sweep / "summary.csv").read_text().splitlines()))
+    assert len(rows) == 2 and all(r["status"] == "ok" and r["best"] for r in rows)
+    assert all(2e-5 <= float(r["optim.lr"]) <= 5e-5 for r in rows)
