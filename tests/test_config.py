@@ -4,7 +4,7 @@ import pytest
 from conftest import CONF_DIR, compose_config, run_train_script
 from omegaconf import OmegaConf
 
-from lightbert.cli import check_command_line
+from lightbert.cli import check_command_line, group_options
 from lightbert.model import BertConfig
 
 # Values a config group needs before it resolves (its ??? fields).
@@ -12,12 +12,9 @@ REQUIRED = {"corpus/text": ["corpus.paths=[corpus.txt]"], "corpus/hf": ["corpus.
 
 
 def all_options() -> list[tuple[str, str]]:
-    options = []
-    for path in sorted(CONF_DIR.rglob("*.yaml")):
-        relative = path.relative_to(CONF_DIR).with_suffix("")
-        if len(relative.parts) > 1:
-            options.append((str(relative.parent), relative.name))
-    return options
+    """(group, option) for every selectable config file, nested ones too (task, glue/mrpc)."""
+    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+    return [(group, option) for group in groups for option in group_options(group)]
 
 
 @pytest.mark.parametrize(("group", "option"), all_options())

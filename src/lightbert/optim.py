@@ -49,11 +49,15 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def linear_warmup_decay(warmup_steps: int, total_steps: int):
-    """LR multiplier: 0 -> 1 over the warmup, then linearly down to 0 at `total_steps`."""
+    """LR multiplier: 0 -> 1 over the warmup, then linearly down to 0 at `total_steps`.
+
+    The same numbers as the reference's warmup + polynomial decay (power 1) and transformers'
+    `get_linear_schedule_with_warmup`: the first step has lr 0 when there is a warmup.
+    """
 
     def factor(step: int) -> float:
         if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
+            return step / warmup_steps
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
     return factor

@@ -90,7 +90,13 @@ def _checked_model_config(cfg: DictConfig, pretrained: Pretrained | None) -> dic
     if pretrained is not None:
         explicit = _explicit_model_overrides()
         if explicit:
-            differ = [f for f in SIZE_FIELDS if f in model and model[f] != pretrained.config[f]]
+            # model=<size> asks for every size; model.<key>=... for that key only.
+            asked = (
+                SIZE_FIELDS
+                if any(o.lstrip("+~").startswith("model=") for o in explicit)
+                else [o.lstrip("+~").split("=", 1)[0].removeprefix("model.") for o in explicit]
+            )
+            differ = [f for f in SIZE_FIELDS if f in asked and f in model and model[f] != pretrained.config[f]]
             if differ:
                 sizes = ", ".join(f"{f} {pretrained.config[f]} (asked {model[f]})" for f in differ)
                 raise ConfigError(
@@ -175,8 +181,8 @@ def _write_test_predictions(trainer: L.Trainer, module, datamodule, output_dir: 
     """Predict every test split with the best checkpoint and write the task's submission files."""
     if not callable(getattr(datamodule, "write_predictions", None)) or not datamodule.test_splits:
         return []
-    checkpoint = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
-    ckpt_path = "best" if checkpoint is not None and checkpoint.best_model_path else None
+    checkpoint = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
+    ckpt_path = checkpoint.best_model_path if checkpoint is not None and checkpoint.best_model_path else None
     batches = trainer.predict(module, datamodule=datamodule, ckpt_path=ckpt_path)
     if len(datamodule.test_splits) == 1:
         batches = [batches]
@@ -203,7 +209,9 @@ def _save_tokenizer(tokenizer, output_dir: Path) -> None:
 
 
 def _results(trainer: L.Trainer, output_dir: Path, seconds: float) -> dict[str, Any]:
-    checkpoint = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
+    checkpoints = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
+    checkpoint = next((c for c in checkpoints if c.monitor), None)  # the best by the task's monitor
+    latest = next((c for c in checkpoints if not c.monitor), None)  # the last state
     metrics = {name: float(value) for name, value in sorted(trainer.callback_metrics.items())}
     best = checkpoint.best_model_score if checkpoint is not None else None
     return {
@@ -212,7 +220,7 @@ def _results(trainer: L.Trainer, output_dir: Path, seconds: float) -> dict[str, 
         "best_score": float(best) if best is not None else None,
         "global_step": trainer.global_step,
         "best_checkpoint": checkpoint.best_model_path if checkpoint else None,
-        "last_checkpoint": checkpoint.last_model_path if checkpoint else None,
+        "last_checkpoint": latest.best_model_path if latest else None,
         "tokenizer": str(output_dir / "tokenizer.json"),
         "output_dir": str(output_dir),
         "seconds": round(seconds, 1),
