@@ -225,3 +225,36 @@ def test_unknown_split_name_is_refused(hf_dir, tmp_path):
     files["dev"] = files.pop("validation")
     result = run_train_script(*glue_overrides("sst2", files, hf_dir), f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2 and "task.data_files" in result.stderr and "dev" in result.stderr
+
+
+@pytest.mark.slow
+def test_two_process_ddp_counts_every_validation_example_once(hf_dir, tmp_path):
+    """13 validation rows on 2 processes: Lightning's sampler would repeat one; the metrics equal 1 process."""
+    train_file = write_glue_file(tmp_path / "train.csv", "mrpc", 32, seed=1)
+    val_file = write_glue_file(tmp_path / "val.csv", "mrpc", 13, seed=2)
+    test_file = write_glue_file(tmp_path / "test.csv", "mrpc", 13, seed=3, labelled=False)
+    results = {}
+    for devices in (1, 2):
+        run = tmp_path / f"run{devices}"
+        result = run_train_script(
+            "task=glue/mrpc",
+            f"init_from={hf_dir}",
+            f"task.data_files.train={train_file}",
+            f"task.data_files.validation={val_file}",
+            f"task.data_files.test={test_file}",
+            "trainer=cpu",
+            f"trainer.devices={devices}",
+            "trainer.strategy=ddp",
+            "trainer.max_epochs=1",
+            "optim.lr=1e-9",  # and the warmup's first step has lr 0: the weights stay as loaded
+            "logger=csv",
+            "task.datamodule.num_workers=0",
+            f"hydra.run.dir={run}",
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        results[devices] = json.loads((run / "results.json").read_text())["metrics"]
+        rows = (run / "predictions" / "MRPC.tsv").read_text().splitlines()
+        assert [int(r.split("\t")[0]) for r in rows[1:]] == list(range(13))  # gathered from both processes
+    for name in ("val/accuracy", "val/f1", "val/loss", "val/score"):
+        assert results[2][name] == pytest.approx(results[1][name], abs=1e-6), name
+    assert results[1]["val/accuracy"] * 13 == pytest.approx(round(results[1]["val/accuracy"] * 13))

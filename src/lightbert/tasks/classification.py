@@ -10,7 +10,15 @@ from __future__ import annotations
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torchmetrics import Accuracy, F1Score, MatthewsCorrCoef, MetricCollection, PearsonCorrCoef, SpearmanCorrCoef
+from torchmetrics import (
+    Accuracy,
+    F1Score,
+    MatthewsCorrCoef,
+    MeanMetric,
+    MetricCollection,
+    PearsonCorrCoef,
+    SpearmanCorrCoef,
+)
 
 from lightbert.data.glue import GlueTask, glue_task
 from lightbert.model import BertConfig, BertForSequenceClassification
@@ -40,6 +48,7 @@ class SequenceClassificationModule(L.LightningModule):
         self.optim_config = OptimConfig(**optim)
         self.model = BertForSequenceClassification(self.config, self.spec.num_labels)
         self.val_metrics = torch.nn.ModuleList(glue_metrics(self.spec) for _ in self.spec.validation_splits)
+        self.val_losses = torch.nn.ModuleList(MeanMetric() for _ in self.spec.validation_splits)
 
     def forward(self, batch: dict) -> torch.Tensor:
         return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
@@ -62,22 +71,17 @@ class SequenceClassificationModule(L.LightningModule):
         logits = self(batch)
         labels = batch["labels"]
         self.val_metrics[dataloader_idx].update(self.predictions(logits), labels)
-        tag = self.spec.validation_tag(self.spec.validation_splits[dataloader_idx])
-        self.log(
-            f"val/loss{'_' + tag if tag else ''}",
-            self.loss(logits, labels),
-            batch_size=labels.shape[0],
-            add_dataloader_idx=False,
-            sync_dist=True,
-        )
+        self.val_losses[dataloader_idx].update(self.loss(logits, labels), labels.shape[0])
 
     def on_validation_epoch_end(self) -> None:
         # compute() gathers the states of every device, so each example counts exactly once.
         score = None
-        for split, metrics in zip(self.spec.validation_splits, self.val_metrics, strict=True):
+        for split, metrics, loss in zip(self.spec.validation_splits, self.val_metrics, self.val_losses, strict=True):
             tag = self.spec.validation_tag(split)
             values = {name: value.float() for name, value in metrics.compute().items()}
             metrics.reset()
+            self.log(f"val/loss{'_' + tag if tag else ''}", loss.compute())
+            loss.reset()
             for name, value in values.items():
                 self.log(f"val/{name}{'_' + tag if tag else ''}", value, prog_bar=True)
             if score is None:  # the task's score: the mean of its metrics on the first (MNLI: matched) set
