@@ -258,3 +258,14 @@ def test_two_process_ddp_counts_every_validation_example_once(hf_dir, tmp_path):
     for name in ("val/accuracy", "val/f1", "val/loss", "val/score"):
         assert results[2][name] == pytest.approx(results[1][name], abs=1e-6), name
     assert results[1]["val/accuracy"] * 13 == pytest.approx(round(results[1]["val/accuracy"] * 13))
+
+
+def test_hub_data_without_network_says_to_give_local_files(hf_dir, tmp_path, monkeypatch):
+    # What HF_HUB_OFFLINE=1 does, set after the libraries read it: fail at once instead of retrying for ~25 s.
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(UserError, match=r"could not load nyu-mll/glue/qnli.*task.data_files.train=PATH"):
+        run_glue(tmp_path, hf_dir, "qnli", {})
