@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 import yaml
-from conftest import run_train_script
+from conftest import CONF_DIR, run_train_script
 from glue_files import glue_data_files
 from test_interop import write_hf_bert
 
@@ -114,3 +114,27 @@ def test_optuna_sweep_runs_its_trials(hf_dir, tmp_path):
     rows = list(csv.DictReader((sweep / "summary.csv").read_text().splitlines()))
     assert len(rows) == 2 and all(r["status"] == "ok" and r["best"] for r in rows)
     assert all(2e-5 <= float(r["optim.lr"]) <= 5e-5 for r in rows)
+
+
+def test_every_multirun_job_is_its_own_wandb_run_in_the_sweeps_group(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import open_dict
+
+    from lightbert.loggers import wandb_logger
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["task=glue/rte"], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.mode = RunMode.MULTIRUN
+        cfg.hydra.sweep.dir = str(tmp_path / "sweep")
+        cfg.hydra.job.num = 3
+    previous = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(cfg)
+    try:
+        logger = wandb_logger(project="lightbert", save_dir=str(tmp_path / "run"), name="rte-bert", mode="disabled")
+    finally:
+        HydraConfig.instance().cfg = previous  # later tests see no multirun
+    assert logger._wandb_init["group"] == str(tmp_path / "sweep")
+    assert logger._wandb_init["name"] == "rte-bert-3"
