@@ -11,6 +11,7 @@ import torch
 import transformers
 from conftest import compose_config
 from glue_files import glue_data_files
+from test_glue import glue_overrides
 from test_interop import write_hf_bert
 
 from lightbert.tasks.classification import SequenceClassificationModule
@@ -42,20 +43,12 @@ def test_fine_tuning_matches_transformers_step_by_step(tmp_path):
     lr, weight_decay, eps = 3e-4, 0.01, 1e-6
     cfg = compose_config(
         [
-            "task=glue/mrpc",
-            f"init_from={hf_dir}",
-            "trainer=cpu",
-            "logger=csv",
-            "task.batch_size=8",
-            "task.max_seq_length=32",
-            "task.datamodule.num_workers=0",
-            "trainer.max_epochs=2",
+            *glue_overrides("mrpc", files, hf_dir),  # 2 epochs in batches of 8
             f"optim.lr={lr}",
             "model.hidden_dropout_prob=0",
             "model.attention_probs_dropout_prob=0",
             f"+callbacks.record._target_={__name__}.RecordTraining",
             f"+callbacks.record.path={record_path}",
-            *(f"task.data_files.{split}={path}" for split, path in files.items()),
         ],
         tmp_path / "run",
     )

@@ -36,8 +36,7 @@ def write_hf_bert(directory, seed: int = 0, bare_encoder: bool = False):
     )
     model = transformers.BertModel(config) if bare_encoder else transformers.BertForPreTraining(config)
     model.save_pretrained(directory)
-    vocab = sorted(tokenizer.backend.get_vocab().items(), key=lambda item: item[1])
-    (directory / "vocab.txt").write_text("".join(token + "\n" for token, _ in vocab))
+    tokenizer.save_vocab_txt(directory / "vocab.txt")
     return directory
 
 

@@ -47,23 +47,30 @@ def hf_dir(tmp_path_factory):
     return write_hf_bert(tmp_path_factory.mktemp("hf") / "bert")
 
 
-@pytest.mark.slow
-def test_multirun_over_learning_rates_ends_with_a_summary_of_both_jobs(hf_dir, tmp_path):
-    files = glue_data_files(tmp_path / "data", "sst2", "tsv")
+def run_sweep(task: str, hf_dir, tmp_path, *overrides: str, multirun: bool = True):
+    """`python src/train.py [-m]` on a small local GLUE task with OVERRIDES; returns the result and summary.csv."""
+    files = glue_data_files(tmp_path / "data", task, "tsv")
     sweep = tmp_path / "sweep"
     result = run_train_script(
-        "-m",
-        "task=glue/sst2",
+        *(["-m"] if multirun else []),  # before the overrides, or Hydra's parser refuses them
+        f"task=glue/{task}",
         f"init_from={hf_dir}",
         f"task.data_files.train={files['train']}",
         f"task.data_files.validation={files['validation']}",
-        "optim.lr=2e-5,5e-5",
         "trainer=cpu",
         "task.datamodule.num_workers=0",
         f"hydra.sweep.dir={sweep}",
+        *overrides,
     )
+    summary = sweep / "summary.csv"
+    rows = list(csv.DictReader(summary.read_text().splitlines())) if summary.is_file() else []
+    return result, rows, sweep
+
+
+@pytest.mark.slow
+def test_multirun_over_learning_rates_ends_with_a_summary_of_both_jobs(hf_dir, tmp_path):
+    result, rows, sweep = run_sweep("sst2", hf_dir, tmp_path, "optim.lr=2e-5,5e-5")
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = list(csv.DictReader((sweep / "summary.csv").read_text().splitlines()))
     assert [(float(r["optim.lr"]), r["status"]) for r in rows] == [(2e-5, "ok"), (5e-5, "ok")]
     assert all(r["monitor"] == "val/score" and r["best"] for r in rows)
     md = (sweep / "summary.md").read_text()
@@ -74,44 +81,19 @@ def test_multirun_over_learning_rates_ends_with_a_summary_of_both_jobs(hf_dir, t
 
 @pytest.mark.slow
 def test_a_failed_job_does_not_stop_the_sweep_and_is_in_the_summary(hf_dir, tmp_path):
-    files = glue_data_files(tmp_path / "data", "rte")
-    sweep = tmp_path / "sweep"
-    result = run_train_script(
-        "-m",
-        "task=glue/rte",
-        f"init_from={hf_dir}",
-        f"task.data_files.train={files['train']}",
-        f"task.data_files.validation={files['validation']}",
-        "task.max_seq_length=4,32",  # 4 is refused: the first job fails
-        "trainer=cpu",
-        "logger=csv",
-        "task.datamodule.num_workers=0",
-        f"hydra.sweep.dir={sweep}",
-    )
+    # max_seq_length 4 is refused: the first job fails
+    result, rows, _ = run_sweep("rte", hf_dir, tmp_path, "task.max_seq_length=4,32", "logger=csv")
     assert result.returncode != 0 and "max_seq_length must be at least 8" in result.stderr
-    rows = list(csv.DictReader((sweep / "summary.csv").read_text().splitlines()))
     assert [(r["task.max_seq_length"], r["status"]) for r in rows] == [("4", "failed"), ("32", "ok")]
     assert "max_seq_length" in rows[0]["error"]
 
 
 @pytest.mark.slow
 def test_optuna_sweep_runs_its_trials(hf_dir, tmp_path):
-    files = glue_data_files(tmp_path / "data", "mrpc")
-    sweep = tmp_path / "sweep"
-    result = run_train_script(
-        "task=glue/mrpc",
-        "sweep=optuna",
-        "hydra.sweeper.n_trials=2",
-        f"init_from={hf_dir}",
-        f"task.data_files.train={files['train']}",
-        f"task.data_files.validation={files['validation']}",
-        "trainer=cpu",
-        "logger=csv",
-        "task.datamodule.num_workers=0",
-        f"hydra.sweep.dir={sweep}",
+    result, rows, _ = run_sweep(
+        "mrpc", hf_dir, tmp_path, "sweep=optuna", "hydra.sweeper.n_trials=2", "logger=csv", multirun=False
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = list(csv.DictReader((sweep / "summary.csv").read_text().splitlines()))
     assert len(rows) == 2 and all(r["status"] == "ok" and r["best"] for r in rows)
     assert all(2e-5 <= float(r["optim.lr"]) <= 5e-5 for r in rows)
 

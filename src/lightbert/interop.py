@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
+from lightbert import RESULTS_FILE
+from lightbert.data.tokenizer import SPECIAL_TOKENS, BertTokenizer, load_tokenizer
 from lightbert.errors import UserError
 from lightbert.model import BertConfig, BertForPreTraining
 
@@ -32,7 +33,6 @@ log = logging.getLogger(__name__)
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
-RESULTS_FILE = "results.json"
 HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # "bert-base-uncased", "google-bert/bert-base-uncased"
 _HUB_PATTERNS = ["config.json", *HF_WEIGHT_FILES, *HF_TOKENIZER_FILES, "tokenizer_config.json"]
 _CONFIG_KEYS = {f.name for f in fields(BertConfig)}
@@ -232,21 +232,13 @@ def lightbert_state_dict_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torc
 
 def _write_tokenizer_files(tokenizer: BertTokenizer, directory: Path, max_length: int) -> None:
     tokenizer.save(directory / "tokenizer.json")
-    vocab = sorted(tokenizer.backend.get_vocab().items(), key=lambda item: item[1])
-    (directory / "vocab.txt").write_text("".join(token + "\n" for token, _ in vocab), encoding="utf-8")
+    tokenizer.save_vocab_txt(directory / "vocab.txt")
     normalizer = json.loads(tokenizer.backend.to_str()).get("normalizer") or {}
     tokenizer_config = {
         "tokenizer_class": "BertTokenizer",
         "do_lower_case": bool(normalizer.get("lowercase", True)),
         "model_max_length": max_length,
-        **{
-            name: token
-            for name, token in zip(
-                ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"),
-                ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"),
-                strict=True,
-            )
-        },
+        **dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS, strict=True)),
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
 

@@ -21,9 +21,10 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from lightbert import RESULTS_FILE
+
 log = logging.getLogger(__name__)
 
-RESULTS_FILE = "results.json"
 FAILED_FILE = "failed.txt"
 SUMMARY_CSV, SUMMARY_MD = "summary.csv", "summary.md"
 

@@ -21,13 +21,13 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from lightbert import RESULTS_FILE
 from lightbert.errors import ConfigError, UserError
 from lightbert.interop import Pretrained, load_into, load_pretrained
 from lightbert.model import BertConfig
+from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
 
 log = logging.getLogger(__name__)
-
-RESULTS_FILE = "results.json"
 
 
 def _instantiate(node: Any, **kwargs: Any) -> Any:
@@ -61,17 +61,6 @@ def _check_devices(cfg: DictConfig) -> None:
         raise UserError(f"trainer={choice or accelerator} needs a CUDA GPU and none is visible here; use trainer=cpu")
 
 
-SIZE_FIELDS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-)
-REGULARISATION_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
-
-
 def _explicit_model_overrides() -> list[str]:
     """The command line's `model=...` / `model.x=...` overrides (empty outside a Hydra run)."""
     if not HydraConfig.initialized():
@@ -91,11 +80,8 @@ def _checked_model_config(cfg: DictConfig, pretrained: Pretrained | None) -> dic
         explicit = _explicit_model_overrides()
         if explicit:
             # model=<size> asks for every size; model.<key>=... for that key only.
-            asked = (
-                SIZE_FIELDS
-                if any(o.lstrip("+~").startswith("model=") for o in explicit)
-                else [o.lstrip("+~").split("=", 1)[0].removeprefix("model.") for o in explicit]
-            )
+            keys = [o.lstrip("+~").split("=", 1)[0] for o in explicit]
+            asked = SIZE_FIELDS if "model" in keys else [k.removeprefix("model.") for k in keys]
             differ = [f for f in SIZE_FIELDS if f in asked and f in model and model[f] != pretrained.config[f]]
             if differ:
                 sizes = ", ".join(f"{f} {pretrained.config[f]} (asked {model[f]})" for f in differ)

@@ -33,7 +33,8 @@ def digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _file_identity(path: Path) -> list:
+def file_identity(path: Path) -> list:
+    """Path, size and modification time: a file's part of a cache key."""
     stat = path.stat()
     return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
 
@@ -61,7 +62,7 @@ class TextCorpus:
 
     @property
     def fingerprint(self) -> str:
-        return digest(["text", [_file_identity(p) for p in self.paths]])
+        return digest(["text", [file_identity(p) for p in self.paths]])
 
     def documents(self) -> Iterator[list[str]]:
         for path in self.paths:
@@ -137,7 +138,7 @@ class HFCorpus:
         if files is not None:
             listed = [files] if isinstance(files, str) else files
             if not isinstance(listed, dict):
-                files = [_file_identity(Path(p)) if Path(p).is_file() else p for p in listed]
+                files = [file_identity(Path(p)) if Path(p).is_file() else p for p in listed]
         return digest(["hf", self.name, self.config, self.split, self.text_column, files, self.revision])
 
     def load(self, cache_dir: Path, num_proc: int | None = None) -> datasets.Dataset:

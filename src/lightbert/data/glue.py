@@ -25,7 +25,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from lightbert.data.corpus import digest
+from lightbert.data.corpus import digest, file_identity
 from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
 from lightbert.errors import UserError
 
@@ -306,8 +306,7 @@ class GlueDataModule(L.LightningDataModule):
 
     def _source_identity(self, split: str) -> object:
         if self.data_files:
-            stat = Path(self.data_files[split]).expanduser().stat()
-            return [str(Path(self.data_files[split]).expanduser().resolve()), stat.st_size, stat.st_mtime_ns]
+            return file_identity(Path(self.data_files[split]).expanduser())
         return [self.hub_dataset, self.spec.name, split]
 
     def _load_raw(self, split: str) -> datasets.Dataset:

@@ -108,6 +108,13 @@ class BertTokenizer:
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         return [self.backend.id_to_token(int(i)) for i in ids]
 
+    def save_vocab_txt(self, path: str | Path) -> Path:
+        """The vocabulary as a BERT vocab.txt: one token per line, in id order."""
+        path = Path(path)
+        vocab = sorted(self.backend.get_vocab().items(), key=lambda item: item[1])
+        path.write_text("".join(token + "\n" for token, _ in vocab), encoding="utf-8")
+        return path
+
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,17 @@ from dataclasses import asdict, dataclass, fields
 
 from lightbert.errors import ConfigError
 
+# The fields that shape the weights (besides vocab_size), and the ones that only regularise training.
+SIZE_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
+REGULARISATION_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+
 
 @dataclass(frozen=True)
 class BertConfig:
@@ -28,15 +39,7 @@ class BertConfig:
     pad_token_id: int = 0
 
     def __post_init__(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        ):
+        for name in ("vocab_size", *SIZE_FIELDS):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
@@ -45,7 +48,7 @@ class BertConfig:
                 f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_attention_heads "
                 f"({self.num_attention_heads}); pick a head count that divides it"
             )
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+        for name in REGULARISATION_FIELDS:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}")
