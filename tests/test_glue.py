@@ -13,7 +13,8 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from test_interop import write_hf_bert
 
-from lightbert.data.glue import TASKS, UnpaddedDistributedSampler, encode_examples, truncate_pair
+from lightbert.data.batches import UnpaddedDistributedSampler
+from lightbert.data.glue import TASKS, encode_examples, truncate_pair
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError
 from lightbert.tasks.classification import SequenceClassificationModule, glue_metrics

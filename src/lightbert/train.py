@@ -164,19 +164,26 @@ def _with_vocabulary(model_config: dict, tokenizer, pretrained: Pretrained | Non
 
 
 def _write_test_predictions(trainer: L.Trainer, module, datamodule, output_dir: Path) -> list[str]:
-    """Predict every test split with the best checkpoint and write the task's submission files."""
-    if not callable(getattr(datamodule, "write_predictions", None)) or not datamodule.test_splits:
+    """Predict the task's prediction splits with the best checkpoint and write its submission files.
+
+    Each prediction is one example's row of the batch's "prediction" (a class, a score, or a QA feature's logits),
+    as a numpy array so that gathering from other devices pickles just that row.
+    """
+    if not callable(getattr(datamodule, "write_predictions", None)) or not datamodule.predict_splits:
         return []
     checkpoint = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
     ckpt_path = checkpoint.best_model_path if checkpoint is not None and checkpoint.best_model_path else None
     batches = trainer.predict(module, datamodule=datamodule, ckpt_path=ckpt_path)
-    if len(datamodule.test_splits) == 1:
+    if len(datamodule.predict_splits) == 1:
         batches = [batches]
     merged = []
     for split_batches in batches:
         by_idx = {}
         for out in split_batches:
-            by_idx.update(zip(out["idx"].tolist(), out["prediction"].tolist(), strict=True))
+            prediction = out["prediction"].detach().cpu()
+            if prediction.is_floating_point():
+                prediction = prediction.float()  # numpy has no bfloat16
+            by_idx.update(zip(out["idx"].tolist(), prediction.numpy(), strict=True))
         merged.append(by_idx)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         gathered: list = [None] * torch.distributed.get_world_size()

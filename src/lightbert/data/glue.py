@@ -11,7 +11,6 @@ named CoLA.tsv ... AX.tsv, with label names where the server wants names (MNLI, 
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import math
 import os
@@ -23,15 +22,16 @@ from pathlib import Path
 import datasets
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader
 
+from lightbert.data.batches import PaddingCollator, UnpaddedDistributedSampler, is_distributed
 from lightbert.data.corpus import digest, file_identity
+from lightbert.data.local_files import check_data_files, read_hub, read_local
 from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
 from lightbert.errors import UserError
 
 CACHE_VERSION = 1  # bump when tokenisation changes, so cached splits are rebuilt
 HUB_DATASET = "nyu-mll/glue"
-LOCAL_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
 @dataclass(frozen=True)
@@ -173,56 +173,6 @@ def label_to_number(label: object, spec: GlueTask, where: str) -> dict:
     return {"label": label}
 
 
-# -- batches -----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PaddingCollator:
-    """Pads each batch to its longest sequence (rounded up to a multiple, for tensor cores)."""
-
-    pad_id: int
-    regression: bool
-    pad_to_multiple_of: int | None = 8
-
-    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        length = max(len(r["input_ids"]) for r in rows)
-        if self.pad_to_multiple_of:
-            length = math.ceil(length / self.pad_to_multiple_of) * self.pad_to_multiple_of
-        input_ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
-        token_type_ids = torch.zeros((len(rows), length), dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
-        for i, row in enumerate(rows):
-            n = len(row["input_ids"])
-            input_ids[i, :n] = torch.tensor(row["input_ids"])
-            token_type_ids[i, :n] = torch.tensor(row["token_type_ids"])
-            attention_mask[i, :n] = 1
-        labels = torch.tensor([r["label"] for r in rows], dtype=torch.float if self.regression else torch.long)
-        return {
-            "input_ids": input_ids,
-            "token_type_ids": token_type_ids,
-            "attention_mask": attention_mask,
-            "labels": labels,
-            "idx": torch.tensor([r["idx"] for r in rows], dtype=torch.long),
-        }
-
-
-class UnpaddedDistributedSampler(DistributedSampler):
-    """Rank r gets examples r, r + W, r + 2W, ...: every example exactly once, none repeated.
-
-    `DistributedSampler` pads the split to a multiple of the world size by repeating examples, which would count
-    them twice in validation metrics. Subclassing it keeps Lightning from replacing this sampler with its own.
-    """
-
-    def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None):
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
-
-    def __iter__(self):
-        return iter(range(self.rank, len(self.dataset), self.num_replicas))
-
-    def __len__(self) -> int:
-        return len(range(self.rank, len(self.dataset), self.num_replicas))
-
-
 # -- the DataModule ----------------------------------------------------------------------------------------
 
 
@@ -274,35 +224,15 @@ class GlueDataModule(L.LightningDataModule):
         return ("train", *self.spec.validation_splits)
 
     @property
-    def test_splits(self) -> tuple[str, ...]:
+    def predict_splits(self) -> tuple[str, ...]:
         """The test sets there is data for: all from the hub, the given ones from local files."""
         if not self.data_files:
             return self.spec.test_splits
         return tuple(s for s in self.spec.test_splits if s in self.data_files)
 
     def _check_data_files(self) -> None:
-        if not self.data_files:
-            return
         known = (*self.fit_splits, *self.spec.test_splits)
-        unknown = sorted(set(self.data_files) - set(known))
-        if unknown:
-            raise UserError(
-                f"task.data_files has unknown split(s) {unknown} for {self.spec.name}; valid: {list(known)}"
-            )
-        missing = [s for s in self.fit_splits if s not in self.data_files]
-        if missing:
-            raise UserError(
-                f"task.data_files gives no file for the split(s) {missing}; {self.spec.name} needs "
-                + ", ".join(f"task.data_files.{s}=PATH" for s in self.fit_splits)
-            )
-        for split, path in self.data_files.items():
-            file = Path(path).expanduser()
-            if not file.is_file():
-                raise UserError(f"task.data_files.{split}: {file} does not exist")
-            if file.suffix.lower() not in LOCAL_FORMATS:
-                raise UserError(
-                    f"task.data_files.{split}: {file} has an unknown format; use one of {sorted(LOCAL_FORMATS)}"
-                )
+        check_data_files(self.data_files, self.fit_splits, known, self.spec.name)
 
     def _source_identity(self, split: str) -> object:
         if self.data_files:
@@ -312,30 +242,12 @@ class GlueDataModule(L.LightningDataModule):
     def _load_raw(self, split: str) -> datasets.Dataset:
         if self.data_files:
             file = Path(self.data_files[split]).expanduser()
-            builder = LOCAL_FORMATS[file.suffix.lower()]
-            # GLUE text is full of quotes: read TSV cells verbatim, as the GLUE distribution's own readers do.
-            options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if file.suffix.lower() == ".tsv" else {}
             where = f"task.data_files.{split} ({file})"
-            try:
-                raw = datasets.load_dataset(
-                    builder,
-                    data_files={"data": str(file)},
-                    split="data",
-                    cache_dir=str(self.cache_dir / "datasets"),
-                    **options,
-                )
-            except Exception as error:
-                raise UserError(f"could not read {where}: {error}") from None
+            raw = read_local(file, self.cache_dir, where)
         else:
             config, hub_split = ("ax", "test") if split == "ax" else (self.spec.name, split)
             where = f"{self.hub_dataset}/{config} [{hub_split}]"
-            try:
-                raw = datasets.load_dataset(self.hub_dataset, config, split=hub_split)
-            except Exception as error:
-                raise UserError(
-                    f"could not load {where} from the Hugging Face hub ({type(error).__name__}); without a network, "
-                    "give local files: " + ", ".join(f"task.data_files.{s}=PATH" for s in self.fit_splits)
-                ) from None
+            raw = read_hub(self.hub_dataset, config, hub_split, self.fit_splits)
         return self._checked(raw, split, where)
 
     def _checked(self, raw: datasets.Dataset, split: str, where: str) -> datasets.Dataset:
@@ -362,7 +274,7 @@ class GlueDataModule(L.LightningDataModule):
 
     @cached_property
     def cached_dir(self) -> Path:
-        splits = (*self.fit_splits, *self.test_splits)
+        splits = (*self.fit_splits, *self.predict_splits)
         key = digest(
             [
                 CACHE_VERSION,
@@ -378,7 +290,7 @@ class GlueDataModule(L.LightningDataModule):
         if (self.cached_dir / "dataset_dict.json").is_file():
             return
         encoded = {}
-        for split in (*self.fit_splits, *self.test_splits):
+        for split in (*self.fit_splits, *self.predict_splits):
             raw = self._load_raw(split)
             encoded[split] = raw.map(
                 encode_examples,
@@ -412,13 +324,15 @@ class GlueDataModule(L.LightningDataModule):
     # -- loaders ---------------------------------------------------------------------------------------------
 
     def collator(self) -> PaddingCollator:
-        return PaddingCollator(self.tokenizer.pad_id, self.spec.is_regression, self.pad_to_multiple_of)
+        label_dtype = torch.float if self.spec.is_regression else torch.long
+        fields = {"label": ("labels", label_dtype), "idx": ("idx", torch.long)}
+        return PaddingCollator(self.tokenizer.pad_id, fields, self.pad_to_multiple_of)
 
     def _loader(self, split: str, train: bool = False) -> DataLoader:
         assert self.datasets is not None, "call setup() first"
         dataset = self.datasets[split]
         sampler = None
-        if not train and torch.distributed.is_available() and torch.distributed.is_initialized():
+        if not train and is_distributed():
             sampler = UnpaddedDistributedSampler(dataset)
         return DataLoader(
             dataset,
@@ -438,7 +352,7 @@ class GlueDataModule(L.LightningDataModule):
         return [self._loader(split) for split in self.spec.validation_splits]
 
     def predict_dataloader(self) -> list[DataLoader]:
-        return [self._loader(split) for split in self.test_splits]
+        return [self._loader(split) for split in self.predict_splits]
 
     # -- submission ------------------------------------------------------------------------------------------
 
@@ -447,7 +361,7 @@ class GlueDataModule(L.LightningDataModule):
         out_dir.mkdir(parents=True, exist_ok=True)
         files = dict(zip(self.spec.test_splits, self.spec.submission_files, strict=True))
         written = []
-        for split, by_idx in zip(self.test_splits, predictions, strict=True):
+        for split, by_idx in zip(self.predict_splits, predictions, strict=True):
             path = out_dir / files[split]
             tmp = path.with_suffix(".tmp")
             with tmp.open("w", encoding="utf-8") as f:

@@ -1,0 +1,61 @@
+"""Batching shared by the fine-tuning DataModules: per-batch padding and an evaluation sampler for many devices."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+
+@dataclass
+class PaddingCollator:
+    """Pads each batch to its longest sequence (rounded up to a multiple, for tensor cores).
+
+    `fields` maps a per-example number in the rows to its name and dtype in the batch, e.g. GLUE's
+    `{"label": ("labels", torch.long), "idx": ("idx", torch.long)}`; rows without a field leave it out.
+    """
+
+    pad_id: int
+    fields: dict[str, tuple[str, torch.dtype]] = field(default_factory=dict)
+    pad_to_multiple_of: int | None = 8
+
+    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        length = max(len(r["input_ids"]) for r in rows)
+        if self.pad_to_multiple_of:
+            length = math.ceil(length / self.pad_to_multiple_of) * self.pad_to_multiple_of
+        input_ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
+        token_type_ids = torch.zeros((len(rows), length), dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, row in enumerate(rows):
+            n = len(row["input_ids"])
+            input_ids[i, :n] = torch.tensor(row["input_ids"])
+            token_type_ids[i, :n] = torch.tensor(row["token_type_ids"])
+            attention_mask[i, :n] = 1
+        batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+        for key, (name, dtype) in self.fields.items():
+            if key in rows[0]:
+                batch[name] = torch.tensor([r[key] for r in rows], dtype=dtype)
+        return batch
+
+
+class UnpaddedDistributedSampler(DistributedSampler):
+    """Rank r gets examples r, r + W, r + 2W, ...: every example exactly once, none repeated.
+
+    `DistributedSampler` pads the split to a multiple of the world size by repeating examples, which would count
+    them twice in validation metrics. Subclassing it keeps Lightning from replacing this sampler with its own.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+
+    def __iter__(self):
+        return iter(range(self.rank, len(self.dataset), self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, len(self.dataset), self.num_replicas))
+
+
+def is_distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
