@@ -92,6 +92,8 @@ def evaluate_v1(golds: Mapping[str, list[str]], predictions: Mapping[str, str]) 
     """`evaluate-v1.1.py`: {"exact_match", "f1"} in percent over every question in `golds` (id -> answers)."""
     exact = f1 = 0.0
     for qid, answers in golds.items():
+        if not answers:
+            raise UserError(f"question {qid} has no gold answer, which v1.1 cannot score; score the file as v2.0")
         if qid not in predictions:
             continue
         exact += max(exact_match(predictions[qid], a) for a in answers)

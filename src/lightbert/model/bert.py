@@ -284,3 +284,29 @@ class BertForSequenceClassification(nn.Module):
     ) -> torch.Tensor:
         _, pooled_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
         return self.classifier(self.dropout(pooled_output))  # (B, num_labels)
+
+
+class BertForQuestionAnswering(nn.Module):
+    """Encoder + one linear layer giving each token a start and an end logit (paper §4.2, §4.3).
+
+    For SQuAD v2.0 the [CLS] position stands for "no answer". No dropout on the head, as in the reference and
+    in Hugging Face's class of the same name, whose parameter names these are (`qa_outputs`).
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.apply(lambda module: init_weights(module, config.initializer_range))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (start logits (B, T), end logits (B, T))."""
+        sequence_output, _, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        start_logits, end_logits = self.qa_outputs(sequence_output).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
+        return start_logits, end_logits

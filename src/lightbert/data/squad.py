@@ -1,0 +1,500 @@
+"""SQuAD v1.1 and v2.0 (Rajpurkar et al. 2016, 2018) for fine-tuning: examples, sliding-window features, batches.
+
+Data comes from the hub (`rajpurkar/squad`, `rajpurkar/squad_v2`), from local files with the hub's columns (`id`,
+`title`, `context`, `question`, `answers: {text: [...], answer_start: [...]}`) in json, jsonl or parquet, or from
+the official nested JSON files (`data -> paragraphs -> qas`), one per split: `task.data_files.<split>=PATH`.
+
+Features follow the reference `run_squad.py`: `[CLS] question [SEP] window of the context [SEP]`, the question cut
+to `max_query_length` tokens, windows `doc_stride` tokens apart, each token marked when this window gives it its
+most context. A training window is labelled with the answer's first and last token, or with [CLS] (position 0)
+when it does not hold the whole answer or the question has none (v2.0). Differences from the reference:
+
+- Answers map from characters to tokens through the tokenizer's offsets (as Hugging Face's `run_qa` does), not
+  through whitespace words and `_improve_answer_span`; answer text is cut from the context by the same offsets.
+- Bad input is counted and reported rather than fatal: an `answer_start` that does not point at the answer text
+  moves to the nearest occurrence of that text (or the question is dropped from training if there is none); an
+  empty context gives no windows (dropped from training, answered "" in evaluation); a question longer than
+  `max_query_length` is cut, as the reference cuts it silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import ClassVar
+
+import datasets
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from lightbert.data.batches import PaddingCollator, UnpaddedDistributedSampler, is_distributed
+from lightbert.data.corpus import digest, file_identity
+from lightbert.data.local_files import check_data_files, read_hub, read_local
+from lightbert.data.squad_answers import SquadAnswers
+from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
+from lightbert.errors import UserError
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 1  # bump when features change, so cached splits are rebuilt
+VERSIONS = ("1.1", "2.0")
+HUB_DATASETS = {"1.1": "rajpurkar/squad", "2.0": "rajpurkar/squad_v2"}
+COLUMNS = ("id", "context", "question", "answers")
+SPLITS = ("train", "validation")
+ENCODE_CHUNK = 1000  # examples tokenised per call to the Rust tokenizer
+
+
+# -- reading -----------------------------------------------------------------------------------------------
+
+
+def flatten_official(dataset: dict, where: str) -> dict[str, list]:
+    """The official nested JSON as the hub's flat columns, one row per question."""
+    rows: dict[str, list] = {"id": [], "title": [], "context": [], "question": [], "answers": []}
+    try:
+        for article in dataset["data"]:
+            for paragraph in article["paragraphs"]:
+                for qa in paragraph["qas"]:
+                    answers = qa.get("answers") or []
+                    rows["id"].append(str(qa["id"]))
+                    rows["title"].append(article.get("title", ""))
+                    rows["context"].append(paragraph["context"])
+                    rows["question"].append(qa["question"])
+                    rows["answers"].append(
+                        {
+                            "text": [a["text"] for a in answers],
+                            "answer_start": [int(a["answer_start"]) for a in answers],
+                        }
+                    )
+    except (KeyError, TypeError, ValueError) as error:
+        raise UserError(
+            f"{where}: a question lacks {error}; official SQuAD files hold data -> paragraphs -> "
+            "{context, qas -> {id, question, answers -> {text, answer_start}}}"
+        ) from None
+    return rows
+
+
+def read_official_file(file: Path, where: str) -> datasets.Dataset | None:
+    """The file as an official SQuAD JSON ({"data": [...]}), or None if it is some other JSON (e.g. JSON lines)."""
+    try:
+        content = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(content, dict) or "data" not in content:
+        return None
+    return datasets.Dataset.from_dict(flatten_official(content, where))
+
+
+# -- windows -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Windowing:
+    max_seq_length: int = 384
+    doc_stride: int = 128
+    max_query_length: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_query_length < 1 or self.doc_stride < 1:
+            raise UserError(
+                f"task.max_query_length ({self.max_query_length}) and task.doc_stride ({self.doc_stride}) must be >= 1"
+            )
+        if self.max_seq_length - self.max_query_length - 3 < 1:
+            raise UserError(
+                f"task.max_seq_length ({self.max_seq_length}) leaves no room for the context after a question of "
+                f"task.max_query_length ({self.max_query_length}) tokens and 3 special tokens; raise the first or "
+                "lower the second"
+            )
+
+
+def doc_windows(num_tokens: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
+    """(start, length) of each window over `num_tokens` context tokens, as the reference's `doc_spans`."""
+    windows, start = [], 0
+    while start < num_tokens:
+        length = min(num_tokens - start, max_tokens)
+        windows.append((start, length))
+        if start + length == num_tokens:
+            break
+        start += min(length, stride)
+    return windows
+
+
+def max_context_flags(windows: list[tuple[int, int]], index: int) -> list[bool]:
+    """For each token of window `index`: is this the window where it has the most context on both sides?
+
+    The reference's `_check_is_max_context`: score = min(left, right context) + 0.01 * window length; the first
+    window wins a tie. An answer may only start at such a token, so each token is judged in one window.
+    """
+    start, length = windows[index]
+    flags = []
+    for position in range(start, start + length):
+        best_score, best = None, None
+        for i, (s, n) in enumerate(windows):
+            if not s <= position < s + n:
+                continue
+            score = min(position - s, s + n - 1 - position) + 0.01 * n
+            if best_score is None or score > best_score:
+                best_score, best = score, i
+        flags.append(best == index)
+    return flags
+
+
+def locate_answer(context: str, text: str, answer_start: int) -> int | None:
+    """Where `text` starts in `context`: at `answer_start` if it is there, else its nearest occurrence, else None."""
+    if text and context[answer_start : answer_start + len(text)] == text:
+        return answer_start
+    occurrences, at = [], context.find(text) if text else -1
+    while at >= 0:
+        occurrences.append(at)
+        at = context.find(text, at + 1)
+    return min(occurrences, key=lambda o: abs(o - answer_start)) if occurrences else None
+
+
+def token_span(offsets: list[tuple[int, int]], char_start: int, char_end: int) -> tuple[int, int] | None:
+    """First and last token overlapping the characters [char_start, char_end), or None if no token does."""
+    first = next((i for i, (s, e) in enumerate(offsets) if e > char_start and s < char_end), None)
+    if first is None:
+        return None
+    last = max(i for i, (s, e) in enumerate(offsets) if e > char_start and s < char_end)
+    return first, last
+
+
+@dataclass
+class Problems:
+    """Bad input met while building features: per kind, how many examples and a few of their ids."""
+
+    ids: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    MESSAGES: ClassVar[dict[str, str]] = {
+        "question_truncated": "questions longer than task.max_query_length tokens were cut to it",
+        "empty_context": "examples have an empty context: no windows (left out of training, answered '' in evaluation)",
+        "answer_realigned": "answers do not start at their answer_start; moved to the nearest occurrence of the text",
+        "answer_not_found": "answer texts do not occur in their context; left out of training",
+        "answer_missing": "v1.1 training questions have no answer; left out (use task=squad_v2 for unanswerable ones)",
+    }
+
+    def add(self, kind: str, example_id: str) -> None:
+        self.ids[kind].append(example_id)
+
+    def counts(self) -> dict[str, int]:
+        return {kind: len(ids) for kind, ids in self.ids.items()}
+
+    def lines(self, where: str) -> list[str]:
+        return [
+            f"{where}: {len(ids)} {self.MESSAGES[kind]} (e.g. ids {ids[:3]})" for kind, ids in sorted(self.ids.items())
+        ]
+
+    def as_json(self) -> dict[str, list[str]]:
+        return {kind: list(ids) for kind, ids in sorted(self.ids.items())}
+
+
+def _chunks(raw: datasets.Dataset) -> Iterator[tuple[int, dict[str, list]]]:
+    for start in range(0, len(raw), ENCODE_CHUNK):
+        yield start, raw[start : start + ENCODE_CHUNK]
+
+
+def make_features(
+    raw: datasets.Dataset, tokenizer: BertTokenizer, windowing: Windowing, training: bool, version_2: bool
+) -> tuple[dict[str, list], Problems]:
+    """Every window of every example as a feature row, and the problems met.
+
+    Training rows hold `start_positions`/`end_positions`. Evaluation rows hold what post-processing needs instead:
+    the example they come from, each token's character offsets in the context (-1 outside it) and its max-context
+    flag.
+    """
+    columns = ["input_ids", "token_type_ids"]
+    columns += ["start_positions", "end_positions"] if training else ["example_idx", "offsets", "max_context"]
+    rows: dict[str, list] = {c: [] for c in columns}
+    problems = Problems()
+    cls, sep = tokenizer.cls_id, tokenizer.sep_id
+    for first_index, chunk in _chunks(raw):
+        questions = tokenizer.backend.encode_batch(chunk["question"], add_special_tokens=False)
+        unique_contexts = list(dict.fromkeys(chunk["context"]))  # ~5 questions share each paragraph
+        encoded = dict(
+            zip(unique_contexts, tokenizer.backend.encode_batch(unique_contexts, add_special_tokens=False), strict=True)
+        )
+        for k, (example_id, context, answers, question) in enumerate(
+            zip(chunk["id"], chunk["context"], chunk["answers"], questions, strict=True)
+        ):
+            query = question.ids
+            if len(query) > windowing.max_query_length:
+                problems.add("question_truncated", example_id)
+                query = query[: windowing.max_query_length]
+            doc = encoded[context]
+            if not doc.ids:
+                problems.add("empty_context", example_id)
+                continue
+            span = None
+            if training:
+                span = _answer_tokens(context, answers, doc.offsets, example_id, problems, version_2)
+                if span is False:
+                    continue
+            max_tokens = windowing.max_seq_length - len(query) - 3
+            windows = doc_windows(len(doc.ids), max_tokens, windowing.doc_stride)
+            prefix = [cls, *query, sep]
+            for w, (start, length) in enumerate(windows):
+                rows["input_ids"].append([*prefix, *doc.ids[start : start + length], sep])
+                rows["token_type_ids"].append([0] * len(prefix) + [1] * (length + 1))
+                if training:
+                    # [CLS] unless the whole answer lies in this window (and there is an answer).
+                    first, last = 0, 0
+                    if span is not None and start <= span[0] and span[1] < start + length:
+                        first, last = span[0] - start + len(prefix), span[1] - start + len(prefix)
+                    rows["start_positions"].append(first)
+                    rows["end_positions"].append(last)
+                else:
+                    outside = [(-1, -1)] * len(prefix)
+                    rows["example_idx"].append(first_index + k)
+                    rows["offsets"].append([*outside, *doc.offsets[start : start + length], (-1, -1)])
+                    flags = max_context_flags(windows, w)
+                    rows["max_context"].append([False] * len(prefix) + flags + [False])
+    return rows, problems
+
+
+def _answer_tokens(context: str, answers: dict, offsets: list, example_id: str, problems: Problems, version_2: bool):
+    """The first answer's (first, last) context token; None for no answer (v2.0); False to drop the example."""
+    if not answers["text"]:
+        if version_2:
+            return None
+        problems.add("answer_missing", example_id)
+        return False
+    text, start = answers["text"][0], int(answers["answer_start"][0])
+    located = locate_answer(context, text, start)
+    if located is None:
+        problems.add("answer_not_found", example_id)
+        return False
+    if located != start:
+        problems.add("answer_realigned", example_id)
+    span = token_span(offsets, located, located + len(text))
+    if span is None:  # only whitespace: nothing to point at
+        problems.add("answer_not_found", example_id)
+        return False
+    return span
+
+
+# -- the DataModule ----------------------------------------------------------------------------------------
+
+
+class SquadDataModule(L.LightningDataModule):
+    """Features cached once per (data, tokenizer, windowing); the dev set's examples kept for post-processing.
+
+    SQuAD's test sets are hidden, so predictions are written for the dev set: `predictions.json`
+    (and `null_odds.json` for v2.0) in the official format, scored by `lightbert.squad_eval`.
+    """
+
+    def __init__(
+        self,
+        version: str,
+        cache_dir: str,
+        tokenizer: BertTokenizer | None = None,
+        tokenizer_path: str | None = None,
+        data_files: dict[str, str] | None = None,
+        hub_dataset: str | None = None,
+        max_seq_length: int = 384,
+        doc_stride: int = 128,
+        max_query_length: int = 64,
+        n_best_size: int = 20,
+        max_answer_length: int = 30,
+        null_score_diff_threshold: float | None = None,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 2,
+        pad_to_multiple_of: int | None = 8,
+    ):
+        super().__init__()
+        if str(version) not in VERSIONS:
+            raise UserError(f"unknown SQuAD version {version!r}; valid: {list(VERSIONS)}")
+        self.version = str(version)
+        self.name = f"squad_v{self.version[0]}"
+        if tokenizer is None and not tokenizer_path:
+            raise UserError(
+                f"task={self.name} fine-tunes a pre-trained model: set init_from=<checkpoint> (a lightbert .ckpt or "
+                "run directory, a Hugging Face directory, or a hub id); its tokenizer comes with it"
+            )
+        if n_best_size < 1 or max_answer_length < 1:
+            raise UserError(
+                f"task.n_best_size ({n_best_size}) and task.max_answer_length ({max_answer_length}) must be >= 1"
+            )
+        self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
+        self.cache_dir = Path(cache_dir).expanduser()
+        self.data_files = {k: str(v) for k, v in (data_files or {}).items() if v}
+        self.hub_dataset = hub_dataset or HUB_DATASETS[self.version]
+        self.windowing = Windowing(max_seq_length, doc_stride, max_query_length)
+        self.n_best_size, self.max_answer_length = n_best_size, max_answer_length
+        self.null_score_diff_threshold = null_score_diff_threshold
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
+        self.num_workers, self.pad_to_multiple_of = num_workers, pad_to_multiple_of
+        self.datasets: datasets.DatasetDict | None = None
+        check_data_files(self.data_files, SPLITS, SPLITS, self.name)
+
+    @cached_property
+    def tokenizer(self) -> BertTokenizer:
+        return self._tokenizer or load_tokenizer(self.tokenizer_path)
+
+    @property
+    def version_2(self) -> bool:
+        return self.version == "2.0"
+
+    @property
+    def predict_splits(self) -> tuple[str, ...]:
+        return ("validation",)
+
+    # -- sources ---------------------------------------------------------------------------------------------
+
+    def _load_raw(self, split: str) -> datasets.Dataset:
+        if self.data_files:
+            file = Path(self.data_files[split]).expanduser()
+            where = f"task.data_files.{split} ({file})"
+            raw = read_official_file(file, where) if file.suffix.lower() == ".json" else None
+            if raw is None:
+                raw = read_local(file, self.cache_dir, where)
+        else:
+            where = f"{self.hub_dataset} [{split}]"
+            raw = read_hub(self.hub_dataset, None, split, SPLITS)
+        return self._checked(raw, split, where)
+
+    def _checked(self, raw: datasets.Dataset, split: str, where: str) -> datasets.Dataset:
+        missing = [c for c in COLUMNS if c not in raw.column_names]
+        if missing:
+            raise UserError(
+                f"{where} lacks the column(s) {missing}; SQuAD needs {list(COLUMNS)} "
+                f"(answers: {{text, answer_start}}), the file has {raw.column_names}"
+            )
+        if len(raw) == 0:
+            raise UserError(f"{where} has no rows")
+        duplicated = [i for i, n in Counter(raw["id"]).items() if n > 1]
+        if duplicated:
+            raise UserError(f"{where}: question ids must be unique, these repeat: {duplicated[:5]}")
+        if split != "train" and not self.version_2:
+            unanswered = [i for i, a in zip(raw["id"], raw["answers"], strict=True) if not a["text"]]
+            if unanswered:
+                raise UserError(
+                    f"{where}: {len(unanswered)} question(s) have no answer (e.g. {unanswered[:3]}), which SQuAD v1.1 "
+                    "cannot score; for unanswerable questions use task=squad_v2"
+                )
+        return raw
+
+    def _source_identity(self, split: str) -> object:
+        if self.data_files:
+            return file_identity(Path(self.data_files[split]).expanduser())
+        return [self.hub_dataset, split]
+
+    # -- cache -----------------------------------------------------------------------------------------------
+
+    @cached_property
+    def cached_dir(self) -> Path:
+        key = digest(
+            [
+                CACHE_VERSION,
+                self.version,
+                hashlib.sha256(self.tokenizer.backend.to_str().encode()).hexdigest(),
+                [self.windowing.max_seq_length, self.windowing.doc_stride, self.windowing.max_query_length],
+                {split: self._source_identity(split) for split in SPLITS},
+            ]
+        )
+        return self.cache_dir / "squad" / self.name / key
+
+    def prepare_data(self) -> None:
+        if (self.cached_dir / "dataset_dict.json").is_file():
+            self._report(json.loads((self.cached_dir / "problems.json").read_text()))
+            return
+        parts, problems = {}, {}
+        for split in SPLITS:
+            raw = self._load_raw(split)
+            training = split == "train"
+            rows, found = make_features(raw, self.tokenizer, self.windowing, training, self.version_2)
+            if not rows["input_ids"]:
+                raise UserError(f"SQuAD {split}: no example gave a feature; see the warnings above")
+            features = datasets.Dataset.from_dict(rows)
+            parts[split] = features.add_column("idx", list(range(len(features))))
+            if split != "train":
+                parts[f"{split}_examples"] = raw.select_columns(["id", "context", "answers"])
+            problems[split] = found.as_json()
+        # Written beside the final place, then renamed: an interrupted run leaves no half cache.
+        tmp = self.cached_dir.with_name(self.cached_dir.name + f".tmp{os.getpid()}")
+        datasets.DatasetDict(parts).save_to_disk(str(tmp))
+        (tmp / "problems.json").write_text(json.dumps(problems, indent=1))
+        if self.cached_dir.exists():  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            tmp.rename(self.cached_dir)
+        self._report(problems)
+
+    def _report(self, problems: dict[str, dict[str, list[str]]]) -> None:
+        for split, by_kind in problems.items():
+            found = Problems()
+            for kind, ids in by_kind.items():
+                found.ids[kind].extend(ids)
+            for line in found.lines(f"SQuAD {split}"):
+                log.warning(line)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets is None:
+            self.datasets = datasets.load_from_disk(str(self.cached_dir))
+
+    @cached_property
+    def problems(self) -> dict[str, dict[str, int]]:
+        """Per split, how many examples met each kind of bad input (see `Problems.MESSAGES`)."""
+        found = json.loads((self.cached_dir / "problems.json").read_text())
+        return {split: {kind: len(ids) for kind, ids in kinds.items()} for split, kinds in found.items()}
+
+    def answers(self, split: str = "validation") -> SquadAnswers:
+        """Post-processing of the split: model logits per feature -> answer text per question, scored."""
+        assert self.datasets is not None, "call setup() first"
+        return SquadAnswers(
+            self.datasets[f"{split}_examples"],
+            self.datasets[split],
+            version_2=self.version_2,
+            n_best_size=self.n_best_size,
+            max_answer_length=self.max_answer_length,
+            null_score_diff_threshold=self.null_score_diff_threshold,
+        )
+
+    @cached_property
+    def validation_answers(self) -> SquadAnswers:
+        return self.answers("validation")
+
+    # -- loaders ---------------------------------------------------------------------------------------------
+
+    def _loader(self, split: str, train: bool = False) -> DataLoader:
+        assert self.datasets is not None, "call setup() first"
+        fields = ("start_positions", "end_positions") if train else ("idx",)
+        dataset = self.datasets[split].select_columns(["input_ids", "token_type_ids", *fields])
+        collator = PaddingCollator(
+            self.tokenizer.pad_id, {f: (f, torch.long) for f in fields}, pad_to_multiple_of=self.pad_to_multiple_of
+        )
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size if train else self.eval_batch_size,
+            shuffle=train,
+            sampler=UnpaddedDistributedSampler(dataset) if not train and is_distributed() else None,
+            collate_fn=collator,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0 and train,
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("validation")
+
+    # -- predictions -----------------------------------------------------------------------------------------
+
+    def write_predictions(self, predictions: list[dict[int, np.ndarray]], out_dir: Path) -> list[Path]:
+        """predictions.json, nbest_predictions.json, null_odds.json (v2.0) and eval.json for the dev set."""
+        (logits,) = predictions
+        return self.validation_answers.write(logits, out_dir)

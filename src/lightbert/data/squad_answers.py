@@ -1,0 +1,202 @@
+"""From start/end logits per window to one answer per SQuAD question, as the reference `write_predictions` does.
+
+For each question, over all its windows: the `n_best_size` highest start and end logits of each window are
+paired; a pair is a candidate when both ends lie in the context, the start is a token this window gives its most
+context, end >= start and the span is at most `max_answer_length` tokens. Candidates are ranked by start + end
+logit and the best `n_best_size` distinct texts kept, with softmax probabilities. v2.0 adds the null answer: its
+score is the lowest [CLS] start + end logit over the windows, and the question is answered "" when
+
+    null odds = null score - (start + end logit of the best non-null span)  >  threshold,
+
+the threshold being `null_score_diff_threshold` or, when that is null, the one that maximises F1 on the evaluated
+split (the official script's `best_f1_thresh`). Differences from the reference: the top logits are taken over a
+window's real tokens (not its padding); the text is cut from the context by character offsets; a question with no
+candidate at all is answered "" (the reference writes "empty").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import numpy as np
+
+from lightbert.squad_eval import best_threshold, evaluate_v1, evaluate_v2, raw_scores_v2
+
+NO_CANDIDATE_ODDS = 1e9  # null odds of a question without any valid span: "" whatever the threshold
+
+
+@dataclass
+class Answer:
+    """One question's n-best list (best first), its best non-null text and (v2.0) its null odds."""
+
+    id: str
+    text: str
+    null_odds: float
+    nbest: list[dict]
+
+
+@dataclass
+class Window:
+    example: int
+    offsets: np.ndarray  # (T, 2) character span of each token in the context; -1 outside it
+    max_context: np.ndarray  # (T,) bool
+
+
+def _top(logits: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values, largest first (ties: lower index first, like a stable sort)."""
+    order = np.argsort(-logits, kind="stable")
+    return order[:k]
+
+
+class SquadAnswers:
+    """Post-processing and scoring of one evaluated split, given its examples and its evaluation features."""
+
+    def __init__(
+        self,
+        examples: datasets.Dataset,
+        features: datasets.Dataset,
+        version_2: bool,
+        n_best_size: int = 20,
+        max_answer_length: int = 30,
+        null_score_diff_threshold: float | None = None,
+    ):
+        self.ids: list[str] = examples["id"]
+        self.contexts: list[str] = examples["context"]
+        self.golds: dict[str, list[str]] = {i: a["text"] for i, a in zip(self.ids, examples["answers"], strict=True)}
+        self.version_2 = version_2
+        self.n_best_size, self.max_answer_length = n_best_size, max_answer_length
+        self.null_score_diff_threshold = null_score_diff_threshold
+        columns = features.select_columns(["example_idx", "offsets", "max_context"]).with_format("numpy")
+        self.windows = [
+            Window(int(row["example_idx"]), np.asarray(row["offsets"]).reshape(-1, 2), row["max_context"].astype(bool))
+            for row in columns
+        ]
+        self.windows_of: list[list[int]] = [[] for _ in self.ids]
+        for index, window in enumerate(self.windows):
+            self.windows_of[window.example].append(index)
+
+    # -- logits -> n-best --------------------------------------------------------------------------------------
+
+    def answer(self, example: int, logits: Mapping[int, np.ndarray]) -> Answer:
+        """`logits[f]` is window f's (T, 2) start/end logits; padding beyond the window's length is ignored."""
+        context = self.contexts[example]
+        candidates = []  # (score, start logit, end logit, char start, char end)
+        null = None  # (score, start logit, end logit) of the window with the lowest null score
+        for f in self.windows_of[example]:
+            if f not in logits:
+                continue
+            window = self.windows[f]
+            start_logits, end_logits = (np.asarray(x, dtype=np.float64) for x in logits[f][: len(window.offsets)].T)
+            if self.version_2:
+                score = start_logits[0] + end_logits[0]
+                if null is None or score < null[0]:
+                    null = (score, start_logits[0], end_logits[0])
+            in_context = window.offsets[:, 0] >= 0
+            for s in _top(start_logits, self.n_best_size):
+                if not (in_context[s] and window.max_context[s]):
+                    continue
+                for e in _top(end_logits, self.n_best_size):
+                    if not in_context[e] or e < s or e - s + 1 > self.max_answer_length:
+                        continue
+                    score = start_logits[s] + end_logits[e]
+                    candidates.append(
+                        (score, start_logits[s], end_logits[e], window.offsets[s, 0], window.offsets[e, 1])
+                    )
+        if null is not None:  # v2.0: the null answer competes with the spans ([CLS] to [CLS])
+            candidates.append((null[0], null[1], null[2], None, None))
+        candidates.sort(key=lambda c: -c[0])
+        nbest, seen = [], set()
+        for _, start_logit, end_logit, char_start, char_end in candidates:
+            text = context[char_start:char_end] if char_start is not None else ""
+            if text in seen:
+                continue
+            seen.add(text)
+            nbest.append({"text": text, "start_logit": float(start_logit), "end_logit": float(end_logit)})
+            if len(nbest) == self.n_best_size:
+                break
+        if null is not None and "" not in seen:  # the null answer is always listed, last if it ranks lower
+            nbest.append({"text": "", "start_logit": float(null[1]), "end_logit": float(null[2])})
+        best = next((c for c in candidates if c[3] is not None), None)  # the best non-null span
+        best_text = context[best[3] : best[4]] if best else ""
+        null_odds = float(null[0] - best[0]) if null is not None and best is not None else NO_CANDIDATE_ODDS
+        _add_probabilities(nbest)
+        return Answer(self.ids[example], best_text, null_odds, nbest)
+
+    def answers(self, logits: Mapping[int, np.ndarray]) -> list[Answer]:
+        return [self.answer(example, logits) for example in range(len(self.ids))]
+
+    # -- n-best -> predictions -> scores -----------------------------------------------------------------------
+
+    def threshold(self, answers: list[Answer]) -> float | None:
+        """v2.0's null-odds threshold: the configured one, else the F1-best on this split (`best_f1_thresh`)."""
+        if not self.version_2:
+            return None
+        if self.null_score_diff_threshold is not None:
+            return float(self.null_score_diff_threshold)
+        texts = {a.id: a.text for a in answers}
+        odds = {a.id: a.null_odds for a in answers}
+        _, f1 = raw_scores_v2(self.golds, texts)
+        has_answer = {qid: bool(gold) for qid, gold in self.golds.items()}
+        _, threshold, improved = best_threshold(texts, f1, odds, has_answer)
+        # Where no threshold beats "no answer everywhere", the official 0.0 would still answer some: go below all.
+        return threshold if improved else min(odds.values()) - 1.0
+
+    def predictions(self, answers: list[Answer], threshold: float | None) -> dict[str, str]:
+        if threshold is None:
+            return {a.id: a.text for a in answers}
+        return {a.id: "" if a.null_odds > threshold else a.text for a in answers}
+
+    def score(self, logits: Mapping[int, np.ndarray]) -> tuple[dict[str, float], list[Answer], float | None]:
+        """The official scores of the split's predictions, the answers, and the v2.0 threshold used."""
+        answers = self.answers(logits)
+        threshold = self.threshold(answers)
+        predictions = self.predictions(answers, threshold)
+        if not self.version_2:
+            return evaluate_v1(self.golds, predictions), answers, None
+        scores = evaluate_v2(self.golds, predictions)
+        scores["null_threshold"] = threshold
+        return scores, answers, threshold
+
+    def write(self, logits: Mapping[int, np.ndarray], out_dir: Path) -> list[Path]:
+        """The official output files, written atomically, and eval.json with the official scores."""
+        scores, answers, threshold = self.score(logits)
+        predictions = self.predictions(answers, threshold)
+        files = {
+            "predictions.json": predictions,
+            "nbest_predictions.json": {a.id: a.nbest for a in answers},
+        }
+        if self.version_2:
+            odds = {a.id: a.null_odds for a in answers}
+            files["null_odds.json"] = odds
+            # As `python -m lightbert.squad_eval DATA predictions.json -n null_odds.json -t <threshold>` reports it.
+            scores = {**evaluate_v2(self.golds, predictions, odds, threshold), "null_threshold": threshold}
+        files["eval.json"] = scores
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name, content in files.items():
+            path = out_dir / name
+            tmp = path.with_name(f".{name}.tmp{os.getpid()}")
+            tmp.write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            tmp.replace(path)
+            written.append(path)
+        shown = ", ".join(f"{k}={v:.2f}" for k, v in scores.items() if k in ("exact_match", "exact", "f1", "best_f1"))
+        print(f"lightbert: SQuAD v{'2.0' if self.version_2 else '1.1'} dev predictions in {out_dir} ({shown})")
+        return written
+
+
+def _add_probabilities(nbest: list[dict]) -> None:
+    """Softmax over the n-best total scores, as in the reference's `nbest_predictions.json`."""
+    if not nbest:
+        return
+    scores = [c["start_logit"] + c["end_logit"] for c in nbest]
+    top = max(scores)
+    weights = [math.exp(s - top) for s in scores]
+    total = sum(weights)
+    for candidate, weight in zip(nbest, weights, strict=True):
+        candidate["probability"] = weight / total
