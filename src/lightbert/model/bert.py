@@ -150,14 +150,18 @@ def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
 
 
 class BertModel(nn.Module):
-    """The shared encoder: embeddings, L Transformer blocks, pooler. Every task wraps this."""
+    """The shared encoder: embeddings, L Transformer blocks, pooler. Every task wraps this.
 
-    def __init__(self, config: BertConfig):
+    Token-level heads (SQuAD spans) build it without the pooler, as Hugging Face does: a parameter that gets no
+    gradient would also stop DDP, and the names stay one-to-one with their fine-tuned checkpoints.
+    """
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
 
     def forward(
         self,
@@ -165,8 +169,8 @@ class BertModel(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """Returns (sequence_output (B, T, H), pooled_output (B, H), hidden_states or None).
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
+        """Returns (sequence_output (B, T, H), pooled_output (B, H) or None without a pooler, hidden_states or None).
 
         `hidden_states`, when asked for, holds the embedding output and each layer's output: L + 1 tensors,
         as in Hugging Face.
@@ -178,7 +182,8 @@ class BertModel(nn.Module):
             x = layer(x, attn_mask)
             if hidden_states is not None:
                 hidden_states.append(x)
-        return x, self.pooler(x), tuple(hidden_states) if hidden_states is not None else None
+        pooled = self.pooler(x) if self.pooler is not None else None
+        return x, pooled, tuple(hidden_states) if hidden_states is not None else None
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -296,7 +301,7 @@ class BertForQuestionAnswering(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.apply(lambda module: init_weights(module, config.initializer_range))
 
