@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import compose_config
+from conftest import compose_config, run_train_script
 from squad_files import squad_articles, squad_data_files, write_flat, write_official
 from test_interop import write_hf_bert
 
@@ -469,3 +469,43 @@ def test_wrong_columns_and_unanswerable_v1_questions_are_refused(hf_dir, tmp_pat
 def test_window_settings_that_leave_no_room_are_refused():
     with pytest.raises(UserError, match="leaves no room for the context"):
         Windowing(max_seq_length=64, doc_stride=16, max_query_length=61)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_scores_every_window_once(hf_dir, tmp_path):
+    """Each process validates half the windows; gathered, the scores and predictions equal one process's."""
+    files = squad_data_files(tmp_path / "data", "2.0", num_paragraphs=6)
+    outputs = {}
+    for devices in (1, 2):
+        run = tmp_path / f"run{devices}"
+        overrides = squad_overrides("2.0", files, hf_dir, ("trainer.strategy=ddp", f"trainer.devices={devices}"))
+        overrides += ["trainer.max_epochs=1", "optim.lr=1e-9", f"hydra.run.dir={run}"]  # weights stay as loaded
+        result = run_train_script(*overrides)
+        assert result.returncode == 0, result.stderr[-3000:]
+        metrics = json.loads((run / "results.json").read_text())["metrics"]
+        predictions = json.loads((run / "predictions" / "predictions.json").read_text())
+        odds = json.loads((run / "predictions" / "null_odds.json").read_text())
+        outputs[devices] = metrics, predictions, odds
+    (one, predictions_1, odds_1), (two, predictions_2, odds_2) = outputs[1], outputs[2]
+    for name in ("val/exact", "val/f1", "val/HasAns_f1", "val/NoAns_f1", "val/null_threshold"):
+        assert two[name] == pytest.approx(one[name], abs=1e-4), name
+    assert predictions_2 == predictions_1 and len(predictions_1) == 12
+    assert odds_2 == pytest.approx(odds_1, abs=1e-4)
+
+
+def test_hub_data_without_network_says_to_give_local_files(hf_dir, tmp_path, monkeypatch):
+    # What HF_HUB_OFFLINE=1 does, set after the libraries read it: fail at once instead of retrying.
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(UserError, match=r"could not load rajpurkar/squad_v2 \[train\].*task.data_files.train=PATH"):
+        train(compose_config(squad_overrides("2.0", {}, hf_dir), tmp_path / "run"))
+
+
+def test_fine_tuning_without_init_from_says_what_to_give(tmp_path):
+    files = squad_data_files(tmp_path / "data", "1.1", num_paragraphs=2)
+    overrides = [o for o in squad_overrides("1.1", files, "x") if not o.startswith("init_from")]
+    with pytest.raises(UserError, match="task=squad_v1 fine-tunes a pre-trained model: set init_from="):
+        train(compose_config(overrides, tmp_path / "run"))
