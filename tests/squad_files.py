@@ -19,11 +19,13 @@ PLACES = ["tokyo", "paris", "lima", "oslo", "cairo", "delhi"]
 VALUES = ["blue", "green", "old", "new", "great", "awful"]
 
 
-def squad_articles(num_paragraphs: int, seed: int = 0, unanswerable: bool = False, filler: int = 30) -> list[dict]:
+def squad_articles(
+    num_paragraphs: int, seed: int = 0, unanswerable: bool = False, filler: int = 30, num_facts: int = 3
+) -> list[dict]:
     rng = random.Random(seed)
     paragraphs = []
     for p in range(num_paragraphs):
-        facts = rng.sample([(t, c) for t in THINGS for c in PLACES], 3)
+        facts = rng.sample([(t, c) for t in THINGS for c in PLACES], num_facts)
         context, qas = "", []
         for n, (thing, place) in enumerate(facts):
             context += " ".join(rng.choice(FILLER) for _ in range(rng.randint(filler // 2, filler))) + ". "
