@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from lightbert import RESULTS_FILE
+from lightbert.data.batches import gather_dict
 from lightbert.errors import ConfigError, UserError
 from lightbert.interop import Pretrained, load_into, load_pretrained
 from lightbert.model import BertConfig
@@ -185,10 +186,7 @@ def _write_test_predictions(trainer: L.Trainer, module, datamodule, output_dir: 
                 prediction = prediction.float()  # numpy has no bfloat16
             by_idx.update(zip(out["idx"].tolist(), prediction.numpy(), strict=True))
         merged.append(by_idx)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        gathered: list = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(gathered, merged)  # each rank predicted its share of every split
-        merged = [{k: v for rank in gathered for k, v in rank[i].items()} for i in range(len(merged))]
+    merged = [gather_dict(by_idx) for by_idx in merged]  # each rank predicted its share of every split
     if trainer.global_rank != 0:
         return []
     written = datamodule.write_predictions(merged, output_dir / "predictions")

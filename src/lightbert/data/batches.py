@@ -22,22 +22,32 @@ class PaddingCollator:
     pad_to_multiple_of: int | None = 8
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        length = max(len(r["input_ids"]) for r in rows)
-        if self.pad_to_multiple_of:
-            length = math.ceil(length / self.pad_to_multiple_of) * self.pad_to_multiple_of
-        input_ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
-        token_type_ids = torch.zeros((len(rows), length), dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
-        for i, row in enumerate(rows):
-            n = len(row["input_ids"])
-            input_ids[i, :n] = torch.tensor(row["input_ids"])
-            token_type_ids[i, :n] = torch.tensor(row["token_type_ids"])
-            attention_mask[i, :n] = 1
-        batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
-        for key, (name, dtype) in self.fields.items():
-            if key in rows[0]:
-                batch[name] = torch.tensor([r[key] for r in rows], dtype=dtype)
-        return batch
+        return pad_batch(rows, self.pad_id, self.pad_to_multiple_of, self.fields)
+
+
+def pad_batch(
+    rows: list[dict],
+    pad_id: int,
+    pad_to_multiple_of: int | None = None,
+    fields: dict[str, tuple[str, torch.dtype]] | None = None,
+) -> dict[str, torch.Tensor]:
+    """`input_ids`, `token_type_ids` and `attention_mask` (B, T) padded to the longest row; plus `fields`."""
+    length = max(len(r["input_ids"]) for r in rows)
+    if pad_to_multiple_of:
+        length = math.ceil(length / pad_to_multiple_of) * pad_to_multiple_of
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    token_type_ids = torch.zeros((len(rows), length), dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        input_ids[i, :n] = torch.as_tensor(row["input_ids"])
+        token_type_ids[i, :n] = torch.as_tensor(row["token_type_ids"])
+        attention_mask[i, :n] = 1
+    batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+    for key, (name, dtype) in (fields or {}).items():
+        if key in rows[0]:
+            batch[name] = torch.tensor([r[key] for r in rows], dtype=dtype)
+    return batch
 
 
 class UnpaddedDistributedSampler(DistributedSampler):
@@ -59,3 +69,12 @@ class UnpaddedDistributedSampler(DistributedSampler):
 
 def is_distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def gather_dict(part: dict) -> dict:
+    """The union of every device's `part` (each holds its share of some keys); `part` itself on one device."""
+    if not is_distributed():
+        return part
+    gathered: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, part)
+    return {k: v for rank_part in gathered for k, v in rank_part.items()}

@@ -247,7 +247,7 @@ class GlueDataModule(L.LightningDataModule):
         else:
             config, hub_split = ("ax", "test") if split == "ax" else (self.spec.name, split)
             where = f"{self.hub_dataset}/{config} [{hub_split}]"
-            raw = read_hub(self.hub_dataset, config, hub_split, self.fit_splits)
+            raw = read_hub(self.hub_dataset, config, hub_split, self.fit_splits, where)
         return self._checked(raw, split, where)
 
     def _checked(self, raw: datasets.Dataset, split: str, where: str) -> datasets.Dataset:

@@ -51,8 +51,8 @@ def read_local(file: Path, cache_dir: Path, where: str) -> datasets.Dataset:
         raise UserError(f"could not read {where}: {error}") from None
 
 
-def read_hub(name: str, config: str | None, split: str, required: tuple[str, ...]) -> datasets.Dataset:
-    where = f"{name}{'/' + config if config else ''} [{split}]"
+def read_hub(name: str, config: str | None, split: str, required: tuple[str, ...], where: str) -> datasets.Dataset:
+    """`where` names the source in messages; `required` lists the splits a user would give as local files."""
     try:
         return datasets.load_dataset(name, config, split=split)
     except Exception as error:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lightbert.data.batches import pad_batch
+
 IGNORE_INDEX = -100  # labels of positions the loss ignores (PyTorch's cross_entropy default)
 
 
@@ -46,22 +48,8 @@ class MaskingCollator:
         return batch
 
     def pad(self, examples: list[dict]) -> dict[str, torch.Tensor]:
-        length = max(len(e["input_ids"]) for e in examples)
-        if self.pad_to_multiple_of:
-            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
-        batch_size = len(examples)
-        input_ids = torch.full((batch_size, length), self.pad_id, dtype=torch.long)
-        token_type_ids = torch.zeros((batch_size, length), dtype=torch.long)
-        attention_mask = torch.zeros((batch_size, length), dtype=torch.long)
-        for row, example in enumerate(examples):
-            n = len(example["input_ids"])
-            input_ids[row, :n] = torch.as_tensor(example["input_ids"])
-            token_type_ids[row, :n] = torch.as_tensor(example["token_type_ids"])
-            attention_mask[row, :n] = 1
-        batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
-        if "next_sentence_label" in examples[0]:
-            batch["next_sentence_label"] = torch.tensor([int(e["next_sentence_label"]) for e in examples])
-        return batch
+        fields = {"next_sentence_label": ("next_sentence_label", torch.long)}
+        return pad_batch(examples, self.pad_id, self.pad_to_multiple_of, fields)
 
     def select(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Boolean (B, T) of the positions to predict."""

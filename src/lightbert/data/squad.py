@@ -359,7 +359,7 @@ class SquadDataModule(L.LightningDataModule):
                 raw = read_local(file, self.cache_dir, where)
         else:
             where = f"{self.hub_dataset} [{split}]"
-            raw = read_hub(self.hub_dataset, None, split, SPLITS)
+            raw = read_hub(self.hub_dataset, None, split, SPLITS, where)
         return self._checked(raw, split, where)
 
     def _checked(self, raw: datasets.Dataset, split: str, where: str) -> datasets.Dataset:
@@ -431,10 +431,7 @@ class SquadDataModule(L.LightningDataModule):
 
     def _report(self, problems: dict[str, dict[str, list[str]]]) -> None:
         for split, by_kind in problems.items():
-            found = Problems()
-            for kind, ids in by_kind.items():
-                found.ids[kind].extend(ids)
-            for line in found.lines(f"SQuAD {split}"):
+            for line in Problems(defaultdict(list, by_kind)).lines(f"SQuAD {split}"):
                 log.warning(line)
 
     def setup(self, stage: str | None = None) -> None:
@@ -442,26 +439,17 @@ class SquadDataModule(L.LightningDataModule):
             self.datasets = datasets.load_from_disk(str(self.cached_dir))
 
     @cached_property
-    def problems(self) -> dict[str, dict[str, int]]:
-        """Per split, how many examples met each kind of bad input (see `Problems.MESSAGES`)."""
-        found = json.loads((self.cached_dir / "problems.json").read_text())
-        return {split: {kind: len(ids) for kind, ids in kinds.items()} for split, kinds in found.items()}
-
-    def answers(self, split: str = "validation") -> SquadAnswers:
-        """Post-processing of the split: model logits per feature -> answer text per question, scored."""
+    def validation_answers(self) -> SquadAnswers:
+        """Post-processing of the dev set: model logits per window -> answer text per question, scored."""
         assert self.datasets is not None, "call setup() first"
         return SquadAnswers(
-            self.datasets[f"{split}_examples"],
-            self.datasets[split],
+            self.datasets["validation_examples"],
+            self.datasets["validation"],
             version_2=self.version_2,
             n_best_size=self.n_best_size,
             max_answer_length=self.max_answer_length,
             null_score_diff_threshold=self.null_score_diff_threshold,
         )
-
-    @cached_property
-    def validation_answers(self) -> SquadAnswers:
-        return self.answers("validation")
 
     # -- loaders ---------------------------------------------------------------------------------------------
 

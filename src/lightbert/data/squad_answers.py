@@ -152,30 +152,36 @@ class SquadAnswers:
             return {a.id: a.text for a in answers}
         return {a.id: "" if a.null_odds > threshold else a.text for a in answers}
 
-    def score(self, logits: Mapping[int, np.ndarray]) -> tuple[dict[str, float], list[Answer], float | None]:
-        """The official scores of the split's predictions, the answers, and the v2.0 threshold used."""
+    def score(
+        self, logits: Mapping[int, np.ndarray], with_odds: bool = False
+    ) -> tuple[dict[str, float], list[Answer], dict[str, str]]:
+        """The official scores of the split's predictions, the answers and the predictions.
+
+        v2.0 scores include `null_threshold`; `with_odds` adds the best_* values of the official script given the
+        null odds (what `squad_eval DATA predictions.json -n null_odds.json -t <null_threshold>` prints).
+        """
         answers = self.answers(logits)
         threshold = self.threshold(answers)
         predictions = self.predictions(answers, threshold)
         if not self.version_2:
-            return evaluate_v1(self.golds, predictions), answers, None
-        scores = evaluate_v2(self.golds, predictions)
+            return evaluate_v1(self.golds, predictions), answers, predictions
+        if with_odds:  # scored as the official script does with the null odds and this threshold
+            odds = {a.id: a.null_odds for a in answers}
+            scores = evaluate_v2(self.golds, predictions, odds, threshold)
+        else:  # the predictions as they stand ("" already where the odds exceed the threshold)
+            scores = evaluate_v2(self.golds, predictions)
         scores["null_threshold"] = threshold
-        return scores, answers, threshold
+        return scores, answers, predictions
 
     def write(self, logits: Mapping[int, np.ndarray], out_dir: Path) -> list[Path]:
         """The official output files, written atomically, and eval.json with the official scores."""
-        scores, answers, threshold = self.score(logits)
-        predictions = self.predictions(answers, threshold)
+        scores, answers, predictions = self.score(logits, with_odds=True)
         files = {
             "predictions.json": predictions,
             "nbest_predictions.json": {a.id: a.nbest for a in answers},
         }
         if self.version_2:
-            odds = {a.id: a.null_odds for a in answers}
-            files["null_odds.json"] = odds
-            # As `python -m lightbert.squad_eval DATA predictions.json -n null_odds.json -t <threshold>` reports it.
-            scores = {**evaluate_v2(self.golds, predictions, odds, threshold), "null_threshold": threshold}
+            files["null_odds.json"] = {a.id: a.null_odds for a in answers}
         files["eval.json"] = scores
         out_dir.mkdir(parents=True, exist_ok=True)
         written = []

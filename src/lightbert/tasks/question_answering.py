@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lightbert.data.batches import is_distributed
+from lightbert.data.batches import gather_dict
 from lightbert.model import BertConfig, BertForQuestionAnswering
 from lightbert.optim import OptimConfig, build_optimizer
 
@@ -63,11 +63,8 @@ class QuestionAnsweringModule(L.LightningModule):
             self._val_logits[idx] = row[:length].copy()  # a copy: pickling a view would pickle the whole batch
 
     def on_validation_epoch_end(self) -> None:
-        logits, self._val_logits = self._val_logits, {}
-        if is_distributed():
-            gathered: list = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, logits)  # each device saw a share of the windows
-            logits = {k: v for part in gathered for k, v in part.items()}
+        logits = gather_dict(self._val_logits)  # each device saw a share of the windows
+        self._val_logits = {}
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is None or not hasattr(datamodule, "validation_answers"):
             raise RuntimeError("QuestionAnsweringModule validates with a SquadDataModule: pass it as datamodule=")
