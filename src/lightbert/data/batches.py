@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
 @dataclass
@@ -78,3 +78,17 @@ def gather_dict(part: dict) -> dict:
     gathered: list = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, part)
     return {k: v for rank_part in gathered for k, v in rank_part.items()}
+
+
+def make_loader(dataset: Dataset, collate_fn, batch_size: int, train: bool, num_workers: int) -> DataLoader:
+    """Shuffled for training; for evaluation in order, each device its own share (`UnpaddedDistributedSampler`)."""
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=train,
+        sampler=UnpaddedDistributedSampler(dataset) if not train and is_distributed() else None,
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0 and train,
+        pin_memory=torch.cuda.is_available(),
+    )

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import shutil
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -24,9 +23,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from lightbert.data.batches import PaddingCollator, UnpaddedDistributedSampler, is_distributed
+from lightbert.data.batches import PaddingCollator, make_loader
 from lightbert.data.corpus import digest, file_identity
-from lightbert.data.local_files import check_data_files, read_hub, read_local
+from lightbert.data.local_files import check_data_files, read_hub, read_local, require_tokenizer, save_cache
 from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
 from lightbert.errors import UserError
 
@@ -196,11 +195,7 @@ class GlueDataModule(L.LightningDataModule):
         self.spec = glue_task(task)
         if max_seq_length < 8:
             raise UserError(f"task.max_seq_length must be at least 8, got {max_seq_length}")
-        if tokenizer is None and not tokenizer_path:
-            raise UserError(
-                f"task=glue/{task} fine-tunes a pre-trained model: set init_from=<checkpoint> (a lightbert .ckpt or "
-                "run directory, a Hugging Face directory, or a hub id); its tokenizer comes with it"
-            )
+        require_tokenizer(tokenizer, tokenizer_path, f"glue/{task}")
         self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
         self.cache_dir = Path(cache_dir).expanduser()
         self.data_files = {k: str(v) for k, v in (data_files or {}).items() if v}
@@ -305,13 +300,7 @@ class GlueDataModule(L.LightningDataModule):
                 load_from_cache_file=False,  # cached as a whole below
                 desc=f"Tokenizing {self.spec.name} {split}",
             )
-        # Written beside the final place, then renamed: an interrupted run leaves no half cache.
-        tmp = self.cached_dir.with_name(self.cached_dir.name + f".tmp{os.getpid()}")
-        datasets.DatasetDict(encoded).save_to_disk(str(tmp))
-        if self.cached_dir.exists():  # another process finished first
-            shutil.rmtree(tmp)
-        else:
-            tmp.rename(self.cached_dir)
+        save_cache(encoded, self.cached_dir)
 
     def _num_proc(self, num_rows: int) -> int | None:
         workers = min(self.preprocessing_workers, num_rows // 10_000)  # forking pays off on large splits only
@@ -330,20 +319,8 @@ class GlueDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, train: bool = False) -> DataLoader:
         assert self.datasets is not None, "call setup() first"
-        dataset = self.datasets[split]
-        sampler = None
-        if not train and is_distributed():
-            sampler = UnpaddedDistributedSampler(dataset)
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size if train else self.eval_batch_size,
-            shuffle=train,
-            sampler=sampler,
-            collate_fn=self.collator(),
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0 and train,
-            pin_memory=torch.cuda.is_available(),
-        )
+        batch_size = self.batch_size if train else self.eval_batch_size
+        return make_loader(self.datasets[split], self.collator(), batch_size, train, self.num_workers)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)

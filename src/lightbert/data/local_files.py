@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import os
+import shutil
 from pathlib import Path
 
 import datasets
@@ -12,8 +14,15 @@ from lightbert.errors import UserError
 LOCAL_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
-def check_data_files(data_files: dict[str, str], required: tuple[str, ...], known: tuple[str, ...], task: str) -> None:
-    """Every required split has a file, every split is known, every file exists in a format we read."""
+def check_data_files(
+    data_files: dict[str, str],
+    required: tuple[str, ...],
+    known: tuple[str, ...],
+    task: str,
+    formats: tuple[str, ...] | None = tuple(LOCAL_FORMATS),
+) -> None:
+    """Every required split has a file, every split is known, every file exists (with a suffix in `formats`,
+    unless `formats` is None: any file)."""
     if not data_files:
         return
     unknown = sorted(set(data_files) - set(known))
@@ -29,9 +38,8 @@ def check_data_files(data_files: dict[str, str], required: tuple[str, ...], know
         file = Path(path).expanduser()
         if not file.is_file():
             raise UserError(f"task.data_files.{split}: {file} does not exist")
-        if file.suffix.lower() not in LOCAL_FORMATS:
-            formats = sorted(LOCAL_FORMATS)
-            raise UserError(f"task.data_files.{split}: {file} has an unknown format; use one of {formats}")
+        if formats is not None and file.suffix.lower() not in formats:
+            raise UserError(f"task.data_files.{split}: {file} has an unknown format; use one of {sorted(formats)}")
 
 
 def read_local(file: Path, cache_dir: Path, where: str) -> datasets.Dataset:
@@ -60,3 +68,28 @@ def read_hub(name: str, config: str | None, split: str, required: tuple[str, ...
             f"could not load {where} from the Hugging Face hub ({type(error).__name__}); without a network, "
             "give local files: " + ", ".join(f"task.data_files.{s}=PATH" for s in required)
         ) from None
+
+
+def require_tokenizer(tokenizer: object, tokenizer_path: str | None, task: str) -> None:
+    """Fine-tuning starts from a pre-trained model, which brings its tokenizer."""
+    if tokenizer is None and not tokenizer_path:
+        raise UserError(
+            f"task={task} fine-tunes a pre-trained model: set init_from=<checkpoint> (a lightbert .ckpt or "
+            "run directory, a Hugging Face directory, or a hub id); its tokenizer comes with it"
+        )
+
+
+def save_cache(parts: dict[str, datasets.Dataset], cached_dir: Path, extra_files: dict[str, str] | None = None) -> None:
+    """`parts` as a DatasetDict at `cached_dir` (plus small text files), all or nothing.
+
+    Written beside the final place, then renamed: an interrupted run leaves no half cache, and of two processes
+    preparing the same data the second simply drops its copy.
+    """
+    tmp = cached_dir.with_name(cached_dir.name + f".tmp{os.getpid()}")
+    datasets.DatasetDict(parts).save_to_disk(str(tmp))
+    for name, text in (extra_files or {}).items():
+        (tmp / name).write_text(text)
+    if cached_dir.exists():
+        shutil.rmtree(tmp)
+    else:
+        tmp.rename(cached_dir)

@@ -22,8 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,9 +35,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from lightbert.data.batches import PaddingCollator, UnpaddedDistributedSampler, is_distributed
+from lightbert.data.batches import PaddingCollator, make_loader
 from lightbert.data.corpus import digest, file_identity
-from lightbert.data.local_files import check_data_files, read_hub, read_local
+from lightbert.data.local_files import check_data_files, read_hub, read_local, require_tokenizer, save_cache
 from lightbert.data.squad_answers import SquadAnswers
 from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
 from lightbert.errors import UserError
@@ -315,11 +313,7 @@ class SquadDataModule(L.LightningDataModule):
             raise UserError(f"unknown SQuAD version {version!r}; valid: {list(VERSIONS)}")
         self.version = str(version)
         self.name = f"squad_v{self.version[0]}"
-        if tokenizer is None and not tokenizer_path:
-            raise UserError(
-                f"task={self.name} fine-tunes a pre-trained model: set init_from=<checkpoint> (a lightbert .ckpt or "
-                "run directory, a Hugging Face directory, or a hub id); its tokenizer comes with it"
-            )
+        require_tokenizer(tokenizer, tokenizer_path, self.name)
         if n_best_size < 1 or max_answer_length < 1:
             raise UserError(
                 f"task.n_best_size ({n_best_size}) and task.max_answer_length ({max_answer_length}) must be >= 1"
@@ -419,14 +413,7 @@ class SquadDataModule(L.LightningDataModule):
             if split != "train":
                 parts[f"{split}_examples"] = raw.select_columns(["id", "context", "answers"])
             problems[split] = found.as_json()
-        # Written beside the final place, then renamed: an interrupted run leaves no half cache.
-        tmp = self.cached_dir.with_name(self.cached_dir.name + f".tmp{os.getpid()}")
-        datasets.DatasetDict(parts).save_to_disk(str(tmp))
-        (tmp / "problems.json").write_text(json.dumps(problems, indent=1))
-        if self.cached_dir.exists():  # another process finished first
-            shutil.rmtree(tmp)
-        else:
-            tmp.rename(self.cached_dir)
+        save_cache(parts, self.cached_dir, {"problems.json": json.dumps(problems, indent=1)})
         self._report(problems)
 
     def _report(self, problems: dict[str, dict[str, list[str]]]) -> None:
@@ -460,16 +447,8 @@ class SquadDataModule(L.LightningDataModule):
         collator = PaddingCollator(
             self.tokenizer.pad_id, {f: (f, torch.long) for f in fields}, pad_to_multiple_of=self.pad_to_multiple_of
         )
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size if train else self.eval_batch_size,
-            shuffle=train,
-            sampler=UnpaddedDistributedSampler(dataset) if not train and is_distributed() else None,
-            collate_fn=collator,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0 and train,
-            pin_memory=torch.cuda.is_available(),
-        )
+        batch_size = self.batch_size if train else self.eval_batch_size
+        return make_loader(dataset, collator, batch_size, train, self.num_workers)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)

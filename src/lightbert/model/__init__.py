@@ -1,9 +1,11 @@
 """The BERT encoder and its heads: plain PyTorch, no Lightning or Hydra."""
 
 from lightbert.model.bert import (
+    BertForMultipleChoice,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
+    BertForTokenClassification,
     BertLayer,
     BertModel,
 )
@@ -11,9 +13,11 @@ from lightbert.model.config import BertConfig
 
 __all__ = [
     "BertConfig",
+    "BertForMultipleChoice",
     "BertForPreTraining",
     "BertForQuestionAnswering",
     "BertForSequenceClassification",
+    "BertForTokenClassification",
     "BertLayer",
     "BertModel",
 ]

@@ -315,3 +315,56 @@ class BertForQuestionAnswering(nn.Module):
         sequence_output, _, _ = self.bert(input_ids, token_type_ids, attention_mask)
         start_logits, end_logits = self.qa_outputs(sequence_output).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
         return start_logits, end_logits
+
+
+class BertForTokenClassification(nn.Module):
+    """Encoder + dropout + one linear layer giving every token a label (paper §5.3, NER).
+
+    Every sub-token gets logits; the task reads a word's label off its first sub-token. Names and the missing
+    pooler match Hugging Face's class of the same name.
+    """
+
+    def __init__(self, config: BertConfig, num_labels: int):
+        super().__init__()
+        self.config = config
+        self.num_labels = num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        self.apply(lambda module: init_weights(module, config.initializer_range))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        sequence_output, _, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        return self.classifier(self.dropout(sequence_output))  # (B, T, num_labels)
+
+
+class BertForMultipleChoice(nn.Module):
+    """Encoder + dropout + one linear layer scoring each (context, choice) pair from its pooled [CLS] (paper §4.4).
+
+    Inputs are (B, C, T) for C choices; the scores (B, C) feed a softmax over the choices. Names match Hugging
+    Face's class of the same name.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.apply(lambda module: init_weights(module, config.initializer_range))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        batch, choices, length = input_ids.shape
+        flat = [t.reshape(batch * choices, length) if t is not None else None for t in (token_type_ids, attention_mask)]
+        _, pooled_output, _ = self.bert(input_ids.reshape(batch * choices, length), *flat)
+        return self.classifier(self.dropout(pooled_output)).view(batch, choices)  # (B, C)
