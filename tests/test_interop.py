@@ -21,15 +21,17 @@ from lightbert.train import train
 ATOL = 1e-5
 
 
-def write_hf_bert(directory, seed: int = 0, bare_encoder: bool = False):
-    """A small random transformers BERT saved with save_pretrained, plus a WordPiece vocab.txt."""
+def write_hf_bert(
+    directory, seed: int = 0, bare_encoder: bool = False, num_hidden_layers: int = 2, words: list[str] = WORDS
+):
+    """A small random transformers BERT saved with save_pretrained, plus a WordPiece vocab.txt learnt from `words`."""
     rng = random.Random(seed)
-    tokenizer = train_wordpiece([" ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(200)], vocab_size=200)
+    tokenizer = train_wordpiece([" ".join(rng.choice(words) for _ in range(10)) for _ in range(200)], vocab_size=200)
     torch.manual_seed(seed)
     config = transformers.BertConfig(
         vocab_size=tokenizer.vocab_size,
         hidden_size=32,
-        num_hidden_layers=2,
+        num_hidden_layers=num_hidden_layers,
         num_attention_heads=4,
         intermediate_size=64,
         max_position_embeddings=128,

@@ -112,6 +112,8 @@ class FeatureBasedTagger(nn.Module):
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The combined hidden states (B, T, H or 4H), computed without a graph through the encoder."""
+        if self.bert.training:  # e.g. a loop that set each submodule's mode itself: still no encoder dropout
+            self.bert.eval()
         with torch.no_grad():
             _, _, hidden_states = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states=True)
         chosen = [hidden_states[i] for i in self.combination.layers]

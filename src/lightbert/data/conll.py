@@ -1,0 +1,326 @@
+"""CoNLL-2003 named-entity recognition (Tjong Kim Sang and De Meulder 2003) for token classification (paper §5.3).
+
+Data comes from the hub (`eriktks/conll2003`: `tokens` and `ner_tags` columns, the tags as class indices) or from
+local files, one per split (`task.data_files.<split>=PATH`): json, jsonl or parquet in the hub's columns (tags as
+indices into `task.label_names` or as tag strings), or any other file in the CoNLL text format the shared task
+distributed (`eng.train`, `train.txt`, ...): one word per line with its tag in the last column, a blank line
+between sentences, `-DOCSTART-` lines between documents. Both IOB1 (the original files) and BIO (the hub's copy)
+tags work; entity F1 reads spans from either (`lightbert.ner_eval`).
+
+Each sentence is `[CLS] sub-tokens [SEP]`; a word's label sits on its first sub-token and the other sub-tokens
+are left out of the loss (-100), the paper's choice. A sentence longer than `max_seq_length` sub-tokens is cut;
+the words cut off are predicted "O" in evaluation, and the count is logged. The paper used document context
+around each sentence; like Hugging Face's run_ner, this is sentence by sentence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+
+import datasets
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from lightbert.data.batches import make_loader, pad_batch
+from lightbert.data.corpus import digest, file_identity
+from lightbert.data.local_files import check_data_files, read_hub, read_local, require_tokenizer, save_cache
+from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
+from lightbert.errors import UserError
+from lightbert.ner_eval import entity_scores
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+HUB_DATASET = "eriktks/conll2003"
+CONLL2003_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+SPLITS = ("train", "validation", "test")
+TABLE_FORMATS = (".json", ".jsonl", ".parquet")  # the hub's columns; any other file is CoNLL text
+
+
+def read_conll_text(file: Path, where: str) -> datasets.Dataset:
+    """Sentences of a CoNLL-format file: `tokens` and `ner_tags` (tag strings, the last column)."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise UserError(f"{where} is not UTF-8 text ({error}); convert it, e.g. iconv -f latin1 -t utf-8") from None
+    sentences: list[tuple[list[str], list[str]]] = []
+    words: list[str] = []
+    tags: list[str] = []
+    for number, line in enumerate([*text.splitlines(), ""], start=1):
+        columns = line.split()
+        if not columns or columns[0] == "-DOCSTART-":
+            if words:
+                sentences.append((words, tags))
+                words, tags = [], []
+            continue
+        if len(columns) < 2:
+            raise UserError(
+                f"{where}, line {number}: {line.strip()!r} has no tag column; CoNLL files hold a word and its tag "
+                "(the last column) per line"
+            )
+        words.append(columns[0])
+        tags.append(columns[-1])
+    if not sentences:
+        raise UserError(f"{where} holds no sentences")
+    return datasets.Dataset.from_dict(
+        {
+            "id": [str(i) for i in range(len(sentences))],
+            "tokens": [s[0] for s in sentences],
+            "ner_tags": [s[1] for s in sentences],
+        }
+    )
+
+
+def tag_names(raw: datasets.Dataset, label_names: Sequence[str], where: str) -> list[list[str]]:
+    """Every sentence's tags as strings, checked against the label set. Indices are read through the data's own
+    class names when it has them (the hub's ClassLabel), else through `label_names`."""
+    feature = raw.features["ner_tags"]
+    inner = getattr(feature, "feature", None)
+    own_names = getattr(inner, "names", None)
+    names = list(own_names or label_names)
+    known = set(label_names)
+    out = []
+    for sentence_id, tags in zip(raw["id"], raw["ner_tags"], strict=True):
+        row = []
+        for tag in tags:
+            if isinstance(tag, int) and not isinstance(tag, bool):
+                if not 0 <= tag < len(names):
+                    raise UserError(
+                        f"{where}, sentence {sentence_id}: tag index {tag} is out of range 0..{len(names) - 1}"
+                    )
+                tag = names[tag]
+            if tag not in known:
+                raise UserError(
+                    f"{where}, sentence {sentence_id}: unknown tag {tag!r}; the label set is {list(label_names)} "
+                    "(set task.label_names for another tag set)"
+                )
+            row.append(tag)
+        out.append(row)
+    return out
+
+
+def encode_sentences(
+    words: list[list[str]],
+    tags: list[list[str]],
+    tokenizer: BertTokenizer,
+    label_names: Sequence[str],
+    max_seq_length: int,
+) -> tuple[dict[str, list], int]:
+    """Sub-token ids with the label on each word's first sub-token; the number of sentences that were cut.
+
+    `word_starts` holds each word's first sub-token position (-1 for a word cut off or without sub-tokens) and
+    `word_labels` every word's label: evaluation scores whole sentences, whatever was cut.
+    """
+    label_id = {name: i for i, name in enumerate(label_names)}
+    encodings = tokenizer.backend.encode_batch(words, is_pretokenized=True, add_special_tokens=False)
+    rows: dict[str, list] = {"input_ids": [], "token_type_ids": [], "labels": [], "word_starts": [], "word_labels": []}
+    cut = 0
+    budget = max_seq_length - 2
+    for sentence_words, sentence_tags, encoding in zip(words, tags, encodings, strict=True):
+        ids = encoding.ids[:budget]
+        cut += len(encoding.ids) > budget
+        word_ids = encoding.word_ids[:budget]
+        labels = [-100] * (len(ids) + 2)
+        starts = [-1] * len(sentence_words)
+        for position, word in enumerate(word_ids, start=1):  # +1: [CLS] comes first
+            if word is not None and starts[word] == -1:
+                starts[word] = position
+                labels[position] = label_id[sentence_tags[word]]
+        rows["input_ids"].append([tokenizer.cls_id, *ids, tokenizer.sep_id])
+        rows["token_type_ids"].append([0] * (len(ids) + 2))
+        rows["labels"].append(labels)
+        rows["word_starts"].append(starts)
+        rows["word_labels"].append([label_id[t] for t in sentence_tags])
+    return rows, cut
+
+
+def pad_lists(rows: list[dict], key: str, value: int) -> torch.Tensor:
+    length = max(len(r[key]) for r in rows)
+    out = torch.full((len(rows), length), value, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row[key])] = torch.as_tensor(row[key], dtype=torch.long)
+    return out
+
+
+class TokenCollator:
+    """Pads sub-token inputs and labels (to the same length), word starts (-1) and word labels (-100)."""
+
+    def __init__(self, pad_id: int, pad_to_multiple_of: int | None = 8):
+        self.pad_id, self.pad_to_multiple_of = pad_id, pad_to_multiple_of
+
+    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        batch = pad_batch(rows, self.pad_id, self.pad_to_multiple_of, {"idx": ("idx", torch.long)})
+        labels = torch.full(batch["input_ids"].shape, -100, dtype=torch.long)
+        for i, row in enumerate(rows):
+            labels[i, : len(row["labels"])] = torch.as_tensor(row["labels"])
+        batch["labels"] = labels
+        batch["word_starts"] = pad_lists(rows, "word_starts", -1)
+        batch["word_labels"] = pad_lists(rows, "word_labels", -100)
+        return batch
+
+
+class ConllDataModule(L.LightningDataModule):
+    """Sentences tokenised once per (data, tokenizer, length) and cached; predictions in conlleval's format."""
+
+    def __init__(
+        self,
+        cache_dir: str,
+        tokenizer: BertTokenizer | None = None,
+        tokenizer_path: str | None = None,
+        data_files: dict[str, str] | None = None,
+        hub_dataset: str = HUB_DATASET,
+        label_names: Sequence[str] = CONLL2003_LABELS,
+        max_seq_length: int = 128,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 2,
+        pad_to_multiple_of: int | None = 8,
+        name: str = "conll2003",
+    ):
+        super().__init__()
+        self.name = name
+        require_tokenizer(tokenizer, tokenizer_path, name)
+        if "O" not in label_names or len(set(label_names)) != len(label_names):
+            raise UserError(f"task.label_names must be distinct tags including 'O', got {list(label_names)}")
+        if max_seq_length < 3:
+            raise UserError(f"task.max_seq_length must be at least 3, got {max_seq_length}")
+        self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
+        self.cache_dir = Path(cache_dir).expanduser()
+        self.data_files = {k: str(v) for k, v in (data_files or {}).items() if v}
+        self.hub_dataset = hub_dataset
+        self.label_names = tuple(label_names)
+        self.max_seq_length = max_seq_length
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
+        self.num_workers, self.pad_to_multiple_of = num_workers, pad_to_multiple_of
+        self.datasets: datasets.DatasetDict | None = None
+        check_data_files(self.data_files, SPLITS[:2], SPLITS, name, formats=None)
+
+    @cached_property
+    def tokenizer(self) -> BertTokenizer:
+        return self._tokenizer or load_tokenizer(self.tokenizer_path)
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """Train and validation always; test from the hub, or when a test file is given."""
+        return tuple(s for s in SPLITS if not self.data_files or s in self.data_files)
+
+    @property
+    def predict_splits(self) -> tuple[str, ...]:
+        return self.splits[1:]
+
+    def _load_raw(self, split: str) -> tuple[datasets.Dataset, str]:
+        if self.data_files:
+            file = Path(self.data_files[split]).expanduser()
+            where = f"task.data_files.{split} ({file})"
+            if file.suffix.lower() in TABLE_FORMATS:
+                raw = read_local(file, self.cache_dir, where)
+            else:
+                raw = read_conll_text(file, where)
+        else:
+            where = f"{self.hub_dataset} [{split}]"
+            raw = read_hub(self.hub_dataset, None, split, SPLITS[:2], where)
+        missing = [c for c in ("tokens", "ner_tags") if c not in raw.column_names]
+        if missing:
+            raise UserError(
+                f"{where} lacks the column(s) {missing}; NER needs tokens and ner_tags, it has {raw.column_names}"
+            )
+        if "id" not in raw.column_names:
+            raw = raw.add_column("id", [str(i) for i in range(len(raw))])
+        if len(raw) == 0:
+            raise UserError(f"{where} has no sentences")
+        return raw, where
+
+    def _source_identity(self, split: str) -> object:
+        if self.data_files:
+            return file_identity(Path(self.data_files[split]).expanduser())
+        return [self.hub_dataset, split]
+
+    @cached_property
+    def cached_dir(self) -> Path:
+        key = digest(
+            [
+                CACHE_VERSION,
+                hashlib.sha256(self.tokenizer.backend.to_str().encode()).hexdigest(),
+                self.max_seq_length,
+                list(self.label_names),
+                {split: self._source_identity(split) for split in self.splits},
+            ]
+        )
+        return self.cache_dir / "ner" / self.name / key
+
+    def prepare_data(self) -> None:
+        if (self.cached_dir / "dataset_dict.json").is_file():
+            return
+        parts = {}
+        for split in self.splits:
+            raw, where = self._load_raw(split)
+            words = [[str(w) for w in sentence] for sentence in raw["tokens"]]
+            tags = tag_names(raw, self.label_names, where)
+            for sentence_id, sentence_words, sentence_tags in zip(raw["id"], words, tags, strict=True):
+                if len(sentence_words) != len(sentence_tags):
+                    raise UserError(
+                        f"{where}, sentence {sentence_id}: {len(sentence_words)} tokens but {len(sentence_tags)} tags"
+                    )
+            rows, cut = encode_sentences(words, tags, self.tokenizer, self.label_names, self.max_seq_length)
+            if cut:
+                log.warning(
+                    "%s: %d sentence(s) longer than task.max_seq_length=%d sub-tokens were cut; the words cut off "
+                    "are predicted O",
+                    where,
+                    cut,
+                    self.max_seq_length,
+                )
+            encoded = datasets.Dataset.from_dict({**rows, "tokens": words, "id": list(raw["id"])})
+            parts[split] = encoded.add_column("idx", list(range(len(encoded))))
+        save_cache(parts, self.cached_dir)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets is None:
+            self.datasets = datasets.load_from_disk(str(self.cached_dir))
+
+    def _loader(self, split: str, train: bool = False) -> DataLoader:
+        assert self.datasets is not None, "call setup() first"
+        columns = ["input_ids", "token_type_ids", "labels", "word_starts", "word_labels", "idx"]
+        dataset = self.datasets[split].select_columns(columns)
+        collator = TokenCollator(self.tokenizer.pad_id, self.pad_to_multiple_of)
+        batch_size = self.batch_size if train else self.eval_batch_size
+        return make_loader(dataset, collator, batch_size, train, self.num_workers)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation")
+
+    def predict_dataloader(self) -> list[DataLoader]:
+        return [self._loader(split) for split in self.predict_splits]
+
+    def write_predictions(self, predictions: list[dict[int, np.ndarray]], out_dir: Path) -> list[Path]:
+        """`<split>.txt` in conlleval's input format (word, gold tag, predicted tag) and eval.json with the
+        entity-level scores of every split."""
+        assert self.datasets is not None, "call setup() first"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written, scores = [], {}
+        for split, by_idx in zip(self.predict_splits, predictions, strict=True):
+            data = self.datasets[split]
+            gold, predicted, lines = [], [], []
+            for idx, words, labels in zip(data["idx"], data["tokens"], data["word_labels"], strict=True):
+                gold_tags = [self.label_names[i] for i in labels]
+                predicted_tags = [self.label_names[i] for i in by_idx[idx][: len(words)]]
+                gold.append(gold_tags)
+                predicted.append(predicted_tags)
+                lines += [f"{w} {g} {p}" for w, g, p in zip(words, gold_tags, predicted_tags, strict=True)] + [""]
+            path = out_dir / f"{split}.txt"
+            path.write_text("\n".join(lines), encoding="utf-8")
+            written.append(path)
+            scores[split] = entity_scores(gold, predicted)
+        path = out_dir / "eval.json"
+        path.write_text(json.dumps(scores, indent=2) + "\n")
+        return [*written, path]
