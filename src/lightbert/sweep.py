@@ -179,10 +179,35 @@ def write_summary(sweep_dir: Path) -> list[dict]:
                 for g in groups
             ],
         )
+    lines += _feature_table(rows)
     tmp = sweep_dir / (SUMMARY_MD + ".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(sweep_dir / SUMMARY_MD)
     return rows
+
+
+FEATURES_KEY = "task.features"
+
+
+def _feature_table(rows: list[dict]) -> list[str]:
+    """The paper's Table 7 for a sweep over `task.features` (conf/sweep/feature_layers.yaml): a row per layer
+    combination, in the paper's order, with the best dev score of its job(s) (mean ± std over seeds)."""
+    from lightbert.model.feature_based import layer_combinations  # the sweep callback stays light otherwise
+
+    done = [r for r in rows if r["best"] is not None and FEATURES_KEY in r["overrides"]]
+    if not done:
+        return []
+    table = []
+    for name, combination in layer_combinations(12).items():
+        values = [r["best"] for r in done if r["overrides"][FEATURES_KEY] == name]
+        if len(values) == 1:
+            table.append([combination.paper_name, name, _fmt(values[0])])
+        elif values:
+            table.append(
+                [combination.paper_name, name, f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"]
+            )
+    monitor = done[0]["monitor"]
+    return ["", "## Feature-based approach (paper Table 7)", ""] + _md_table(["Layers", FEATURES_KEY, monitor], table)
 
 
 class SweepSummary(Callback):

@@ -33,16 +33,14 @@ class LayerCombination:
 
 
 def layer_combinations(num_layers: int) -> dict[str, LayerCombination]:
-    """Table 7's rows, in its order, for an encoder of `num_layers` layers."""
+    """Table 7's rows, in its order, for an encoder of `num_layers` layers (the paper's "All 12 Layers" is all L)."""
     return {
         "embeddings": LayerCombination("Embeddings", (0,), "one"),
         "second_to_last": LayerCombination("Second-to-Last Hidden", (-2,), "one"),
         "last": LayerCombination("Last Hidden", (-1,), "one"),
         "sum_last_four": LayerCombination("Weighted Sum Last Four Hidden", (-4, -3, -2, -1), "weighted_sum"),
         "concat_last_four": LayerCombination("Concat Last Four Hidden", (-4, -3, -2, -1), "concat"),
-        "sum_all": LayerCombination(
-            f"Weighted Sum All {num_layers} Layers", tuple(range(1, num_layers + 1)), "weighted_sum"
-        ),
+        "sum_all": LayerCombination("Weighted Sum All Layers", tuple(range(1, num_layers + 1)), "weighted_sum"),
     }
 
 
