@@ -82,7 +82,7 @@ class FeatureBasedTagger(nn.Module):
         self.config = config
         self.combination = layer_combination(features, config.num_hidden_layers)
         self.bert = BertModel(config, add_pooling_layer=False)
-        self.bert.requires_grad_(False)
+        self.bert.requires_grad_(False).eval()  # and kept in eval mode by train() below
         width = len(self.combination.layers) if self.combination.combine == "concat" else 1
         self.mix = ScalarMix(len(self.combination.layers)) if self.combination.combine == "weighted_sum" else None
         self.lstm = nn.LSTM(
