@@ -115,8 +115,11 @@ def test_every_multirun_job_is_its_own_wandb_run_in_the_sweeps_group(tmp_path):
     previous = HydraConfig.instance().cfg
     HydraConfig.instance().set_config(cfg)
     try:
-        logger = wandb_logger(project="lightbert", save_dir=str(tmp_path / "run"), name="rte-bert", mode="disabled")
+        logger = wandb_logger(
+            project="lightbert", save_dir=str(tmp_path / "run"), name="rte-bert", tags=["rte", None], mode="disabled"
+        )
     finally:
         HydraConfig.instance().cfg = previous  # later tests see no multirun
-    assert logger._wandb_init["group"] == str(tmp_path / "sweep")
+    assert logger._wandb_init["group"] == "rte-bert-sweep"  # the run name and the sweep directory's name
     assert logger._wandb_init["name"] == "rte-bert-3"
+    assert logger._wandb_init["tags"] == ["rte", "multirun"] and logger._wandb_init["job_type"] == "multirun"

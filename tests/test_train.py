@@ -1,10 +1,12 @@
 """`train(cfg)` end to end on CPU, and the errors a user can make on the way."""
 
 import json
+import math
 
 import pytest
 import torch
 from conftest import compose_config, run_train_script
+from wandb_files import offline_run
 
 from lightbert.errors import ConfigError, UserError
 from lightbert.tasks.pretrain import PreTrainingModule
@@ -116,6 +118,7 @@ def test_entry_point_with_default_wandb_logger_runs_offline(tmp_path, corpus_fil
         *SMALL,  # the logger stays the default, wandb
         "trainer.max_steps=4",
         "trainer.val_check_interval=2",
+        "trainer.log_every_n_steps=1",
         *text_corpus_overrides(corpus_file),
         f"hydra.run.dir={tmp_path / 'run'}",
         WANDB_API_KEY="",
@@ -125,6 +128,21 @@ def test_entry_point_with_default_wandb_logger_runs_offline(tmp_path, corpus_fil
     run = tmp_path / "run"
     assert (run / "results.json").is_file() and (run / "metrics.csv").is_file()
     assert list((run / "wandb").glob("offline-run-*")), "W&B ran offline, without prompting"
+    # What the offline run holds, read back from its files (what `wandb sync` uploads):
+    logged = offline_run(run)
+    assert logged["name"] == "pretrain-bert_tiny" and logged["tags"] == ["pretrain", "bert_tiny"]
+    config = logged["config"]
+    assert config["task"]["name"] == "pretrain" and config["trainer"]["max_steps"] == 4  # resolved, as run
+    assert "${" not in json.dumps(config)  # no interpolation left
+    assert "trainer.max_steps=4" in config["overrides"]
+    steps = [row for row in logged["history"] if "train/loss" in row]
+    assert [row["trainer/global_step"] for row in steps] == [0, 1, 2, 3]  # every step (log_every_n_steps=1)
+    assert all(row["train/tokens_per_s"] > 0 and row["train/examples_per_s"] > 0 for row in steps)
+    assert all(math.isfinite(row["train/loss"]) for row in steps)
+    results = json.loads((run / "results.json").read_text())
+    assert logged["summary"]["best/val/loss"] == pytest.approx(results["best_score"])
+    assert logged["summary"]["val/loss"] == pytest.approx(results["metrics"]["val/loss"])
+    assert logged["summary"]["global_step"] == 4
 
 
 def test_entry_point_reports_a_user_error_without_a_traceback(tmp_path):

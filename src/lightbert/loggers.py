@@ -38,17 +38,21 @@ def wandb_logger(
         raise UserError(f"logger.wandb.mode {mode!r} is not one of {list(WANDB_MODES)}")
     if mode == "auto":
         mode = os.environ.get("WANDB_MODE") or ("online" if wandb_has_credentials() else "offline")
+    tags = [str(t) for t in tags or [] if t not in (None, "", "None")]  # e.g. no sweep= choice
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        # Every job of a sweep is its own run; the sweep is one group (its directory names it).
+        # Every job of a sweep is its own run, named by its number; the sweep is one group, named by the task, the
+        # model and the sweep's directory (its start time), so the dashboard groups, compares and averages jobs.
         hydra = HydraConfig.get()
-        group = group or str(hydra.sweep.dir)
+        group = group or (f"{name}-{Path(hydra.sweep.dir).name}" if name else str(hydra.sweep.dir))
         name = f"{name}-{hydra.job.num}" if name else None
+        tags.append("multirun")
     Path(save_dir).mkdir(parents=True, exist_ok=True)
     return WandbLogger(
         project=project,
         name=name,
         group=group,
-        tags=list(tags or []),
+        job_type="multirun" if "multirun" in tags else "run",
+        tags=tags,
         save_dir=save_dir,
         mode=mode,
         log_model=False,  # checkpoints stay in the run directory; uploading them is the user's choice

@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
@@ -140,16 +141,33 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         callbacks = [_instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
         loggers = [_instantiate(c) for c in (cfg.get("logger") or {}).values()]
         trainer: L.Trainer = _instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
-        for logger in trainer.loggers:
-            logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        for logger in trainer.loggers:  # the resolved config, and the command line that made it
+            logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "overrides": _overrides()})
         _save_tokenizer(tokenizer, output_dir)
         trainer.fit(module, datamodule=datamodule)
         results = _results(trainer, output_dir, time.time() - started)
         results["predictions"] = _write_test_predictions(trainer, module, datamodule, output_dir)
         _write_results(results, output_dir)
+        _summarise_in_wandb(trainer, results)
         return results
     finally:
         _finish_wandb()
+
+
+def _overrides() -> list[str]:
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+@rank_zero_only
+def _summarise_in_wandb(trainer: L.Trainer, results: dict[str, Any]) -> None:
+    """The run's headline numbers in the W&B summary: what the runs table and a sweep's parallel-coordinates
+    chart show. `best/<monitor>` is the best validation value (the checkpoint kept), not the last one."""
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger):
+            summary = {"global_step": results["global_step"], "seconds": results["seconds"]}
+            if results["monitor"] and results["best_score"] is not None:
+                summary[f"best/{results['monitor']}"] = results["best_score"]
+            logger.experiment.summary.update(summary)
 
 
 def _with_vocabulary(model_config: dict, tokenizer, pretrained: Pretrained | None) -> dict:

@@ -1,0 +1,65 @@
+"""Reads an offline W&B run back from its `run-<id>.wandb` file, as `wandb sync` would upload it.
+
+The file is a LevelDB-style log (wandb's own format): a 7-byte header (":W&B", magic 0xBEE1, version 0), then
+32 KiB blocks of chunks, each with a 7-byte header (CRC32, length, type: full, first, middle, last), holding
+`wandb_internal_pb2.Record` protobufs. Test-only: the layout is wandb's, not a public API.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from wandb.proto import wandb_internal_pb2
+
+BLOCK = 32 * 1024
+HEADER = 7
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def records(path: Path) -> list[wandb_internal_pb2.Record]:
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
+    out, pending, pos = [], b"", HEADER
+    while pos < len(data):
+        left = BLOCK - pos % BLOCK
+        if left < HEADER:  # a block's tail too short for a chunk header is padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
+        if kind == 0:  # zero padding to the end of the block
+            pos += left
+            continue
+        chunk = data[pos + HEADER : pos + HEADER + length]
+        pos += HEADER + length
+        if kind in (FULL, FIRST):
+            pending = chunk
+        else:
+            pending += chunk
+        if kind in (FULL, LAST):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            out.append(record)
+    return out
+
+
+def _key(item) -> str:
+    return item.key or "/".join(item.nested_key)
+
+
+def offline_run(run_dir: Path) -> dict:
+    """{"name", "group", "tags", "config": {key: value}, "history": [{metric: value}], "summary": {metric: value}}."""
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    run = {"config": {}, "history": [], "summary": {}}
+    for record in records(path):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run.update(name=record.run.display_name, group=record.run.run_group, tags=list(record.run.tags))
+        elif kind == "config":
+            run["config"].update({_key(i): json.loads(i.value_json) for i in record.config.update})
+        elif kind == "history":
+            run["history"].append({_key(i): json.loads(i.value_json) for i in record.history.item})
+        elif kind == "summary":
+            run["summary"].update({_key(i): json.loads(i.value_json) for i in record.summary.update})
+    return run
