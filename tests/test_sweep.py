@@ -3,6 +3,7 @@
 import csv
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 import yaml
@@ -123,3 +124,56 @@ def test_every_multirun_job_is_its_own_wandb_run_in_the_sweeps_group(tmp_path):
     assert logger._wandb_init["group"] == "rte-bert-sweep"  # the run name and the sweep directory's name
     assert logger._wandb_init["name"] == "rte-bert-3"
     assert logger._wandb_init["tags"] == ["rte", "multirun"] and logger._wandb_init["job_type"] == "multirun"
+
+
+@pytest.mark.slow
+def test_report_turns_a_real_multirun_into_linked_plots_that_show_its_results(hf_dir, tmp_path):
+    import matplotlib.image
+
+    from lightbert.report import grid_figure, main, mean_by_config, swept_keys
+    from lightbert.sweep import job_rows
+
+    result, _, sweep = run_sweep(
+        "sst2",
+        hf_dir,
+        tmp_path,
+        "optim.lr=2e-5,5e-4",
+        "task.batch_size=8,16",
+        "seed=1,2",
+        "trainer.max_epochs=1",
+        "logger=csv",
+        "trainer.log_every_n_steps=1",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert main([str(sweep)]) == 0
+    pngs = ["grid_sst2.png", "seeds_sst2.png", "curves_sst2.png"]
+    for name in pngs:
+        image = matplotlib.image.imread(sweep / name)
+        assert image.shape[0] > 200 and image.shape[1] > 300  # a real figure, not an empty file
+        assert image[..., :3].std() > 0.05  # something is drawn on it
+    md = (sweep / "summary.md").read_text()
+    assert "## Jobs" in md  # the summary is still there, the plots linked after it
+    assert md.split("## Plots")[1].split() == [f"![{Path(n).stem}]({n})" for n in pngs]
+    # The heat map holds, per (lr, batch) cell, the mean over seeds of the jobs' best scores in results.json.
+    jobs = job_rows(sweep)
+    assert swept_keys(jobs) == ["optim.lr", "task.batch_size"]
+    figure = grid_figure(jobs, "sst2")
+    cells = figure.axes[0].images[0].get_array()
+    for i, lr in enumerate(["2e-05", "0.0005"]):
+        for j, batch in enumerate(["8", "16"]):
+            scores = [
+                json.loads((sweep / r["job"] / "results.json").read_text())["best_score"]
+                for r in jobs
+                if r["overrides"]["optim.lr"] == lr and r["overrides"]["task.batch_size"] == batch
+            ]
+            assert len(scores) == 2  # two seeds
+            assert cells[i, j] == pytest.approx(statistics.mean(scores))
+            assert mean_by_config(jobs, ["optim.lr", "task.batch_size"])[(lr, batch)] == pytest.approx(cells[i, j])
+    assert main([str(tmp_path / "nowhere")]) == 2
+
+
+def test_report_names_a_directory_that_is_not_a_sweep(tmp_path, capsys):
+    from lightbert.report import main
+
+    assert main([str(tmp_path)]) == 2
+    assert "holds no multirun jobs" in capsys.readouterr().err
