@@ -79,6 +79,22 @@ def test_hugging_face_directory_loads_with_equal_outputs(hf_dir):
     assert_same_outputs(ours, hf, ours.config.vocab_size)
 
 
+def test_attention_maps_equal_hugging_face_output_attentions(hf_dir):
+    hf = transformers.BertModel.from_pretrained(hf_dir, attn_implementation="eager").eval()
+    ours = lightbert_from(hf_dir).bert
+    input_ids, token_type_ids, attention_mask = random_batch(vocab=ours.config.vocab_size)
+    with torch.no_grad():
+        ref = hf(
+            input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, output_attentions=True
+        )
+    maps = ours.attentions(input_ids, token_type_ids, attention_mask)
+    assert len(maps) == len(ref.attentions) == ours.config.num_hidden_layers
+    real = attention_mask.bool()  # rows of real query tokens; padded keys get 0 in both
+    for got, expected in zip(maps, ref.attentions, strict=True):
+        torch.testing.assert_close(got.transpose(1, 2)[real], expected.transpose(1, 2)[real], atol=1e-6, rtol=0)
+        torch.testing.assert_close(got.sum(-1), torch.ones_like(got.sum(-1)))
+
+
 def test_hugging_face_tokenizer_comes_with_the_checkpoint(hf_dir):
     pretrained = load_pretrained(str(hf_dir))
     reference = transformers.AutoTokenizer.from_pretrained(hf_dir)  # a BERT tokenizer from vocab.txt

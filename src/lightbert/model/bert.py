@@ -68,6 +68,17 @@ class BertSelfAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)  # (B, A, T, D)
         return out.transpose(1, 2).reshape(batch, seq_len, hidden)  # (B, T, H)
 
+    def probabilities(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """softmax(QK^T / sqrt(D)) (B, A, T, T): what the fused kernel computes inside, for looking at heads."""
+        batch, seq_len, _ = x.shape
+        q, k = (
+            t(x).view(batch, seq_len, self.num_heads, self.head_size).transpose(1, 2) for t in (self.query, self.key)
+        )
+        scores = q @ k.transpose(-1, -2) / self.head_size**0.5
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, torch.finfo(scores.dtype).min)
+        return scores.softmax(-1)
+
 
 class BertSelfOutput(nn.Module):
     """Projection after attention, dropout, then the post-LN residual: LayerNorm(x + f(x))."""
@@ -184,6 +195,25 @@ class BertModel(nn.Module):
                 hidden_states.append(x)
         pooled = self.pooler(x) if self.pooler is not None else None
         return x, pooled, tuple(hidden_states) if hidden_states is not None else None
+
+    @torch.no_grad()
+    def attentions(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """Every layer's attention probabilities (B, heads, T, T), as Hugging Face's `output_attentions` gives them.
+
+        A separate pass: the fused kernel of `forward` never materialises them.
+        """
+        attn_mask = padding_mask(attention_mask)
+        x = self.embeddings(input_ids, token_type_ids)
+        maps = []
+        for layer in self.encoder.layer:
+            maps.append(layer.attention.self.probabilities(x, attn_mask))
+            x = layer(x, attn_mask)
+        return tuple(maps)
 
 
 class BertPredictionHeadTransform(nn.Module):
