@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
+
+from lightbert.train import compose_config as lightbert_compose_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
@@ -55,15 +55,7 @@ def corpus_file(tmp_path: Path) -> Path:
 
 def compose_config(overrides: list[str], output_dir: Path) -> DictConfig:
     """The config `python src/train.py OVERRIDES` would run, with its run directory at `output_dir`."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=overrides, return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(output_dir)
-        cfg.paths.output_dir = str(output_dir)
-    HydraConfig.instance().set_config(cfg)  # so ${hydra:...} interpolations resolve outside a Hydra run
-    with open_dict(cfg):
-        del cfg["hydra"]  # as in a real run: the task function never sees Hydra's own node
-    return cfg
+    return lightbert_compose_config(overrides, output_dir, CONF_DIR)
 
 
 def run_train_script(*args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:

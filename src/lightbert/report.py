@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import itertools
 import math
 import statistics
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display needed, and safe in worker processes
-import matplotlib.pyplot as plt
+# Figures are built with matplotlib's object API, not pyplot: no backend or display is involved, so the same
+# figure is saved as a PNG here and shown by a notebook (`png_bytes`).
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from lightbert.errors import UserError
 from lightbert.sweep import SUMMARY_MD, job_rows, write_summary
@@ -73,7 +73,8 @@ def grid_figure(rows: list[dict], task: str) -> Figure | None:
     best_config = (max if mode == "max" else min)(means, key=means.get)
     if len(keys) == 1:
         labels = _values(rows, keys[0])
-        fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(labels) + 2), 3.5))
+        fig = Figure(figsize=(max(4, 0.9 * len(labels) + 2), 3.5))
+        ax = fig.subplots()
         heights = [means.get((v,), math.nan) for v in labels]
         bars = ax.bar(range(len(labels)), heights, color="tab:blue")
         for bar, label in zip(bars, labels, strict=True):
@@ -90,12 +91,8 @@ def grid_figure(rows: list[dict], task: str) -> Figure | None:
     panels = list(itertools.product(*(_values(rows, k) for k in panel_keys))) or [()]
     finite = [v for v in means.values() if math.isfinite(v)]
     low, high = min(finite), max(finite)
-    fig, axes = plt.subplots(
-        1,
-        len(panels),
-        figsize=(1.0 + 1.1 * len(col_values) * len(panels) + 1.5, 1.0 + 0.6 * len(row_values) + 1.2),
-        squeeze=False,
-    )
+    fig = Figure(figsize=(2.5 + 1.1 * len(col_values) * len(panels), 2.2 + 0.6 * len(row_values)))
+    axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, panel in zip(axes[0], panels, strict=True):
         cells = [[means.get((r, c, *panel), math.nan) for c in col_values] for r in row_values]
         image = ax.imshow(cells, cmap="viridis", vmin=low, vmax=high, aspect="auto")
@@ -104,7 +101,7 @@ def grid_figure(rows: list[dict], task: str) -> Figure | None:
                 text = "—" if math.isnan(value) else f"{value:.3f}"
                 ax.text(j, i, text, ha="center", va="center", color="white" if value < (low + high) / 2 else "black")
                 if (row_values[i], col_values[j], *panel) == best_config:
-                    ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2.5))
+                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2.5))
         ax.set_xticks(range(len(col_values)), col_values)
         ax.set_yticks(range(len(row_values)), row_values)
         ax.set_xlabel(col_key)
@@ -125,7 +122,8 @@ def seed_figure(rows: list[dict], task: str) -> Figure | None:
     if not any(len(v) > 1 for v in groups.values()) or len({r["overrides"].get("seed") for r in rows}) < 2:
         return None
     configs = sorted(groups, key=lambda c: tuple(str(_number(v)) for v in c))
-    fig, ax = plt.subplots(figsize=(max(4, 0.8 * len(configs) + 2), 3.5))
+    fig = Figure(figsize=(max(4, 0.8 * len(configs) + 2), 3.5))
+    ax = fig.subplots()
     for x, config in enumerate(configs):
         values = groups[config]
         ax.scatter([x] * len(values), values, color="tab:blue", alpha=0.7, label="a seed" if x == 0 else None)
@@ -164,7 +162,8 @@ def curves_figure(sweep_dir: Path, rows: list[dict], task: str) -> Figure | None
     done = [r for r, _ in jobs if r["best"] is not None]
     best = (max if done and done[0]["mode"] == "max" else min)(done, key=lambda r: r["best"]) if done else None
     keys = swept_keys(rows)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    axes = fig.subplots(1, 2)
     for r, metrics in jobs:
         label = " ".join(
             f"{k.split('.')[-1]}={r['overrides'].get(k, '')}" for k in [*keys, "seed"] if k in r["overrides"]
@@ -187,6 +186,13 @@ def curves_figure(sweep_dir: Path, rows: list[dict], task: str) -> Figure | None
         axes[1].legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def png_bytes(figure: Figure) -> bytes:
+    """The figure as PNG data, e.g. for `IPython.display.Image` in a notebook (any matplotlib backend)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    return buffer.getvalue()
 
 
 def _slug(task: str) -> str:
@@ -215,7 +221,6 @@ def write_report(sweep_dir: str | Path) -> list[Path]:
         for name, figure in figures.items():
             if figure is not None:
                 figure.savefig(sweep_dir / name, dpi=110, bbox_inches="tight")
-                plt.close(figure)
                 written.append(sweep_dir / name)
     summary = sweep_dir / SUMMARY_MD
     lines = [summary.read_text().rstrip("\n"), "", PLOTS_HEADING, ""]

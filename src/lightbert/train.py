@@ -19,10 +19,11 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from lightbert import RESULTS_FILE
+from lightbert.cli import CONF_DIR
 from lightbert.data.batches import gather_dict
 from lightbert.errors import ConfigError, UserError
 from lightbert.interop import Pretrained, load_into, load_pretrained
@@ -102,6 +103,24 @@ def _checked_model_config(cfg: DictConfig, pretrained: Pretrained | None) -> dic
             f"({config.max_position_embeddings}); shorten the sequences or raise max_position_embeddings"
         )
     return model
+
+
+def compose_config(overrides: list[str], output_dir: str | Path, conf_dir: Path = CONF_DIR) -> DictConfig:
+    """The config `python src/train.py OVERRIDES` would run, with its run directory at `output_dir`.
+
+    For notebooks and tests: `train(compose_config([...], dir))` is a run without the command line.
+    """
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(output_dir)
+        cfg.paths.output_dir = str(output_dir)
+    HydraConfig.instance().set_config(cfg)  # so ${hydra:...} interpolations resolve outside a Hydra run
+    with open_dict(cfg):
+        del cfg["hydra"]  # as in a real run: the task function never sees Hydra's own node
+    return cfg
 
 
 def _finish_wandb() -> None:
