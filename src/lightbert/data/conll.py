@@ -15,7 +15,6 @@ around each sentence; like Hugging Face's run_ner, this is sentence by sentence.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Sequence
@@ -23,15 +22,14 @@ from functools import cached_property
 from pathlib import Path
 
 import datasets
-import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from lightbert.data.batches import make_loader, pad_batch
-from lightbert.data.corpus import digest, file_identity
-from lightbert.data.local_files import check_data_files, read_hub, read_local, require_tokenizer, save_cache
-from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
+from lightbert.data.batches import pad_batch
+from lightbert.data.finetuning import FineTuningDataModule
+from lightbert.data.local_files import check_data_files, read_hub, read_local, save_cache
+from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
 from lightbert.ner_eval import entity_scores
 
@@ -141,8 +139,9 @@ def encode_sentences(
     return rows, cut
 
 
-def pad_lists(rows: list[dict], key: str, value: int) -> torch.Tensor:
-    length = max(len(r[key]) for r in rows)
+def pad_lists(rows: list[dict], key: str, value: int, length: int | None = None) -> torch.Tensor:
+    """Each row's list `key` padded with `value` to `length` (default: the longest)."""
+    length = length or max(len(r[key]) for r in rows)
     out = torch.full((len(rows), length), value, dtype=torch.long)
     for i, row in enumerate(rows):
         out[i, : len(row[key])] = torch.as_tensor(row[key], dtype=torch.long)
@@ -157,16 +156,13 @@ class TokenCollator:
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         batch = pad_batch(rows, self.pad_id, self.pad_to_multiple_of, {"idx": ("idx", torch.long)})
-        labels = torch.full(batch["input_ids"].shape, -100, dtype=torch.long)
-        for i, row in enumerate(rows):
-            labels[i, : len(row["labels"])] = torch.as_tensor(row["labels"])
-        batch["labels"] = labels
+        batch["labels"] = pad_lists(rows, "labels", -100, length=batch["input_ids"].shape[1])
         batch["word_starts"] = pad_lists(rows, "word_starts", -1)
         batch["word_labels"] = pad_lists(rows, "word_labels", -100)
         return batch
 
 
-class ConllDataModule(L.LightningDataModule):
+class ConllDataModule(FineTuningDataModule):
     """Sentences tokenised once per (data, tokenizer, length) and cached; predictions in conlleval's format."""
 
     def __init__(
@@ -184,27 +180,26 @@ class ConllDataModule(L.LightningDataModule):
         pad_to_multiple_of: int | None = 8,
         name: str = "conll2003",
     ):
-        super().__init__()
+        super().__init__(
+            name,
+            cache_dir,
+            tokenizer,
+            tokenizer_path,
+            data_files,
+            hub_dataset,
+            batch_size,
+            eval_batch_size,
+            num_workers,
+            pad_to_multiple_of,
+        )
         self.name = name
-        require_tokenizer(tokenizer, tokenizer_path, name)
         if "O" not in label_names or len(set(label_names)) != len(label_names):
             raise UserError(f"task.label_names must be distinct tags including 'O', got {list(label_names)}")
         if max_seq_length < 3:
             raise UserError(f"task.max_seq_length must be at least 3, got {max_seq_length}")
-        self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
-        self.cache_dir = Path(cache_dir).expanduser()
-        self.data_files = {k: str(v) for k, v in (data_files or {}).items() if v}
-        self.hub_dataset = hub_dataset
         self.label_names = tuple(label_names)
         self.max_seq_length = max_seq_length
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
-        self.num_workers, self.pad_to_multiple_of = num_workers, pad_to_multiple_of
-        self.datasets: datasets.DatasetDict | None = None
         check_data_files(self.data_files, SPLITS[:2], SPLITS, name, formats=None)
-
-    @cached_property
-    def tokenizer(self) -> BertTokenizer:
-        return self._tokenizer or load_tokenizer(self.tokenizer_path)
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -237,23 +232,10 @@ class ConllDataModule(L.LightningDataModule):
             raise UserError(f"{where} has no sentences")
         return raw, where
 
-    def _source_identity(self, split: str) -> object:
-        if self.data_files:
-            return file_identity(Path(self.data_files[split]).expanduser())
-        return [self.hub_dataset, split]
-
     @cached_property
     def cached_dir(self) -> Path:
-        key = digest(
-            [
-                CACHE_VERSION,
-                hashlib.sha256(self.tokenizer.backend.to_str().encode()).hexdigest(),
-                self.max_seq_length,
-                list(self.label_names),
-                {split: self._source_identity(split) for split in self.splits},
-            ]
-        )
-        return self.cache_dir / "ner" / self.name / key
+        settings = [CACHE_VERSION, self.max_seq_length, list(self.label_names)]
+        return self.cache_dir / "ner" / self.name / self.cache_key(settings, self.splits)
 
     def prepare_data(self) -> None:
         if (self.cached_dir / "dataset_dict.json").is_file():
@@ -281,17 +263,12 @@ class ConllDataModule(L.LightningDataModule):
             parts[split] = encoded.add_column("idx", list(range(len(encoded))))
         save_cache(parts, self.cached_dir)
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.datasets is None:
-            self.datasets = datasets.load_from_disk(str(self.cached_dir))
-
     def _loader(self, split: str, train: bool = False) -> DataLoader:
         assert self.datasets is not None, "call setup() first"
         columns = ["input_ids", "token_type_ids", "labels", "word_starts", "word_labels", "idx"]
         dataset = self.datasets[split].select_columns(columns)
         collator = TokenCollator(self.tokenizer.pad_id, self.pad_to_multiple_of)
-        batch_size = self.batch_size if train else self.eval_batch_size
-        return make_loader(dataset, collator, batch_size, train, self.num_workers)
+        return self.loader(dataset, collator, train)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)

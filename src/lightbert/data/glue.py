@@ -11,7 +11,6 @@ named CoLA.tsv ... AX.tsv, with label names where the server wants names (MNLI, 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from dataclasses import dataclass
@@ -19,14 +18,13 @@ from functools import cached_property
 from pathlib import Path
 
 import datasets
-import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from lightbert.data.batches import PaddingCollator, make_loader
-from lightbert.data.corpus import digest, file_identity
-from lightbert.data.local_files import check_data_files, read_hub, read_local, require_tokenizer, save_cache
-from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
+from lightbert.data.batches import PaddingCollator
+from lightbert.data.finetuning import FineTuningDataModule
+from lightbert.data.local_files import check_data_files, read_hub, read_local, save_cache
+from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
 
 CACHE_VERSION = 1  # bump when tokenisation changes, so cached splits are rebuilt
@@ -175,7 +173,7 @@ def label_to_number(label: object, spec: GlueTask, where: str) -> dict:
 # -- the DataModule ----------------------------------------------------------------------------------------
 
 
-class GlueDataModule(L.LightningDataModule):
+class GlueDataModule(FineTuningDataModule):
     def __init__(
         self,
         task: str,
@@ -191,26 +189,24 @@ class GlueDataModule(L.LightningDataModule):
         preprocessing_workers: int | None = None,
         pad_to_multiple_of: int | None = 8,
     ):
-        super().__init__()
         self.spec = glue_task(task)
         if max_seq_length < 8:
             raise UserError(f"task.max_seq_length must be at least 8, got {max_seq_length}")
-        require_tokenizer(tokenizer, tokenizer_path, f"glue/{task}")
-        self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
-        self.cache_dir = Path(cache_dir).expanduser()
-        self.data_files = {k: str(v) for k, v in (data_files or {}).items() if v}
-        self.hub_dataset = hub_dataset
+        super().__init__(
+            f"glue/{task}",
+            cache_dir,
+            tokenizer,
+            tokenizer_path,
+            data_files,
+            hub_dataset,
+            batch_size,
+            eval_batch_size,
+            num_workers,
+            pad_to_multiple_of,
+        )
         self.max_seq_length = max_seq_length
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
-        self.num_workers = num_workers
         self.preprocessing_workers = preprocessing_workers or min(8, os.cpu_count() or 1)
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.datasets: datasets.DatasetDict | None = None
         self._check_data_files()
-
-    @cached_property
-    def tokenizer(self) -> BertTokenizer:
-        return self._tokenizer or load_tokenizer(self.tokenizer_path)
 
     # -- sources ---------------------------------------------------------------------------------------------
 
@@ -228,11 +224,6 @@ class GlueDataModule(L.LightningDataModule):
     def _check_data_files(self) -> None:
         known = (*self.fit_splits, *self.spec.test_splits)
         check_data_files(self.data_files, self.fit_splits, known, self.spec.name)
-
-    def _source_identity(self, split: str) -> object:
-        if self.data_files:
-            return file_identity(Path(self.data_files[split]).expanduser())
-        return [self.hub_dataset, self.spec.name, split]
 
     def _load_raw(self, split: str) -> datasets.Dataset:
         if self.data_files:
@@ -270,15 +261,7 @@ class GlueDataModule(L.LightningDataModule):
     @cached_property
     def cached_dir(self) -> Path:
         splits = (*self.fit_splits, *self.predict_splits)
-        key = digest(
-            [
-                CACHE_VERSION,
-                self.spec.name,
-                hashlib.sha256(self.tokenizer.backend.to_str().encode()).hexdigest(),
-                self.max_seq_length,
-                {split: self._source_identity(split) for split in splits},
-            ]
-        )
+        key = self.cache_key([CACHE_VERSION, self.spec.name, self.max_seq_length], splits, self.spec.name)
         return self.cache_dir / "glue" / self.spec.name / key
 
     def prepare_data(self) -> None:
@@ -306,10 +289,6 @@ class GlueDataModule(L.LightningDataModule):
         workers = min(self.preprocessing_workers, num_rows // 10_000)  # forking pays off on large splits only
         return workers if workers > 1 else None
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.datasets is None:
-            self.datasets = datasets.load_from_disk(str(self.cached_dir))
-
     # -- loaders ---------------------------------------------------------------------------------------------
 
     def collator(self) -> PaddingCollator:
@@ -319,8 +298,7 @@ class GlueDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, train: bool = False) -> DataLoader:
         assert self.datasets is not None, "call setup() first"
-        batch_size = self.batch_size if train else self.eval_batch_size
-        return make_loader(self.datasets[split], self.collator(), batch_size, train, self.num_workers)
+        return self.loader(self.datasets[split], self.collator(), train)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)

@@ -19,7 +19,6 @@ when it does not hold the whole answer or the question has none (v2.0). Differen
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections import Counter, defaultdict
@@ -30,16 +29,15 @@ from pathlib import Path
 from typing import ClassVar
 
 import datasets
-import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from lightbert.data.batches import PaddingCollator, make_loader
-from lightbert.data.corpus import digest, file_identity
-from lightbert.data.local_files import check_data_files, read_hub, read_local, require_tokenizer, save_cache
+from lightbert.data.batches import PaddingCollator
+from lightbert.data.finetuning import FineTuningDataModule
+from lightbert.data.local_files import check_data_files, read_hub, read_local, save_cache
 from lightbert.data.squad_answers import SquadAnswers
-from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
+from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -282,7 +280,7 @@ def _answer_tokens(context: str, answers: dict, offsets: list, example_id: str, 
 # -- the DataModule ----------------------------------------------------------------------------------------
 
 
-class SquadDataModule(L.LightningDataModule):
+class SquadDataModule(FineTuningDataModule):
     """Features cached once per (data, tokenizer, windowing); the dev set's examples kept for post-processing.
 
     SQuAD's test sets are hidden, so predictions are written for the dev set: `predictions.json`
@@ -308,31 +306,30 @@ class SquadDataModule(L.LightningDataModule):
         num_workers: int = 2,
         pad_to_multiple_of: int | None = 8,
     ):
-        super().__init__()
         if str(version) not in VERSIONS:
             raise UserError(f"unknown SQuAD version {version!r}; valid: {list(VERSIONS)}")
         self.version = str(version)
         self.name = f"squad_v{self.version[0]}"
-        require_tokenizer(tokenizer, tokenizer_path, self.name)
+        super().__init__(
+            self.name,
+            cache_dir,
+            tokenizer,
+            tokenizer_path,
+            data_files,
+            hub_dataset or HUB_DATASETS[self.version],
+            batch_size,
+            eval_batch_size,
+            num_workers,
+            pad_to_multiple_of,
+        )
         if n_best_size < 1 or max_answer_length < 1:
             raise UserError(
                 f"task.n_best_size ({n_best_size}) and task.max_answer_length ({max_answer_length}) must be >= 1"
             )
-        self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
-        self.cache_dir = Path(cache_dir).expanduser()
-        self.data_files = {k: str(v) for k, v in (data_files or {}).items() if v}
-        self.hub_dataset = hub_dataset or HUB_DATASETS[self.version]
         self.windowing = Windowing(max_seq_length, doc_stride, max_query_length)
         self.n_best_size, self.max_answer_length = n_best_size, max_answer_length
         self.null_score_diff_threshold = null_score_diff_threshold
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
-        self.num_workers, self.pad_to_multiple_of = num_workers, pad_to_multiple_of
-        self.datasets: datasets.DatasetDict | None = None
         check_data_files(self.data_files, SPLITS, SPLITS, self.name)
-
-    @cached_property
-    def tokenizer(self) -> BertTokenizer:
-        return self._tokenizer or load_tokenizer(self.tokenizer_path)
 
     @property
     def version_2(self) -> bool:
@@ -377,24 +374,12 @@ class SquadDataModule(L.LightningDataModule):
                 )
         return raw
 
-    def _source_identity(self, split: str) -> object:
-        if self.data_files:
-            return file_identity(Path(self.data_files[split]).expanduser())
-        return [self.hub_dataset, split]
-
     # -- cache -----------------------------------------------------------------------------------------------
 
     @cached_property
     def cached_dir(self) -> Path:
-        key = digest(
-            [
-                CACHE_VERSION,
-                self.version,
-                hashlib.sha256(self.tokenizer.backend.to_str().encode()).hexdigest(),
-                [self.windowing.max_seq_length, self.windowing.doc_stride, self.windowing.max_query_length],
-                {split: self._source_identity(split) for split in SPLITS},
-            ]
-        )
+        windowing = [self.windowing.max_seq_length, self.windowing.doc_stride, self.windowing.max_query_length]
+        key = self.cache_key([CACHE_VERSION, self.version, windowing], SPLITS)
         return self.cache_dir / "squad" / self.name / key
 
     def prepare_data(self) -> None:
@@ -421,10 +406,6 @@ class SquadDataModule(L.LightningDataModule):
             for line in Problems(defaultdict(list, by_kind)).lines(f"SQuAD {split}"):
                 log.warning(line)
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.datasets is None:
-            self.datasets = datasets.load_from_disk(str(self.cached_dir))
-
     @cached_property
     def validation_answers(self) -> SquadAnswers:
         """Post-processing of the dev set: model logits per window -> answer text per question, scored."""
@@ -447,8 +428,7 @@ class SquadDataModule(L.LightningDataModule):
         collator = PaddingCollator(
             self.tokenizer.pad_id, {f: (f, torch.long) for f in fields}, pad_to_multiple_of=self.pad_to_multiple_of
         )
-        batch_size = self.batch_size if train else self.eval_batch_size
-        return make_loader(dataset, collator, batch_size, train, self.num_workers)
+        return self.loader(dataset, collator, train)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)

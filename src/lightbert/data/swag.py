@@ -9,20 +9,18 @@ Hugging Face's run_swag, truncated longest-first to `max_seq_length`. The hidden
 
 from __future__ import annotations
 
-import hashlib
 from functools import cached_property
 from pathlib import Path
 
 import datasets
-import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from lightbert.data.batches import make_loader, pad_batch
-from lightbert.data.corpus import digest, file_identity
+from lightbert.data.batches import pad_batch
+from lightbert.data.finetuning import FineTuningDataModule
 from lightbert.data.glue import truncate_pair
-from lightbert.data.local_files import check_data_files, read_hub, read_local, require_tokenizer, save_cache
-from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
+from lightbert.data.local_files import check_data_files, read_hub, read_local, save_cache
+from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
 
 CACHE_VERSION = 1
@@ -69,7 +67,7 @@ class ChoiceCollator:
         return batch
 
 
-class SwagDataModule(L.LightningDataModule):
+class SwagDataModule(FineTuningDataModule):
     def __init__(
         self,
         cache_dir: str,
@@ -83,23 +81,22 @@ class SwagDataModule(L.LightningDataModule):
         num_workers: int = 2,
         pad_to_multiple_of: int | None = 8,
     ):
-        super().__init__()
-        require_tokenizer(tokenizer, tokenizer_path, "swag")
+        super().__init__(
+            "swag",
+            cache_dir,
+            tokenizer,
+            tokenizer_path,
+            data_files,
+            hub_dataset,
+            batch_size,
+            eval_batch_size,
+            num_workers,
+            pad_to_multiple_of,
+        )
         if max_seq_length < 8:
             raise UserError(f"task.max_seq_length must be at least 8, got {max_seq_length}")
-        self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
-        self.cache_dir = Path(cache_dir).expanduser()
-        self.data_files = {k: str(v) for k, v in (data_files or {}).items() if v}
-        self.hub_dataset = hub_dataset
         self.max_seq_length = max_seq_length
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
-        self.num_workers, self.pad_to_multiple_of = num_workers, pad_to_multiple_of
-        self.datasets: datasets.DatasetDict | None = None
         check_data_files(self.data_files, SPLITS, SPLITS, "swag")
-
-    @cached_property
-    def tokenizer(self) -> BertTokenizer:
-        return self._tokenizer or load_tokenizer(self.tokenizer_path)
 
     def _load_raw(self, split: str) -> datasets.Dataset:
         if self.data_files:
@@ -121,22 +118,9 @@ class SwagDataModule(L.LightningDataModule):
             raise UserError(f"{where}: label must be 0-{NUM_CHOICES - 1}; rows (row, label) {bad[:5]} are not")
         return raw
 
-    def _source_identity(self, split: str) -> object:
-        if self.data_files:
-            return file_identity(Path(self.data_files[split]).expanduser())
-        return [self.hub_dataset, HUB_CONFIG, split]
-
     @cached_property
     def cached_dir(self) -> Path:
-        key = digest(
-            [
-                CACHE_VERSION,
-                hashlib.sha256(self.tokenizer.backend.to_str().encode()).hexdigest(),
-                self.max_seq_length,
-                {split: self._source_identity(split) for split in SPLITS},
-            ]
-        )
-        return self.cache_dir / "swag" / key
+        return self.cache_dir / "swag" / self.cache_key([CACHE_VERSION, self.max_seq_length], SPLITS, HUB_CONFIG)
 
     def prepare_data(self) -> None:
         if (self.cached_dir / "dataset_dict.json").is_file():
@@ -155,15 +139,10 @@ class SwagDataModule(L.LightningDataModule):
             parts[split] = encoded.add_column("idx", list(range(len(encoded))))
         save_cache(parts, self.cached_dir)
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.datasets is None:
-            self.datasets = datasets.load_from_disk(str(self.cached_dir))
-
     def _loader(self, split: str, train: bool = False) -> DataLoader:
         assert self.datasets is not None, "call setup() first"
         collator = ChoiceCollator(self.tokenizer.pad_id, self.pad_to_multiple_of)
-        batch_size = self.batch_size if train else self.eval_batch_size
-        return make_loader(self.datasets[split], collator, batch_size, train, self.num_workers)
+        return self.loader(self.datasets[split], collator, train)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)
