@@ -23,8 +23,8 @@ from lightbert.data.batches import pad_batch
 from lightbert.data.glue import truncate_pair
 from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
-from lightbert.interop import load_into, load_pretrained
-from lightbert.model import BertConfig, BertModel
+from lightbert.interop import load_encoder, load_pretrained
+from lightbert.model import BertModel
 
 PAIR_SEPARATOR = " ||| "
 
@@ -126,9 +126,7 @@ def extract_to_file(cfg: DictConfig) -> tuple[Path, int]:
             "positions"
         )
     layers = OmegaConf.to_container(cfg.layers) if OmegaConf.is_list(cfg.layers) else [cfg.layers]
-    model = BertModel(BertConfig.from_dict(pretrained.config), add_pooling_layer=False)
-    load_into(_Wrapped(model), pretrained)
-    model.to(_device(str(cfg.device)))
+    model = load_encoder(pretrained).to(_device(str(cfg.device)))
     output_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = output_file.with_name(output_file.name + f".tmp{os.getpid()}")  # renamed when complete
     count = 0
@@ -138,11 +136,3 @@ def extract_to_file(cfg: DictConfig) -> tuple[Path, int]:
             count += 1
     tmp.replace(output_file)
     return output_file, count
-
-
-class _Wrapped(torch.nn.Module):
-    """`load_into` fills a model whose encoder sits under `bert.`, like every lightbert head."""
-
-    def __init__(self, bert: BertModel):
-        super().__init__()
-        self.bert = bert

@@ -27,7 +27,7 @@ import torch
 from lightbert import RESULTS_FILE
 from lightbert.data.tokenizer import SPECIAL_TOKENS, BertTokenizer, load_tokenizer
 from lightbert.errors import UserError
-from lightbert.model import BertConfig, BertForPreTraining
+from lightbert.model import BertConfig, BertForPreTraining, BertModel
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +209,19 @@ def load_into(model: torch.nn.Module, pretrained: Pretrained) -> list[str]:
     if fresh:
         log.info("initialised fresh (not in %s): %s", pretrained.source, ", ".join(fresh))
     return fresh
+
+
+def load_encoder(pretrained: Pretrained, add_pooling_layer: bool = False) -> BertModel:
+    """The checkpoint's encoder alone, in eval mode: for extracted features and attention maps."""
+
+    class _Holder(torch.nn.Module):  # load_into fills the encoder found under `bert.`, as in every head
+        def __init__(self, bert: BertModel):
+            super().__init__()
+            self.bert = bert
+
+    holder = _Holder(BertModel(BertConfig.from_dict(pretrained.config), add_pooling_layer))
+    load_into(holder, pretrained)
+    return holder.bert.eval()
 
 
 # -- writing -----------------------------------------------------------------------------------------------
