@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 
 from lightbert.errors import ConfigError
@@ -89,6 +90,30 @@ def test_padding_never_changes_real_token_outputs():
         padded, pooled_padded, _ = model(padded_ids, padded_types, mask)
     torch.testing.assert_close(padded[:, :12], alone, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(pooled_padded, pooled_alone, atol=1e-6, rtol=1e-6)
+
+
+def test_unpadding_gives_the_padded_outputs_and_gradients():
+    """speed.unpad: layers on the real tokens only; real-token outputs and every gradient stay the same."""
+    config = BertConfig(**{**TINY.to_dict(), "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
+    model = BertForPreTraining(config)
+    input_ids, token_type_ids, attention_mask = random_batch()
+    labels = input_ids.masked_fill(torch.rand(input_ids.shape, generator=torch.Generator().manual_seed(1)) > 0.3, -100)
+    labels[attention_mask == 0] = -100
+    outputs, grads = {}, {}
+    for unpad in (False, True):
+        model.zero_grad()
+        model.bert.unpad = unpad
+        mlm, nsp = model(input_ids, token_type_ids, attention_mask)
+        sequence, pooled, hidden = model.bert(input_ids, token_type_ids, attention_mask, output_hidden_states=True)
+        loss = F.cross_entropy(mlm.flatten(0, 1), labels.flatten()) + nsp.sum()
+        loss.backward()
+        real = attention_mask.bool()
+        outputs[unpad] = [mlm[real], nsp, sequence[real], pooled, *(h[real] for h in hidden)]
+        grads[unpad] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    for padded, unpadded in zip(outputs[False], outputs[True], strict=True):
+        torch.testing.assert_close(unpadded, padded, atol=1e-5, rtol=1e-5)
+    for name, grad in grads[False].items():
+        torch.testing.assert_close(grads[True][name], grad, atol=1e-5, rtol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize(("layers", "hidden", "heads", "expected_millions"), [(12, 768, 12, 110), (24, 1024, 16, 340)])

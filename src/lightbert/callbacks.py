@@ -5,18 +5,57 @@ from __future__ import annotations
 import time
 
 import lightning as L
+import torch
+
+from lightbert.model import BertConfig, BertForPreTraining
+
+# Dense bf16 peak FLOP/s of the tensor cores (NVIDIA datasheets, SXM parts): the denominator of MFU.
+GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def gpu_peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in GPU_PEAK_BF16.items() if key in name), None)
+
+
+def step_flops(config: BertConfig, lengths: torch.Tensor, num_predictions: int | torch.Tensor = 0):
+    """Useful FLOPs of a training step (forward + backward) of a fully trained encoder.
+
+    Per real token 6N + 12·L·H·T (N: the Transformer blocks' weights, T: the sequence's real length), plus the MLM
+    head, 6·(H² + H·V), on the predicted positions only. Padding is not useful work and is not counted.
+    """
+    h, layers = config.hidden_size, config.num_hidden_layers
+    n = layers * (4 * h * h + 2 * h * config.intermediate_size)
+    lengths = lengths.double() if lengths.device.type == "cpu" else lengths.float()
+    per_sequence = lengths * (6 * n + 12 * layers * h * lengths)
+    return per_sequence.sum() + 6 * num_predictions * (h * h + h * config.vocab_size)
 
 
 class Throughput(L.Callback):
-    """Logs `train/tokens_per_s` (real tokens, padding not counted) and `train/examples_per_s` of this device.
+    """Logs `train/tokens_per_s` (real tokens, padding not counted) and `train/examples_per_s` of this device, and
+    on a GPU `train/mfu`: `step_flops` per second over the GPU's dense bf16 peak (`peak_flops` overrides it).
 
     Each step is timed from the end of the previous one, wall clock, so data loading, the optimiser and logging
     count too: what a run really gets, not a kernel's peak. Lightning writes every `trainer.log_every_n_steps`-th.
     Nothing here waits for the GPU: the hot loop gains no synchronisation.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, peak_flops: float | None = None) -> None:
         self._last: float | None = None
+        self.peak_flops = peak_flops
+        self._config: BertConfig | None = None
+        self._mlm = False
+
+    def on_fit_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.peak_flops = self.peak_flops or gpu_peak_flops(module.device)
+        config = getattr(module, "config", None)
+        model = getattr(module, "model", module)
+        # MFU's 6N counts a backward pass through every weight: not so for a frozen encoder (feature-based).
+        trains_all = all(p.requires_grad for p in model.parameters())
+        self._config = config if isinstance(config, BertConfig) and trains_all else None
+        self._mlm = isinstance(model, BertForPreTraining)  # its head's work is counted on predicted positions
 
     def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: dict, batch_idx: int) -> None:
         if self._last is None:  # the first step of the run: from its own start
@@ -36,6 +75,10 @@ class Throughput(L.Callback):
             # logs the GPU's queue keeps the total honest. An example is the first dimension: (B, T), or (B, C, T).
             module.log("train/tokens_per_s", mask.sum() / seconds, on_step=True, on_epoch=False)
             module.log("train/examples_per_s", mask.shape[0] / seconds, on_step=True, on_epoch=False)
+            if self.peak_flops and self._config is not None:
+                predicted = (batch["labels"] != -100).sum() if self._mlm else 0
+                flops = step_flops(self._config, mask.reshape(-1, mask.shape[-1]).sum(-1), predicted)
+                module.log("train/mfu", flops / seconds / self.peak_flops, on_step=True, on_epoch=False)
 
     def on_validation_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self._last = None  # validation time is not training throughput

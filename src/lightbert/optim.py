@@ -23,7 +23,7 @@ class OptimConfig:
     weight_decay: float = 0.01
     warmup_ratio: float = 0.01
     warmup_steps: int | None = None  # when set, overrides warmup_ratio
-    fused: bool | None = None  # None: fused kernels where the device has them (CUDA)
+    fused: bool | None = None  # None: the fused kernel where torch has one for the device (CPU, CUDA)
 
     def __post_init__(self) -> None:
         if self.name != "adamw":
@@ -66,8 +66,8 @@ def linear_warmup_decay(warmup_steps: int, total_steps: int):
 def build_optimizer(model: nn.Module, config: OptimConfig, total_steps: int) -> dict:
     """What `LightningModule.configure_optimizers` returns: the optimiser and a per-step scheduler."""
     fused = config.fused
-    if fused is None:
-        fused = all(p.is_cuda for p in model.parameters())
+    if fused is None:  # one kernel for all tensors: 4x faster than foreach on CPU too (bench/RESULTS.md)
+        fused = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
     optimizer = torch.optim.AdamW(
         parameter_groups(model, config.weight_decay),
         lr=config.lr,

@@ -27,7 +27,7 @@ from lightbert.cli import CONF_DIR
 from lightbert.data.batches import gather_dict
 from lightbert.errors import ConfigError, UserError
 from lightbert.interop import Pretrained, load_into, load_pretrained
-from lightbert.model import BertConfig
+from lightbert.model import BertConfig, BertModel
 from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         )
         if pretrained is not None:
             load_into(module.model, pretrained)
+        _apply_speed_switches(module, cfg.get("speed") or {})
         callbacks = [_instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
         loggers = [_instantiate(c) for c in (cfg.get("logger") or {}).values()]
         trainer: L.Trainer = _instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
@@ -171,6 +172,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         return results
     finally:
         _finish_wandb()
+
+
+def _apply_speed_switches(module: L.LightningModule, speed: DictConfig | dict) -> None:
+    for submodule in module.modules():
+        if isinstance(submodule, BertModel):
+            submodule.unpad = bool(speed.get("unpad", True))
+    if speed.get("compile", False):
+        module.model.compile()  # in place, so parameter names and checkpoints stay those of the plain model
 
 
 def _overrides() -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import chain
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -35,14 +36,14 @@ def pad_batch(
     length = max(len(r["input_ids"]) for r in rows)
     if pad_to_multiple_of:
         length = math.ceil(length / pad_to_multiple_of) * pad_to_multiple_of
+    # One tensor per field from all rows at once, scattered under the mask: no per-row tensor.
+    lengths = torch.tensor([len(r["input_ids"]) for r in rows])
+    attention_mask = (torch.arange(length) < lengths[:, None]).long()  # (B, T)
+    real = attention_mask.bool()
     input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    input_ids[real] = torch.tensor(list(chain.from_iterable(r["input_ids"] for r in rows)), dtype=torch.long)
     token_type_ids = torch.zeros((len(rows), length), dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
-    for i, row in enumerate(rows):
-        n = len(row["input_ids"])
-        input_ids[i, :n] = torch.as_tensor(row["input_ids"])
-        token_type_ids[i, :n] = torch.as_tensor(row["token_type_ids"])
-        attention_mask[i, :n] = 1
+    token_type_ids[real] = torch.tensor(list(chain.from_iterable(r["token_type_ids"] for r in rows)), dtype=torch.long)
     batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
     for key, (name, dtype) in (fields or {}).items():
         if key in rows[0]:

@@ -29,12 +29,14 @@ EXAMPLES_VERSION = 2  # bump when example creation changes, so cached examples a
 
 
 def _tokenize_documents(batch: dict, tokenizer: BertTokenizer) -> dict:
-    """Token ids of every sentence; empty sentences dropped."""
+    """Token ids of every sentence; empty sentences dropped, and documents left with none (fewer rows out)."""
     lengths = [len(document) for document in batch["sentences"]]
     flat = tokenizer.encode_batch([s for document in batch["sentences"] for s in document])
     out, start = [], 0
     for n in lengths:
-        out.append([ids for ids in flat[start : start + n] if ids])
+        document = [ids for ids in flat[start : start + n] if ids]
+        if document:
+            out.append(document)
         start += n
     return {"sentence_ids": out}
 
@@ -133,10 +135,11 @@ class PretrainDataModule(L.LightningDataModule):
             batched=True,
             remove_columns=documents.column_names,
             fn_kwargs={"tokenizer": tokenizer},
+            features=datasets.Features({"sentence_ids": datasets.Sequence(datasets.Sequence(datasets.Value("int32")))}),
             num_proc=num_proc,
             load_from_cache_file=False,  # cached as a whole below, under a key datasets' hash can't compute
             desc="Tokenizing sentences",
-        ).filter(lambda sentence_ids: len(sentence_ids) > 0, input_columns=["sentence_ids"], num_proc=num_proc)
+        )
         if len(documents) < 2:
             raise UserError(
                 f"the corpus has {len(documents)} usable document(s) (documents with at least one sentence that "
@@ -170,8 +173,8 @@ class PretrainDataModule(L.LightningDataModule):
         documents.cleanup_cache_files()  # the intermediate maps; the saved examples are all that is needed
 
     def _num_proc(self, num_rows: int) -> int | None:
-        # Forking workers costs about a second: worth it only for corpora of some size.
-        workers = min(self.preprocessing_workers, num_rows // 64)
+        # Forking workers costs about a second per map: worth it from a few MB of text (~1000 documents) on.
+        workers = min(self.preprocessing_workers, num_rows // 1000)
         return workers if workers > 1 else None
 
     def setup(self, stage: str | None = None) -> None:

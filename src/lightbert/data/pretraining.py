@@ -99,16 +99,25 @@ def create_instances_from_document(
 
 
 class _ColumnView(Sequence):
-    """Random access to one column of an Arrow-backed dataset, without materialising it in memory."""
+    """Random access to one column of an Arrow-backed dataset, without materialising it in memory.
 
-    def __init__(self, dataset: datasets.Dataset, column: str):
-        self.dataset, self.column = dataset, column
+    Rows in `loaded` (the batch being processed, already in memory) are not read again.
+    """
+
+    def __init__(self, dataset: datasets.Dataset, column: str, loaded: dict[int, list]):
+        # The Arrow column itself (memory-mapped), read row by row: twice as fast as datasets' row formatting.
+        self.dataset, self.column, self.loaded = dataset, dataset.with_format("arrow").data.column(column), loaded
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> list[list[int]]:
-        return self.dataset[int(index)][self.column]
+        if index in self.loaded:
+            return self.loaded[index]
+        row = int(index)
+        if self.dataset._indices is not None:  # a selected or shuffled view: map to the table row
+            row = self.dataset._indices.column(0)[row].as_py()
+        return self.column[row].as_py()
 
 
 def _create_instances_batch(
@@ -122,7 +131,7 @@ def _create_instances_batch(
     cls_id: int,
     sep_id: int,
 ) -> dict:
-    all_documents = _ColumnView(documents, "sentence_ids")
+    all_documents = _ColumnView(documents, "sentence_ids", dict(zip(indices, batch["sentence_ids"], strict=True)))
     out: dict[str, list] = {"input_ids": [], "token_type_ids": [], "next_sentence_label": []}
     for document_index in indices:  # document-major, so batching and sharding never change the order
         for dupe in range(dupe_factor):

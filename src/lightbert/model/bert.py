@@ -9,6 +9,10 @@ How this differs from the reference implementations:
   (flash / memory-efficient on GPU) instead of materialising softmax(QK^T) in Python.
 - The padding mask is a boolean (B, 1, 1, T) "may attend" mask instead of an additive -10000 bias; the
   outputs of real tokens are the same, padded positions just never receive attention.
+- Unpadding (`BertModel.unpad`, on by default): every layer but attention itself runs on the real tokens only,
+  (N, H) rather than (B, T, H), the way MosaicBERT and NVIDIA's recipe skip padding. Attention still sees the
+  padded (B, T) layout with the padding mask, so real-token outputs are unchanged; outputs at padded positions
+  are zeros instead of the values nobody reads.
 - `BertForPreTraining.forward` can compute the MLM head on the masked positions only
   (`masked_positions`): the head's (N, H) x (H, V) matmul is the most expensive single op of a small
   BERT and the other ~85% of its rows are thrown away by the loss anyway.
@@ -57,16 +61,22 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        batch, seq_len, hidden = x.shape
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None, tokens: RealTokens | None = None
+    ) -> torch.Tensor:
+        """x is (B, T, H), or (N, H) real tokens when `tokens` says where they sit; the output has x's layout."""
+        q, k, v = self.query(x), self.key(x), self.value(x)
+        if tokens is not None:  # attention needs the (B, T) layout back
+            q, k, v = tokens.pad(q), tokens.pad(k), tokens.pad(v)
+        batch, seq_len, hidden = q.shape
 
         def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, A, T, D)
             return t.view(batch, seq_len, self.num_heads, self.head_size).transpose(1, 2)
 
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
         dropout_p = self.dropout_p if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)  # (B, A, T, D)
-        return out.transpose(1, 2).reshape(batch, seq_len, hidden)  # (B, T, H)
+        out = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=attn_mask, dropout_p=dropout_p)
+        out = out.transpose(1, 2).reshape(batch, seq_len, hidden)  # (B, A, T, D) -> (B, T, H)
+        return tokens.unpad(out) if tokens is not None else out
 
     def probabilities(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         """softmax(QK^T / sqrt(D)) (B, A, T, T): what the fused kernel computes inside, for looking at heads."""
@@ -99,8 +109,10 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        return self.output(self.self(x, attn_mask), x)
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None, tokens: RealTokens | None = None
+    ) -> torch.Tensor:
+        return self.output(self.self(x, attn_mask, tokens), x)
 
 
 class BertIntermediate(nn.Module):
@@ -131,8 +143,10 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        x = self.attention(x, attn_mask)
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None, tokens: RealTokens | None = None
+    ) -> torch.Tensor:
+        x = self.attention(x, attn_mask, tokens)
         return self.output(self.intermediate(x), x)
 
 
@@ -160,6 +174,21 @@ def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     return attention_mask.bool()[:, None, None, :]
 
 
+class RealTokens:
+    """Where the real tokens of a padded (B, T) batch sit, to move activations between (B, T, H) and (N, H)."""
+
+    def __init__(self, attention_mask: torch.Tensor):
+        self.batch, self.seq_len = attention_mask.shape
+        self.index = attention_mask.flatten().nonzero().squeeze(1)  # (N,) positions in the flattened batch
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (N, H)
+        return x.flatten(0, 1).index_select(0, self.index)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:  # (N, H) -> (B, T, H), zeros at padding
+        padded = x.new_zeros(self.batch * self.seq_len, x.shape[-1]).index_copy(0, self.index, x)
+        return padded.view(self.batch, self.seq_len, -1)
+
+
 class BertModel(nn.Module):
     """The shared encoder: embeddings, L Transformer blocks, pooler. Every task wraps this.
 
@@ -173,6 +202,7 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.unpad = True  # skip padding in every layer but attention (config: speed.unpad)
 
     def forward(
         self,
@@ -189,10 +219,16 @@ class BertModel(nn.Module):
         attn_mask = padding_mask(attention_mask)
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         hidden_states = [x] if output_hidden_states else None
+        tokens = None
+        if self.unpad and attention_mask is not None and not bool(attention_mask.all()):
+            tokens = RealTokens(attention_mask)
+            x = tokens.unpad(x)  # (N, H)
         for layer in self.encoder.layer:
-            x = layer(x, attn_mask)
+            x = layer(x, attn_mask, tokens)
             if hidden_states is not None:
-                hidden_states.append(x)
+                hidden_states.append(tokens.pad(x) if tokens is not None else x)
+        if tokens is not None:
+            x = tokens.pad(x)  # (B, T, H)
         pooled = self.pooler(x) if self.pooler is not None else None
         return x, pooled, tuple(hidden_states) if hidden_states is not None else None
 

@@ -1,0 +1,329 @@
+"""lightbert against transformers, in one process: a pre-training step, a fine-tuning step and data preparation.
+
+    python bench/pretrain_step.py --model bert_base --seq-len 128            # all three parts
+    python bench/pretrain_step.py --model bert_small --part pretrain
+
+- Pre-training step: forward, backward and optimiser step of lightbert's training code
+  (`PreTrainingModule._step`: sparse MLM head, unpadding as configured) and of
+  `transformers.BertForPreTraining` (attn_implementation="sdpa"), holding the same weights, on the same batch:
+  sentence pairs made by our pipeline from real text (the demo corpus, Python's documentation), 15% masked by
+  our collator. Same sizes (vocab 30522), dtype, threads and optimiser (torch AdamW, the fused kernel where
+  the device has one, for both: the ratio is about the model). Before timing, both give the same loss on the
+  batch in eval mode, so they do the same work. Steps are interleaved after warm-up; medians are reported.
+- Fine-tuning step: sequence classification on a batch of single sentences of varied length, padded to the
+  longest as a fine-tuning collator does; the same comparison.
+- Data preparation: MB of raw text per second from a BERT-format file to finished examples (sentences,
+  WordPiece ids, sentence pairs, saved as Arrow; then masked batches), against the tokenizer alone encoding
+  the same lines. The tokenizer is trained before the clock starts.
+
+FLOPs per step count useful work only, the same for both sides: per real token 6N + 12·L·H·T (N parameters
+in the Transformer blocks, T the sequence's real length), plus the MLM head (6·(H² + H·V)) on predicted
+positions only. On CPU the achieved FLOP/s are compared with a measured fp32 matmul peak on the same threads;
+on a GPU with its dense bf16 peak (MFU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import transformers
+import yaml
+
+from lightbert.callbacks import gpu_peak_flops, step_flops
+from lightbert.data.batches import PaddingCollator
+from lightbert.data.corpus import DemoCorpus, TextCorpus
+from lightbert.data.pretrain_datamodule import PretrainDataModule
+from lightbert.interop import lightbert_config_to_hf, lightbert_state_dict_to_hf
+from lightbert.model import BertConfig, BertForSequenceClassification
+from lightbert.optim import parameter_groups
+from lightbert.tasks.pretrain import PreTrainingModule
+
+REPO = Path(__file__).resolve().parents[1]
+VOCAB_SIZE = 30522  # bert-base-uncased's: the sizes are BERT's even where the demo corpus yields fewer pieces
+
+
+def model_config(name: str, dropout: float = 0.1) -> BertConfig:
+    path = REPO / "conf" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        valid = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
+        sys.exit(f"pretrain_step.py: unknown --model {name}; valid: {valid}")
+    sizes = yaml.safe_load(path.read_text())
+    sizes.update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    return BertConfig.from_dict({**sizes, "vocab_size": VOCAB_SIZE})
+
+
+def hf_twin(ours: torch.nn.Module, config: BertConfig, hf_class) -> torch.nn.Module:
+    """The transformers model of `hf_class` holding exactly our weights (sdpa attention)."""
+    hf_config = transformers.BertConfig(**lightbert_config_to_hf(config.to_dict()), attn_implementation="sdpa")
+    if hf_class is transformers.BertForSequenceClassification:
+        hf_config.num_labels = 2
+    hf = hf_class(hf_config)
+    missing, unexpected = hf.load_state_dict(lightbert_state_dict_to_hf(ours.state_dict()), strict=False)
+    # The MLM decoder is tied to the word embeddings; the loss check before timing shows the rest loaded.
+    assert not unexpected and all("position_ids" in k or "predictions.decoder" in k for k in missing), missing
+    hf.tie_weights()
+    return hf
+
+
+def adamw(model: torch.nn.Module, device: torch.device, foreach: bool = False) -> torch.optim.Optimizer:
+    fused = device.type in ("cpu", "cuda") and not foreach
+    return torch.optim.AdamW(parameter_groups(model, 0.01), lr=1e-5, eps=1e-6, fused=fused)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_interleaved(steps: dict, device: torch.device, warmup: int, repeats: int) -> dict[str, float]:
+    """Median seconds per call of each step function, calls interleaved so drift hits both alike."""
+    for fn in steps.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, fn in steps.items():
+            synchronize(device)
+            started = time.perf_counter()
+            fn()
+            synchronize(device)
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype) -> float:
+    """The machine's practical peak: best FLOP/s of a large square matmul."""
+    n = 2048 if device.type == "cpu" else 8192
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(5):
+        synchronize(device)
+        started = time.perf_counter()
+        a @ b
+        synchronize(device)
+        best = min(best, time.perf_counter() - started)
+    return 2 * n**3 / best
+
+
+def report(name: str, seconds: dict, tokens: int, flops: float, peak: float, device: torch.device) -> float:
+    peak_name = "MFU" if device.type == "cuda" else "of measured matmul peak"
+    for side in ("lightbert", "transformers"):
+        achieved = flops / seconds[side]
+        print(
+            f"{name:<14} {side:<13} {seconds[side] * 1e3:9.1f} ms/step {tokens / seconds[side]:10.0f} tokens/s "
+            f"{achieved / 1e12:7.3f} TFLOP/s  {100 * achieved / peak:5.1f}% {peak_name}"
+        )
+    return seconds["transformers"] / seconds["lightbert"]
+
+
+def pretraining_batch(datamodule: PretrainDataModule, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
+    train = datamodule.datasets["train"].shuffle(seed=seed).select(range(batch_size))
+    return datamodule.collator(torch.Generator().manual_seed(seed))([train[i] for i in range(batch_size)])
+
+
+def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, peak: float) -> float:
+    config = model_config(args.model)
+    torch.manual_seed(args.seed)
+    module = PreTrainingModule(config.to_dict(), {"lr": 1e-5}, sparse_mlm_head=not args.dense_mlm_head)
+    module.model.bert.unpad = not args.no_unpad
+    hf = hf_twin(module.model, config, transformers.BertForPreTraining)
+    module.to(device)
+    hf.to(device)
+    batch = {k: v.to(device) for k, v in pretraining_batch(datamodule, args.batch_size, args.seed).items()}
+    hf_inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    hf_inputs.update(labels=batch["labels"], next_sentence_label=batch["next_sentence_label"])
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+
+    module.eval()
+    hf.eval()
+    with torch.no_grad(), autocast:
+        ours_loss, hf_loss = float(module._step(batch)["loss"]), float(hf(**hf_inputs).loss)
+    print(f"same batch, same weights, eval mode: loss lightbert {ours_loss:.5f}, transformers {hf_loss:.5f}")
+    assert abs(ours_loss - hf_loss) < (1e-3 if args.dtype == "fp32" else 5e-2), "the two models disagree"
+    module.train()
+    hf.train()
+    if args.compile:
+        module.model.compile()
+
+    ours_opt, hf_opt = adamw(module.model, device, args.foreach), adamw(hf, device, args.foreach)
+
+    def ours_step():
+        with autocast:
+            loss = module._step(batch)["loss"]
+        loss.backward()
+        ours_opt.step()
+        ours_opt.zero_grad(set_to_none=True)
+
+    def hf_step():
+        with autocast:
+            loss = hf(**hf_inputs).loss
+        loss.backward()
+        hf_opt.step()
+        hf_opt.zero_grad(set_to_none=True)
+
+    seconds = time_interleaved({"lightbert": ours_step, "transformers": hf_step}, device, args.warmup, args.repeats)
+    lengths = batch["attention_mask"].sum(1).cpu()
+    num_predictions = int((batch["labels"] != -100).sum())
+    shape = tuple(batch["input_ids"].shape)
+    print(
+        f"pre-training {args.model}: batch {shape}, {int(lengths.sum())} real tokens "
+        f"({100 * lengths.sum() / batch['input_ids'].numel():.1f}%), {num_predictions} predictions"
+    )
+    flops = float(step_flops(config, lengths, num_predictions))
+    return report("pre-training", seconds, int(lengths.sum()), flops, peak, device)
+
+
+def bench_finetune(args, datamodule: PretrainDataModule, device: torch.device, peak: float) -> float:
+    config = model_config(args.model)
+    torch.manual_seed(args.seed)
+    ours = BertForSequenceClassification(config, num_labels=2)
+    ours.bert.unpad = not args.no_unpad
+    hf = hf_twin(ours, config, transformers.BertForSequenceClassification)
+    ours.to(device)
+    hf.to(device)
+    # Single sentences of the corpus, 3-60 words and at most 64 pieces, like SST-2's (its longest has 66 with
+    # [CLS] and [SEP]): the batch pads to its longest, as a fine-tuning collator does.
+    tokenizer = datamodule.tokenizer
+    documents = datamodule.documents.shuffle(seed=args.seed).select(range(200))["sentences"]
+    sentences = [s for document in documents for s in document if 3 <= len(s.split()) <= 60]
+    encoded = [ids for ids in tokenizer.encode_batch(sentences) if len(ids) <= min(64, args.seq_len - 2)]
+    rows = []
+    for ids in encoded[: args.finetune_batch_size]:
+        ids = [tokenizer.cls_id, *ids, tokenizer.sep_id]
+        rows.append({"input_ids": ids, "token_type_ids": [0] * len(ids), "label": len(rows) % 2})
+    batch = PaddingCollator(tokenizer.pad_id, {"label": ("labels", torch.long)})(rows)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+    ours_opt, hf_opt = adamw(ours, device, args.foreach), adamw(hf, device, args.foreach)
+
+    def ours_step():
+        with autocast:
+            loss = F.cross_entropy(ours(**inputs).float(), batch["labels"])
+        loss.backward()
+        ours_opt.step()
+        ours_opt.zero_grad(set_to_none=True)
+
+    def hf_step():
+        with autocast:
+            loss = hf(**inputs, labels=batch["labels"]).loss
+        loss.backward()
+        hf_opt.step()
+        hf_opt.zero_grad(set_to_none=True)
+
+    seconds = time_interleaved({"lightbert": ours_step, "transformers": hf_step}, device, args.warmup, args.repeats)
+    lengths = batch["attention_mask"].sum(1).cpu()
+    print(
+        f"fine-tuning {args.model}: batch {tuple(batch['input_ids'].shape)}, {int(lengths.sum())} real tokens "
+        f"({100 * lengths.sum() / batch['input_ids'].numel():.1f}%), lengths {int(lengths.min())}-{int(lengths.max())}"
+    )
+    return report("fine-tuning", seconds, int(lengths.sum()), float(step_flops(config, lengths)), peak, device)
+
+
+def bench_data(args, datamodule: PretrainDataModule) -> float:
+    """MB/s from a BERT-format text file to masked batches, against `encode_batch` on the same lines."""
+    text_file = datamodule.corpus.build(datamodule.cache_dir)  # the demo corpus as a BERT-format file
+    megabytes = text_file.stat().st_size / 1e6
+    tokenizer = datamodule.tokenizer
+    lines = [line for line in text_file.read_text().splitlines() if line.strip()]
+    tokenizer_seconds, prepare_seconds, masking_seconds = [], [], []
+    for _ in range(3):  # medians of 3: one run of either is about a second
+        started = time.perf_counter()
+        tokenizer.encode_batch(lines)
+        tokenizer_seconds.append(time.perf_counter() - started)
+        with tempfile.TemporaryDirectory() as cache:
+            pipeline = PretrainDataModule(
+                TextCorpus([str(text_file)]),
+                cache_dir=cache,
+                tokenizer=tokenizer,
+                max_seq_length=args.seq_len,
+                max_predictions_per_seq=datamodule.max_predictions_per_seq,
+                dupe_factor=1,
+                batch_size=32,
+                num_workers=0,
+                preprocessing_workers=args.threads,
+            )
+            started = time.perf_counter()
+            pipeline.prepare_data()
+            pipeline.setup()
+            prepare_seconds.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            num_examples = sum(len(batch["input_ids"]) for batch in pipeline.train_dataloader())
+            masking_seconds.append(time.perf_counter() - started)
+    tokenizer_s, prepare_s, masking_s = (
+        statistics.median(t) for t in (tokenizer_seconds, prepare_seconds, masking_seconds)
+    )
+    print(
+        f"data prep      {megabytes:.2f} MB of text, {len(lines)} lines -> {num_examples} training examples "
+        "(dupe_factor 1)\n"
+        f"data prep      tokenizer alone {megabytes / tokenizer_s:6.2f} MB/s; lightbert to cached examples "
+        f"{megabytes / prepare_s:6.2f} MB/s; with every example also masked and batched once "
+        f"{megabytes / (prepare_s + masking_s):6.2f} MB/s ({tokenizer_s / (prepare_s + masking_s):.2f}x)"
+    )
+    # Masking runs per batch in the DataLoader's workers, beside the training step, not before training.
+    return tokenizer_s / prepare_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="bert_base", help="a conf/model/ size: bert_base, bert_small, ...")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=None, help="pre-training batch (default 8 CPU, 64 GPU)")
+    parser.add_argument("--finetune-batch-size", type=int, default=32)
+    parser.add_argument("--part", choices=["pretrain", "finetune", "data", "all"], default="all")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default=None, help="default fp32 CPU, bf16 GPU")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads for both sides")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cache-dir", default=os.environ.get("LIGHTBERT_CACHE", "~/.cache/lightbert"), help="demo corpus, vocab"
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile lightbert's model (speed.compile)")
+    parser.add_argument("--no-unpad", action="store_true", help="lightbert without unpadding (speed.unpad=false)")
+    parser.add_argument("--foreach", action="store_true", help="AdamW's foreach implementation (optim.fused=false)")
+    parser.add_argument("--dense-mlm-head", action="store_true", help="MLM head on every position")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
+    args.batch_size = args.batch_size or (64 if device.type == "cuda" else 8)
+    torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on both sides
+
+    datamodule = PretrainDataModule(
+        DemoCorpus(),
+        cache_dir=args.cache_dir,
+        vocab_size=VOCAB_SIZE,
+        max_seq_length=args.seq_len,
+        max_predictions_per_seq=max(20, round(args.seq_len * 20 / 128)),  # the paper: 20 at 128, 80 at 512
+        batch_size=args.batch_size,
+        num_workers=0,
+        seed=args.seed,
+    )
+    datamodule.prepare_data()
+    datamodule.setup()
+    peak = gpu_peak_flops(device) or matmul_peak(device, torch.float32 if args.dtype == "fp32" else torch.bfloat16)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} threads"
+    print(
+        f"machine: {name}; torch {torch.__version__}, transformers {transformers.__version__}; {args.dtype}; "
+        f"peak {peak / 1e12:.3f} TFLOP/s ({'datasheet' if device.type == 'cuda' else 'measured matmul'})"
+    )
+    if args.part in ("data", "all"):
+        print(f"data preparation (to cached examples) vs tokenizer alone: {bench_data(args, datamodule):.2f}x")
+    if args.part in ("finetune", "all"):
+        print(f"fine-tuning speedup vs transformers: {bench_finetune(args, datamodule, device, peak):.2f}x")
+    if args.part in ("pretrain", "all"):
+        print(f"speedup vs transformers: {bench_pretrain(args, datamodule, device, peak):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

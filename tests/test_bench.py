@@ -1,0 +1,43 @@
+"""bench/pretrain_step.py runs end to end (tiny sizes, one repeat) and checks itself before it times anything."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from lightbert.callbacks import step_flops
+from lightbert.model import BertConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_step_flops_count_the_blocks_attention_and_predicted_head_rows():
+    config = BertConfig()  # BERT_BASE: 85M parameters in the 12 blocks
+    one_token = step_flops(config, torch.tensor([1]), 0)
+    assert one_token == 6 * 12 * (4 * 768**2 + 2 * 768 * 3072) + 12 * 12 * 768
+    full = step_flops(config, torch.tensor([128, 64]), 20)
+    blocks = 6 * 84_934_656
+    expected = 192 * blocks + 12 * 12 * 768 * (128**2 + 64**2) + 6 * 20 * (768**2 + 768 * 30522)
+    assert full == expected
+
+
+def test_benchmark_runs_and_ends_with_the_ratio_line():
+    result = subprocess.run(
+        [sys.executable, "bench/pretrain_step.py", "--model", "bert_tiny", "--seq-len", "64", "--batch-size", "4"]
+        + ["--finetune-batch-size", "8", "--warmup", "0", "--repeats", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert re.fullmatch(r"speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]
+    assert any(re.fullmatch(r"fine-tuning speedup vs transformers: \d+\.\d\dx", line) for line in lines)
+    assert any(line.startswith("data preparation (to cached examples) vs tokenizer alone: ") for line in lines)
+    # Before timing, both models gave the same loss on the batch with the same weights.
+    losses = re.search(r"loss lightbert ([\d.]+), transformers ([\d.]+)", result.stdout)
+    assert losses and abs(float(losses[1]) - float(losses[2])) < 1e-3
+    assert sum("tokens/s" in line for line in lines) == 4  # both sides of both steps
