@@ -103,8 +103,9 @@ def matmul_peak(device: torch.device, dtype: torch.dtype) -> float:
     """The machine's practical peak: best FLOP/s of a large square matmul."""
     n = 2048 if device.type == "cpu" else 8192
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    a @ b  # warm-up
     best = float("inf")
-    for _ in range(5):
+    for _ in range(10):
         synchronize(device)
         started = time.perf_counter()
         a @ b
@@ -235,7 +236,7 @@ def bench_data(args, datamodule: PretrainDataModule) -> float:
     tokenizer = datamodule.tokenizer
     lines = [line for line in text_file.read_text().splitlines() if line.strip()]
     tokenizer_seconds, prepare_seconds, masking_seconds = [], [], []
-    for _ in range(3):  # medians of 3: one run of either is about a second
+    for _ in range(5):  # medians of 5: one run of either is about a second, and this machine is noisy
         started = time.perf_counter()
         tokenizer.encode_batch(lines)
         tokenizer_seconds.append(time.perf_counter() - started)
