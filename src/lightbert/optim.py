@@ -66,7 +66,7 @@ def linear_warmup_decay(warmup_steps: int, total_steps: int):
 def build_optimizer(model: nn.Module, config: OptimConfig, total_steps: int) -> dict:
     """What `LightningModule.configure_optimizers` returns: the optimiser and a per-step scheduler."""
     fused = config.fused
-    if fused is None:  # one kernel for all tensors: 4x faster than foreach on CPU too (bench/RESULTS.md)
+    if fused is None:  # one kernel for all tensors: faster than foreach on CPU too (bench/RESULTS.md)
         fused = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
     optimizer = torch.optim.AdamW(
         parameter_groups(model, config.weight_decay),
