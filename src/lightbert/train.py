@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from lightbert import RESULTS_FILE
+from lightbert.checkpointing import AtomicCheckpointIO
 from lightbert.cli import CONF_DIR
 from lightbert.data.batches import gather_dict
 from lightbert.errors import ConfigError, UserError
@@ -48,13 +49,28 @@ def _instantiate(node: Any, **kwargs: Any) -> Any:
         ) from None
 
 
-def _check_output_dir(output_dir: Path) -> None:
-    # Nothing a user saved is ever lost: a finished run's directory is not trained into again.
+LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
+
+
+def _check_output_dir(output_dir: Path, resume: bool) -> Path | None:
+    """The checkpoint to resume from, if any. Nothing a user saved is ever lost: a finished run's directory is
+    not trained into again, and an unfinished one only to continue it."""
     if (output_dir / RESULTS_FILE).exists():
         raise UserError(
             f"{output_dir} already holds a finished run ({RESULTS_FILE}); choose another directory "
             "with hydra.run.dir=... or leave it to the default, which is new for every run"
         )
+    last = output_dir / LAST_CHECKPOINT
+    if resume:
+        if last.is_file():
+            return last
+        log.warning(f"resume=true but {last} does not exist yet: starting from the beginning")
+    elif last.is_file():
+        raise UserError(
+            f"{output_dir} holds an unfinished run ({LAST_CHECKPOINT}); add resume=true to continue it, "
+            "or choose another directory with hydra.run.dir=..."
+        )
+    return None
 
 
 def _check_devices(cfg: DictConfig) -> None:
@@ -136,7 +152,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message=".*exists and is not empty.*")
     warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")  # Lightning internals vs newer torch
     output_dir = Path(cfg.paths.output_dir)
-    _check_output_dir(output_dir)
+    resume_from = _check_output_dir(output_dir, bool(cfg.get("resume", False)))
     _check_devices(cfg)
     # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -160,11 +176,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         _apply_speed_switches(module, cfg.get("speed") or {})
         callbacks = [_instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
         loggers = [_instantiate(c) for c in (cfg.get("logger") or {}).values()]
-        trainer: L.Trainer = _instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+        trainer: L.Trainer = _instantiate(
+            cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
+        )
         for logger in trainer.loggers:  # the resolved config, and the command line that made it
             logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "overrides": _overrides()})
         _save_tokenizer(tokenizer, output_dir)
-        trainer.fit(module, datamodule=datamodule)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
         results = _results(trainer, output_dir, time.time() - started)
         results["predictions"] = _write_test_predictions(trainer, module, datamodule, output_dir)
         _write_results(results, output_dir)
@@ -248,7 +266,6 @@ def _save_tokenizer(tokenizer, output_dir: Path) -> None:
 def _results(trainer: L.Trainer, output_dir: Path, seconds: float) -> dict[str, Any]:
     checkpoints = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
     checkpoint = next((c for c in checkpoints if c.monitor), None)  # the best by the task's monitor
-    latest = next((c for c in checkpoints if not c.monitor), None)  # the last state
     metrics = {name: float(value) for name, value in sorted(trainer.callback_metrics.items())}
     best = checkpoint.best_model_score if checkpoint is not None else None
     return {
@@ -257,7 +274,7 @@ def _results(trainer: L.Trainer, output_dir: Path, seconds: float) -> dict[str, 
         "best_score": float(best) if best is not None else None,
         "global_step": trainer.global_step,
         "best_checkpoint": checkpoint.best_model_path if checkpoint else None,
-        "last_checkpoint": latest.best_model_path if latest else None,
+        "last_checkpoint": str(output_dir / LAST_CHECKPOINT) if (output_dir / LAST_CHECKPOINT).is_file() else None,
         "tokenizer": str(output_dir / "tokenizer.json"),
         "output_dir": str(output_dir),
         "seconds": round(seconds, 1),

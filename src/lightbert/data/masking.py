@@ -44,15 +44,33 @@ class MaskingCollator:
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         batch = self.pad(examples)
-        batch["input_ids"], batch["labels"] = self.mask(batch["input_ids"])
+        seeds = [e.get("mask_seed") for e in examples]
+        randoms = self.example_randoms(seeds, batch["attention_mask"]) if None not in seeds else None
+        batch["input_ids"], batch["labels"] = self.mask(batch["input_ids"], randoms)
         return batch
+
+    def example_randoms(self, seeds: list[int], attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The draws of `mask`, each row from its own example's seed: (unit keys, actions, replacement picks).
+
+        A row's first n values (n its length) come from its seed alone, so an example is masked the same way
+        whatever batch, device or padding it is in; the values past n are never read.
+        """
+        batch, seq_len = attention_mask.shape
+        keys, actions = torch.zeros(batch, seq_len + 1), torch.zeros(batch, seq_len)
+        picks = torch.zeros(batch, seq_len, dtype=torch.long)
+        for row, (seed, n) in enumerate(zip(seeds, attention_mask.sum(1).tolist(), strict=True)):
+            generator = torch.Generator().manual_seed(seed)
+            keys[row, :n] = torch.rand(n, generator=generator)
+            actions[row, :n] = torch.rand(n, generator=generator)
+            picks[row, :n] = torch.randint(len(self._replacement_ids), (n,), generator=generator)
+        return keys, actions, picks
 
     def pad(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         fields = {"next_sentence_label": ("next_sentence_label", torch.long)}
         return pad_batch(examples, self.pad_id, self.pad_to_multiple_of, fields)
 
-    def select(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Boolean (B, T) of the positions to predict."""
+    def select(self, input_ids: torch.Tensor, unit_keys: torch.Tensor | None = None) -> torch.Tensor:
+        """Boolean (B, T) of the positions to predict; `unit_keys` (B, T + 1) are the random draws, if given."""
         candidates = ~self._is_special[input_ids]  # (B, T)
         budget = (candidates.sum(1) * self.masked_lm_prob).round().long()
         budget = budget.clamp(min=1, max=self.max_predictions_per_seq)  # (B,)
@@ -66,7 +84,9 @@ class MaskingCollator:
         # (B, T) unit index of each candidate; special tokens and padding all go to a spare unit, seq_len.
         unit_id = (unit_start.long().cumsum(1) - 1).masked_fill(~candidates, seq_len)
         # Every unit draws a random key; its tokens share it. Non-candidates sort last.
-        unit_key = torch.rand((input_ids.shape[0], seq_len + 1), generator=self.generator).gather(1, unit_id)
+        if unit_keys is None:
+            unit_keys = torch.rand((input_ids.shape[0], seq_len + 1), generator=self.generator)
+        unit_key = unit_keys.gather(1, unit_id)
         unit_key = unit_key.masked_fill(~candidates, 2.0)
         order = unit_key.argsort(dim=1, stable=True)  # units in random order, each unit's tokens contiguous
         taken = candidates.gather(1, order).long().cumsum(1)  # tokens taken up to and including this one
@@ -77,14 +97,22 @@ class MaskingCollator:
         chosen = unit_total.gather(1, unit_id) <= budget[:, None]
         return chosen & candidates
 
-    def mask(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(masked input ids, labels): labels hold the original id where chosen, IGNORE_INDEX elsewhere."""
-        chosen = self.select(input_ids)
+    def mask(
+        self, input_ids: torch.Tensor, randoms: tuple[torch.Tensor, ...] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(masked input ids, labels): labels hold the original id where chosen, IGNORE_INDEX elsewhere.
+
+        `randoms` are `example_randoms`' draws; without them the collator's generator (or torch's) draws.
+        """
+        unit_keys, action, random_pick = randoms if randoms is not None else (None, None, None)
+        chosen = self.select(input_ids, unit_keys)
         labels = input_ids.masked_fill(~chosen, IGNORE_INDEX)
-        action = torch.rand(input_ids.shape, generator=self.generator)
+        if action is None:
+            action = torch.rand(input_ids.shape, generator=self.generator)
         to_mask = chosen & (action < 0.8)
         to_random = chosen & (action >= 0.8) & (action < 0.9)  # the other 10% keep their token
         masked = input_ids.masked_fill(to_mask, self.mask_id)
-        random_pick = torch.randint(len(self._replacement_ids), input_ids.shape, generator=self.generator)
+        if random_pick is None:
+            random_pick = torch.randint(len(self._replacement_ids), input_ids.shape, generator=self.generator)
         masked = torch.where(to_random, self._replacement_ids[random_pick], masked)
         return masked, labels

@@ -18,9 +18,11 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from lightbert.data.batches import UnpaddedDistributedSampler, is_distributed
 from lightbert.data.corpus import DemoCorpus, HFCorpus, TextCorpus, digest
 from lightbert.data.masking import MaskingCollator
 from lightbert.data.pretraining import create_pretraining_examples
+from lightbert.data.resumable import SeededExamples, StepSampler
 from lightbert.data.tokenizer import BertTokenizer, iter_sentences, load_tokenizer, train_wordpiece
 from lightbert.errors import UserError
 
@@ -62,6 +64,7 @@ class PretrainDataModule(L.LightningDataModule):
         preprocessing_workers: int | None = None,
         pad_to_multiple_of: int | None = 8,
         seed: int = 12345,
+        first_step: int = 0,
     ):
         super().__init__()
         if max_seq_length < 8:
@@ -81,6 +84,7 @@ class PretrainDataModule(L.LightningDataModule):
         self.batch_size, self.num_workers = batch_size, num_workers
         self.preprocessing_workers = preprocessing_workers or min(8, os.cpu_count() or 1)
         self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
+        self.first_step = first_step  # the global step this data starts at (a recipe's later phase)
         self.datasets: datasets.DatasetDict | None = None
 
     # -- tokenizer ---------------------------------------------------------------------------------------
@@ -198,22 +202,36 @@ class PretrainDataModule(L.LightningDataModule):
             generator=generator,
         )
 
-    def _loader(self, split: str, shuffle: bool, collator: MaskingCollator) -> DataLoader:
-        assert self.datasets is not None, "call setup() first"
+    def _loader(self, dataset, sampler, collator: MaskingCollator) -> DataLoader:
         return DataLoader(
-            self.datasets[split],
+            dataset,
             batch_size=self.batch_size,
-            shuffle=shuffle,
+            sampler=sampler,
             collate_fn=collator,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
-            drop_last=shuffle,
+            generator=torch.Generator().manual_seed(self.seed),  # worker seeds never draw from the global RNG
         )
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True, collator=self.collator())
+        """Batches in `StepSampler`'s order, from the step a resumed run left off at, masked per example."""
+        assert self.datasets is not None, "call setup() first"
+        trainer = self.trainer
+        sampler = StepSampler(
+            len(self.datasets["train"]),
+            self.batch_size,
+            self.seed,
+            rank=trainer.global_rank if trainer else 0,
+            world_size=trainer.world_size if trainer else 1,
+            accumulate=trainer.accumulate_grad_batches if trainer else 1,
+            start_step=max(0, trainer.global_step - self.first_step) if trainer else 0,
+        )
+        return self._loader(SeededExamples(self.datasets["train"], self.seed), sampler, self.collator())
 
     def val_dataloader(self) -> DataLoader:
-        # The same masks at every validation, so validation metrics are comparable across steps.
-        return self._loader("validation", shuffle=False, collator=self.collator(torch.Generator().manual_seed(0)))
+        # The same masks at every validation and on any number of devices, so validation metrics compare.
+        assert self.datasets is not None, "call setup() first"
+        validation = SeededExamples(self.datasets["validation"], self.seed, epoch="validation")
+        sampler = UnpaddedDistributedSampler(validation) if is_distributed() else None
+        return self._loader(validation, sampler, self.collator())

@@ -1,0 +1,28 @@
+"""Callbacks that the resume and DDP tests add to real runs: `+callbacks.x._target_=loss_recorder.RecordLosses`."""
+
+import os
+import signal
+
+import lightning as L
+
+
+class RecordLosses(L.Callback):
+    """Appends "global_step rank loss.hex()" for every training batch to `path`, flushed at once."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        with open(self.path, "a") as f:
+            f.write(f"{trainer.global_step} {trainer.global_rank} {float(outputs['loss']).hex()}\n")
+
+
+class KillAtStep(L.Callback):
+    """SIGKILLs the whole run (every process of its group) once `step` optimizer steps are done: a hard crash."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step and trainer.global_rank == 0:
+            os.killpg(os.getpgid(0), signal.SIGKILL)

@@ -1,0 +1,107 @@
+"""Scale and fault tolerance on CPU: DDP equals one process, and a killed run resumes bit for bit."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, write_bert_corpus
+
+pytestmark = pytest.mark.slow
+
+TESTS = Path(__file__).parent
+BASE = [
+    "model=bert_tiny",
+    "trainer=cpu",
+    "task.batch_size=4",
+    "task.max_seq_length=64",
+    "task.datamodule.vocab_size=400",
+    "task.datamodule.dupe_factor=1",
+    "task.datamodule.num_workers=0",
+    "logger=csv",
+    "corpus=text",
+    "trainer.log_every_n_steps=1",
+]
+
+
+def run(args: list[str], new_session: bool = False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, str(REPO / "src" / "train.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        env=env,
+        start_new_session=new_session,  # KillAtStep kills the process group: this run's processes only
+    )
+
+
+def recorded(path: Path) -> dict[tuple[int, int], list[str]]:
+    """(global_step after the batch, rank) -> the losses of that step's batches, as exact hex floats."""
+    losses: dict[tuple[int, int], list[str]] = {}
+    for line in path.read_text().splitlines():
+        step, rank, loss = line.split()
+        losses.setdefault((int(step), int(rank)), []).append(loss)
+    return losses
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_bert_corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt", num_documents=10)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_killed_run_resumes_bit_for_bit(tmp_path, corpus, devices):
+    """SIGKILL after step 10 (last checkpoint at 8), then the same command with resume=true: steps 9-14 give the
+    very losses of an uninterrupted run. Dropout is on; the 14 steps cross an epoch and two validations."""
+    args = [
+        *BASE,
+        f"corpus.paths=[{corpus}]",
+        "trainer.max_steps=14",
+        "trainer.val_check_interval=5",
+        "task.checkpoint_every_n_steps=4",
+        f"trainer.devices={devices}",
+        *(["trainer.strategy=ddp"] if devices > 1 else []),
+        "+callbacks.record._target_=loss_recorder.RecordLosses",
+    ]
+    whole = run([*args, f"+callbacks.record.path={tmp_path / 'whole.txt'}", f"hydra.run.dir={tmp_path / 'whole'}"])
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    reference = recorded(tmp_path / "whole.txt")
+    assert max(step for step, _ in reference) == 14 and len(reference) == 14 * devices
+    rows = csv.DictReader((tmp_path / "whole" / "metrics.csv").read_text().splitlines())
+    epochs = [float(row["epoch"]) for row in rows if row["epoch"]]
+    assert max(epochs) >= 1  # the steps after the resume cross into a new epoch
+
+    crashed = tmp_path / "crashed"
+    killed = run(
+        [
+            *args,
+            f"+callbacks.record.path={tmp_path / 'before.txt'}",
+            "+callbacks.kill._target_=loss_recorder.KillAtStep",
+            "+callbacks.kill.step=10",
+            f"hydra.run.dir={crashed}",
+        ],
+        new_session=True,
+    )
+    assert killed.returncode == -signal.SIGKILL
+    before = recorded(tmp_path / "before.txt")
+    assert max(step for step, _ in before) == 10 and not (crashed / "results.json").exists()
+    assert torch.load(crashed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+
+    again = run([*args, f"+callbacks.record.path={tmp_path / 'after.txt'}", f"hydra.run.dir={crashed}"])
+    assert again.returncode == 2 and "resume=true" in again.stderr  # an unfinished run is never overwritten
+    resumed = run(
+        [*args, f"+callbacks.record.path={tmp_path / 'after.txt'}", f"hydra.run.dir={crashed}", "resume=true"]
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = recorded(tmp_path / "after.txt")
+    assert sorted(after) == [(step, rank) for step in range(9, 15) for rank in range(devices)]
+    for key, losses in after.items():
+        assert losses == reference[key], key  # bit for bit
+    for key, losses in before.items():
+        assert losses == reference[key], key
