@@ -3,6 +3,7 @@
 Thin on purpose: Hydra composes the config from conf/, `lightbert.train.train` does the work.
 """
 
+import signal
 import sys
 
 import hydra
@@ -17,10 +18,20 @@ from lightbert.errors import UserError
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """Returns the best validation metric: what a sweeper (e.g. sweep=optuna) optimises."""
-    from lightbert.train import train  # imported here so that --help and --cfg stay fast
+    from lightning.pytorch.utilities.exceptions import SIGTERMException  # imported here so that --help and
+
+    from lightbert.train import train  # --cfg stay fast
 
     try:
         return train(cfg)["best_score"]
+    except SIGTERMException:
+        # Lightning stopped after the current batch and LatestCheckpoint saved it; exit as a terminated process does.
+        print(
+            f"lightbert: stopped by SIGTERM; the latest state is in {cfg.paths.output_dir}/checkpoints/last.ckpt. "
+            "Rerun the same command with resume=true to continue",
+            file=sys.stderr,
+        )
+        sys.exit(128 + signal.SIGTERM)
     except UserError as error:
         print(f"lightbert: error: {error}", file=sys.stderr)
         if HydraConfig.get().mode == RunMode.MULTIRUN:

@@ -26,3 +26,15 @@ class KillAtStep(L.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_step >= self.step and trainer.global_rank == 0:
             os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+class SigtermAtStep(L.Callback):
+    """Sends this process SIGTERM once `step` optimizer steps are done, as SLURM does before a preemption."""
+
+    def __init__(self, step: int):
+        self.step, self.sent = step, False
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step and trainer.global_rank == 0 and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)

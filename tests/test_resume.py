@@ -105,3 +105,81 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, corpus, devices):
         assert losses == reference[key], key  # bit for bit
     for key, losses in before.items():
         assert losses == reference[key], key
+
+
+def test_two_process_ddp_equals_one_process_with_the_same_global_batch(tmp_path, corpus):
+    """2 devices x batch 4 against 1 device accumulating 2 x 4: the same examples, masks and weights at every step.
+
+    Dropout is off, because each device draws its own. Both runs leave one run directory under paths.log_dir."""
+    args = [
+        *BASE,
+        f"corpus.paths=[{corpus}]",
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=3",
+        "model.hidden_dropout_prob=0",
+        "model.attention_probs_dropout_prob=0",
+        "+callbacks.record._target_=loss_recorder.RecordLosses",
+    ]
+    logs = {}
+    for devices, accumulate in ((1, 2), (2, 1)):
+        out = tmp_path / f"outputs{devices}"
+        result = run(
+            [
+                *args,
+                f"trainer.devices={devices}",
+                f"trainer.accumulate_grad_batches={accumulate}",
+                *(["trainer.strategy=ddp"] if devices > 1 else []),
+                f"+callbacks.record.path={tmp_path / f'losses{devices}.txt'}",
+                f"paths.log_dir={out}",
+            ]
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.count("lightbert: finished 6 steps") == 1  # printed by rank zero alone
+        runs = list((out / "pretrain" / "runs").iterdir())
+        assert len(runs) == 1 and (runs[0] / "results.json").is_file(), runs  # the DDP child used the parent's
+        assert not list(out.rglob("multiruns")) and len(list(out.rglob("results.json"))) == 1
+        logs[devices] = (tmp_path / f"losses{devices}.txt").read_text().splitlines()
+
+    # Micro-batches in order, 2 per step. Lightning hands callbacks the loss already divided by the 2 accumulated.
+    one = [2 * float.fromhex(line.split()[2]) for line in logs[1]]
+    two = {(int(s), int(r)): float.fromhex(loss) for s, r, loss in (line.split() for line in logs[2])}
+    assert len(one) == 12 and len(two) == 12
+    for step in range(1, 7):
+        # Micro-batch a of a step is device a's batch; the step's loss is their mean either way.
+        for part in (0, 1):
+            assert two[(step, part)] == pytest.approx(one[2 * (step - 1) + part], abs=1e-5), (step, part)
+
+
+def test_sigterm_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp_path, corpus):
+    args = [
+        *BASE,
+        f"corpus.paths=[{corpus}]",
+        "trainer.max_steps=9",
+        "trainer.val_check_interval=4",
+        "task.checkpoint_every_n_steps=100",  # no periodic checkpoint: only SIGTERM's
+        "+callbacks.record._target_=loss_recorder.RecordLosses",
+    ]
+    whole = run([*args, f"+callbacks.record.path={tmp_path / 'whole.txt'}", f"hydra.run.dir={tmp_path / 'whole'}"])
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    stopped = tmp_path / "stopped"
+    terminated = run(
+        [
+            *args,
+            f"+callbacks.record.path={tmp_path / 'before.txt'}",
+            "+callbacks.term._target_=loss_recorder.SigtermAtStep",
+            "+callbacks.term.step=5",
+            f"hydra.run.dir={stopped}",
+        ]
+    )
+    assert terminated.returncode == 128 + signal.SIGTERM and not (stopped / "results.json").exists()
+    assert "stopped by SIGTERM" in terminated.stderr and "resume=true" in terminated.stderr
+    checkpoint = torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 5  # saved after the batch it was running, before exiting
+    assert max(step for step, _ in recorded(tmp_path / "before.txt")) == 5
+    resumed = run(
+        [*args, f"+callbacks.record.path={tmp_path / 'after.txt'}", f"hydra.run.dir={stopped}", "resume=true"]
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference, after = recorded(tmp_path / "whole.txt"), recorded(tmp_path / "after.txt")
+    assert sorted(after) == [(step, 0) for step in range(6, 10)]
+    assert all(after[key] == reference[key] for key in after)
