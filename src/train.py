@@ -18,9 +18,10 @@ from lightbert.errors import UserError
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """Returns the best validation metric: what a sweeper (e.g. sweep=optuna) optimises."""
-    from lightning.pytorch.utilities.exceptions import SIGTERMException  # imported here so that --help and
+    # Imported here, so that --help and --cfg stay fast.
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from lightbert.train import train  # --cfg stay fast
+    from lightbert.train import train
 
     try:
         return train(cfg)["best_score"]
