@@ -1,10 +1,11 @@
 """Optimisers: the defaults change speed, never the numbers."""
 
+import numpy as np
 import torch
 from test_model import TINY, random_batch
 
 from lightbert.model import BertForPreTraining
-from lightbert.optim import OptimConfig, build_optimizer
+from lightbert.optim import Lamb, OptimConfig, build_optimizer, poly_warmup_decay
 
 
 def train_steps(fused: bool, steps: int = 12) -> dict[str, torch.Tensor]:
@@ -29,3 +30,49 @@ def test_fused_adamw_equals_the_foreach_implementation():
     fused, foreach = train_steps(fused=True), train_steps(fused=False)
     for name, weight in foreach.items():
         torch.testing.assert_close(fused[name], weight, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def lamb_by_the_paper(weights, grads, lr, beta1, beta2, eps, decay, adapt):
+    """Algorithm 2 of You et al. (2019), element by element in float64 numpy, phi the identity."""
+    m = [np.zeros_like(w) for w in weights]
+    v = [np.zeros_like(w) for w in weights]
+    weights = [w.copy() for w in weights]
+    for t, step_grads in enumerate(grads, start=1):
+        for i, g in enumerate(step_grads):
+            m[i] = beta1 * m[i] + (1 - beta1) * g
+            v[i] = beta2 * v[i] + (1 - beta2) * g * g
+            m_hat, v_hat = m[i] / (1 - beta1**t), v[i] / (1 - beta2**t)
+            r = m_hat / (np.sqrt(v_hat) + eps) + decay[i] * weights[i]
+            trust = np.linalg.norm(weights[i]) / np.linalg.norm(r) if adapt[i] else 1.0
+            weights[i] = weights[i] - lr * trust * r
+    return weights
+
+
+def test_lamb_follows_the_papers_update_rule():
+    rng = np.random.default_rng(0)
+    shapes = [(6, 5), (5,), (3, 4, 2)]
+    weights = [rng.normal(size=s) for s in shapes]
+    grads = [[rng.normal(size=s) * 10**k for s, k in zip(shapes, (-2, 0, 1), strict=True)] for _ in range(7)]
+    params = [torch.nn.Parameter(torch.tensor(w)) for w in weights]
+    groups = [  # as parameter_groups makes them: matrices decay and adapt, vectors neither
+        {"params": [params[0], params[2]], "weight_decay": 0.01, "adapt": True},
+        {"params": [params[1]], "weight_decay": 0.0, "adapt": False},
+    ]
+    optimizer = Lamb(groups, lr=0.05, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = torch.tensor(g)
+        optimizer.step()
+    expected = lamb_by_the_paper(weights, grads, 0.05, 0.9, 0.999, 1e-6, [0.01, 0.0, 0.01], [True, False, True])
+    for p, w in zip(params, expected, strict=True):
+        np.testing.assert_allclose(p.detach().numpy(), w, rtol=1e-12, atol=1e-14)
+    # The trust ratio is what makes it LAMB: per tensor, the step is lr * ||w|| long, whatever the gradient scale.
+    assert not np.allclose(
+        expected[0], lamb_by_the_paper(weights, grads, 0.05, 0.9, 0.999, 1e-6, [0.01] * 3, [False] * 3)[0]
+    )
+
+
+def test_nvidia_polynomial_schedule():
+    factor = poly_warmup_decay(warmup_steps=10, total_steps=100, power=0.5)
+    assert [factor(s) for s in (0, 5, 10)] == [0.0, 0.5, 0.9**0.5]
+    assert factor(75) == 0.25**0.5 and factor(100) == 0.0
