@@ -7,14 +7,15 @@ import lightning as L
 
 
 class RecordLosses(L.Callback):
-    """Appends "global_step rank loss.hex()" for every training batch to `path`, flushed at once."""
+    """Appends "global_step rank loss.hex() batch_length" for every training batch to `path`, flushed at once."""
 
     def __init__(self, path: str):
         self.path = path
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         with open(self.path, "a") as f:
-            f.write(f"{trainer.global_step} {trainer.global_rank} {float(outputs['loss']).hex()}\n")
+            loss, length = float(outputs["loss"]).hex(), batch["input_ids"].shape[1]
+            f.write(f"{trainer.global_step} {trainer.global_rank} {loss} {length}\n")
 
 
 class KillAtStep(L.Callback):

@@ -1,7 +1,9 @@
 """Scale and fault tolerance on CPU: DDP equals one process, and a killed run resumes bit for bit."""
 
 import csv
+import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, write_bert_corpus
+from conftest import REPO, WORDS, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +47,7 @@ def recorded(path: Path) -> dict[tuple[int, int], list[str]]:
     """(global_step after the batch, rank) -> the losses of that step's batches, as exact hex floats."""
     losses: dict[tuple[int, int], list[str]] = {}
     for line in path.read_text().splitlines():
-        step, rank, loss = line.split()
+        step, rank, loss, _ = line.split()
         losses.setdefault((int(step), int(rank)), []).append(loss)
     return losses
 
@@ -142,7 +144,7 @@ def test_two_process_ddp_equals_one_process_with_the_same_global_batch(tmp_path,
 
     # Micro-batches in order, 2 per step. Lightning hands callbacks the loss already divided by the 2 accumulated.
     one = [2 * float.fromhex(line.split()[2]) for line in logs[1]]
-    two = {(int(s), int(r)): float.fromhex(loss) for s, r, loss in (line.split() for line in logs[2])}
+    two = {(int(s), int(r)): float.fromhex(loss) for s, r, loss, _ in (line.split() for line in logs[2])}
     assert len(one) == 12 and len(two) == 12
     for step in range(1, 7):
         # Micro-batch a of a step is device a's batch; the step's loss is their mean either way.
@@ -183,3 +185,40 @@ def test_sigterm_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp_pat
     reference, after = recorded(tmp_path / "whole.txt"), recorded(tmp_path / "after.txt")
     assert sorted(after) == [(step, 0) for step in range(6, 10)]
     assert all(after[key] == reference[key] for key in after)
+
+
+@pytest.mark.parametrize("recipe", ["bert_base_paper", "bert_large_paper"])
+def test_paper_recipe_runs_both_phases_and_phase_two_starts_from_phase_one(tmp_path, recipe):
+    """A tiny version of the recipe: 10 steps, 9 at 128 tokens then 1 at 512, through the entry point."""
+    rng = random.Random(0)
+    documents = [  # 8 documents of 40 sentences: long enough for 512-token pairs
+        "\n".join(" ".join(rng.choice(WORDS) for _ in range(12)).capitalize() + "." for _ in range(40))
+        for _ in range(8)
+    ]
+    corpus = tmp_path / "long.txt"
+    corpus.write_text("\n\n".join(documents) + "\n")
+    run_dir = tmp_path / "run"
+    args = [
+        f"experiment={recipe}",
+        *BASE,
+        "task.max_seq_length=128",
+        f"corpus.paths=[{corpus}]",
+        "trainer.max_steps=10",
+        "trainer.val_check_interval=3",
+        "+callbacks.record._target_=loss_recorder.RecordLosses",
+        f"+callbacks.record.path={tmp_path / 'losses.txt'}",
+    ]
+    result = run([*args, f"hydra.run.dir={run_dir}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert "phase 1/2: steps 0-9" in log and "phase 2/2: steps 9-10" in log
+    rows = [line.split() for line in (tmp_path / "losses.txt").read_text().splitlines()]
+    assert [int(row[0]) for row in rows] == list(range(1, 11))  # phase 2 continued the step count and the schedule
+    lengths = [int(row[3]) for row in rows]
+    assert max(lengths[:9]) <= 128 < lengths[9]  # phase 2 read examples of up to 512 tokens
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["global_step"] == 10
+    checkpoint = torch.load(results["last_checkpoint"], weights_only=True)
+    schedule = checkpoint["lr_schedulers"][0]
+    assert schedule["last_epoch"] == 10 and checkpoint["optimizer_states"][0]["state"]  # one schedule, one optimizer
+    assert checkpoint["hyper_parameters"]["model"]["max_position_embeddings"] == 512

@@ -30,6 +30,7 @@ class OptimConfig:
     warmup_steps: int | None = None  # when set, overrides warmup_ratio
     fused: bool | None = None  # None: the fused kernel where torch has one for the device (CPU, CUDA)
     decay_power: float | None = None  # None: linear decay from the end of warmup; else NVIDIA's (1 - step/total)^p
+    total_steps: int | None = None  # the schedule's length; None: the trainer's (a recipe spans several phases)
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -131,6 +132,7 @@ def poly_warmup_decay(warmup_steps: int, total_steps: int, power: float):
 
 def build_optimizer(model: nn.Module, config: OptimConfig, total_steps: int) -> dict:
     """What `LightningModule.configure_optimizers` returns: the optimiser and a per-step scheduler."""
+    total_steps = config.total_steps or total_steps
     groups = parameter_groups(model, config.weight_decay)
     if config.name == "lamb":
         optimizer = Lamb(groups, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +113,15 @@ def _checked_model_config(cfg: DictConfig, pretrained: Pretrained | None) -> dic
         else:
             model = dict(pretrained.config)
     config = BertConfig.from_dict({k: v for k, v in model.items() if k != "vocab_size"})
-    max_seq_length = OmegaConf.select(cfg, "task.max_seq_length", default=None)
-    if max_seq_length and max_seq_length > config.max_position_embeddings:
-        raise ConfigError(
-            f"task.max_seq_length ({max_seq_length}) exceeds model.max_position_embeddings "
-            f"({config.max_position_embeddings}); shorten the sequences or raise max_position_embeddings"
-        )
+    lengths = {"task.max_seq_length": OmegaConf.select(cfg, "task.max_seq_length", default=None)}
+    for number, phase in enumerate(OmegaConf.select(cfg, "task.phases", default=None) or []):
+        lengths[f"task.phases[{number}].datamodule.max_seq_length"] = phase.datamodule.get("max_seq_length")
+    for key, max_seq_length in lengths.items():
+        if max_seq_length and max_seq_length > config.max_position_embeddings:
+            raise ConfigError(
+                f"{key} ({max_seq_length}) exceeds model.max_position_embeddings "
+                f"({config.max_position_embeddings}); shorten the sequences or raise max_position_embeddings"
+            )
     return model
 
 
@@ -174,15 +178,31 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if pretrained is not None:
             load_into(module.model, pretrained)
         _apply_speed_switches(module, cfg.get("speed") or {})
-        callbacks = [_instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
         loggers = [_instantiate(c) for c in (cfg.get("logger") or {}).values()]
-        trainer: L.Trainer = _instantiate(
-            cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
-        )
-        for logger in trainer.loggers:  # the resolved config, and the command line that made it
+        for logger in loggers:  # the resolved config, and the command line that made it
             logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "overrides": _overrides()})
         _save_tokenizer(tokenizer, output_dir)
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+        phases = _phases(cfg)
+        done = torch.load(resume_from, map_location="cpu", weights_only=True)["global_step"] if resume_from else 0
+        for number, phase in enumerate(phases, start=1):
+            if len(phases) > 1:
+                if phase.end_step <= done:
+                    continue  # finished before the checkpoint this run resumes from
+                steps = f"steps {phase.first_step}-{phase.end_step}"
+                log.info(f"phase {number}/{len(phases)}: {steps}, {phase.datamodule}")
+                phase_kwargs = {"tokenizer": tokenizer, "first_step": phase.first_step}
+                datamodule = _instantiate(cfg.task.datamodule, **phase.datamodule, _partial_=True)(**phase_kwargs)
+            # Fresh callbacks for each phase: their state comes back from the checkpoint the phase starts from.
+            callbacks = [_instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
+            trainer: L.Trainer = _instantiate(
+                cfg.trainer,
+                callbacks=callbacks,
+                logger=loggers or False,
+                plugins=[AtomicCheckpointIO()],
+                **({"max_steps": phase.end_step} if len(phases) > 1 else {}),
+            )
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+            resume_from = output_dir / LAST_CHECKPOINT  # the next phase starts from this one's weights and optimizer
         results = _results(trainer, output_dir, time.time() - started)
         results["predictions"] = _write_test_predictions(trainer, module, datamodule, output_dir)
         _write_results(results, output_dir)
@@ -198,6 +218,38 @@ def _apply_speed_switches(module: L.LightningModule, speed: DictConfig | dict) -
             submodule.unpad = bool(speed.get("unpad", True))
     if speed.get("compile", False):
         module.model.compile()  # in place, so parameter names and checkpoints stay those of the plain model
+
+
+@dataclass(frozen=True)
+class Phase:
+    first_step: int
+    end_step: int
+    datamodule: dict  # task.datamodule keys this phase changes, e.g. max_seq_length
+
+
+def _phases(cfg: DictConfig) -> list[Phase]:
+    """task.phases (a recipe's, e.g. 90% of the steps at 128 tokens, then 512) as step ranges; one phase without."""
+    node = cfg.task.get("phases")
+    phases = OmegaConf.to_container(node, resolve=True) if node else []
+    if not phases:
+        return [Phase(0, int(cfg.trainer.max_steps), {})]
+    total, out, first = int(cfg.trainer.max_steps), [], 0
+    if total <= 0:
+        raise ConfigError("task.phases need trainer.max_steps (the whole run's steps), e.g. trainer.max_steps=1000000")
+    for number, phase in enumerate(phases, start=1):
+        if set(phase) != {"until", "datamodule"} or not 0 < phase["until"] <= 1:
+            raise ConfigError(
+                f"task.phases[{number - 1}] must have `until` (a fraction of trainer.max_steps in (0, 1]) and "
+                f"`datamodule` (the task.datamodule keys it changes), got {phase}"
+            )
+        end = round(phase["until"] * total)
+        if end <= first:
+            raise ConfigError(f"task.phases[{number - 1}] ends at step {end}, not after the previous one ({first})")
+        out.append(Phase(first, end, dict(phase["datamodule"])))
+        first = end
+    if first != total:
+        raise ConfigError(f"the last of task.phases must run until 1.0 (trainer.max_steps), not step {first}")
+    return out
 
 
 def _overrides() -> list[str]:
