@@ -29,13 +29,13 @@ class KillAtStep(L.Callback):
             os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
-class SigtermAtStep(L.Callback):
-    """Sends this process SIGTERM once `step` optimizer steps are done, as SLURM does before a preemption."""
+class SignalAtStep(L.Callback):
+    """Sends this process `name` (TERM, USR2) once `step` optimizer steps are done, as SLURM does before the end."""
 
-    def __init__(self, step: int):
-        self.step, self.sent = step, False
+    def __init__(self, step: int, name: str = "TERM"):
+        self.step, self.signum, self.sent = step, getattr(signal, f"SIG{name}"), False
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_step >= self.step and trainer.global_rank == 0 and not self.sent:
             self.sent = True
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.signum)

@@ -30,8 +30,8 @@ BASE = [
 ]
 
 
-def run(args: list[str], new_session: bool = False) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+def run(args: list[str], new_session: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), **(env or {})}
     return subprocess.run(
         [sys.executable, str(REPO / "src" / "train.py"), *args],
         capture_output=True,
@@ -152,7 +152,9 @@ def test_two_process_ddp_equals_one_process_with_the_same_global_batch(tmp_path,
             assert two[(step, part)] == pytest.approx(one[2 * (step - 1) + part], abs=1e-5), (step, part)
 
 
-def test_sigterm_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp_path, corpus):
+@pytest.mark.parametrize("name", ["TERM", "USR2"])
+def test_stop_signal_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp_path, corpus, name):
+    """SIGTERM, or USR2 in a job that submitit started on SLURM (its warning before the time limit)."""
     args = [
         *BASE,
         f"corpus.paths=[{corpus}]",
@@ -168,10 +170,12 @@ def test_sigterm_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp_pat
         [
             *args,
             f"+callbacks.record.path={tmp_path / 'before.txt'}",
-            "+callbacks.term._target_=loss_recorder.SigtermAtStep",
+            "+callbacks.term._target_=loss_recorder.SignalAtStep",
             "+callbacks.term.step=5",
+            f"+callbacks.term.name={name}",
             f"hydra.run.dir={stopped}",
-        ]
+        ],
+        env={"SUBMITIT_EXECUTOR": "slurm"} if name == "USR2" else {},
     )
     assert terminated.returncode == 128 + signal.SIGTERM and not (stopped / "results.json").exists()
     assert "stopped by SIGTERM" in terminated.stderr and "resume=true" in terminated.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -100,12 +101,37 @@ class ResumableRNG(L.Callback):
             )
 
 
+def submitit_signal() -> signal.Signals | None:
+    """The signal SLURM sends a submitit job before its time limit or a preemption; None outside SLURM jobs."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return None
+    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+
+
 class LatestCheckpoint(L.Callback):
     """Writes the latest checkpoint (the `ModelCheckpoint` without a monitor) when training ends, and when the
     process is told to stop: on SIGTERM Lightning stops after the current batch, and this saves before it exits.
 
-    So `last.ckpt` is always the final state, even when the steps between periodic saves do not divide the run.
+    In a SLURM job submitted by submitit (cluster=slurm), submitit's signal (USR2) is taken the same way: the batch
+    finishes on every device, the checkpoint is written, and then submitit's own handler requeues the job. So
+    `last.ckpt` is always the final state, even when the steps between periodic saves do not divide the run.
     """
+
+    def __init__(self) -> None:
+        self._requeue_handler: Any = None
+        self._requeue_signal: signal.Signals | None = None
+        self._received: signal.Signals | None = None
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        signum = submitit_signal()
+        if signum is not None and self._requeue_signal is None:
+            self._requeue_signal, self._requeue_handler = signum, signal.getsignal(signum)
+            signal.signal(signum, self._on_requeue_signal)
+
+    def _on_requeue_signal(self, signum: int, frame: Any) -> None:
+        # Lightning's SIGTERM path stops every device after the same batch; this joins it.
+        self._received = signal.Signals(signum)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def _save(self, trainer: L.Trainer, why: str) -> None:
         checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
@@ -121,5 +147,9 @@ class LatestCheckpoint(L.Callback):
         self._save(trainer, "")
 
     def on_exception(self, trainer: L.Trainer, module: L.LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, SIGTERMException):
-            self._save(trainer, "SIGTERM")
+        if not isinstance(exception, SIGTERMException):
+            return
+        received = self._received
+        self._save(trainer, received.name if received else "SIGTERM")
+        if received is not None and callable(self._requeue_handler):
+            self._requeue_handler(received, None)  # submitit: requeue this job (rank 0) and exit

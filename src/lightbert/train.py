@@ -65,7 +65,7 @@ def _check_output_dir(output_dir: Path, resume: bool) -> Path | None:
     if resume:
         if last.is_file():
             return last
-        log.warning(f"resume=true but {last} does not exist yet: starting from the beginning")
+        log.info(f"resume=true and no {last} yet: starting from the beginning")
     elif last.is_file():
         raise UserError(
             f"{output_dir} holds an unfinished run ({LAST_CHECKPOINT}); add resume=true to continue it, "
@@ -198,7 +198,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 cfg.trainer,
                 callbacks=callbacks,
                 logger=loggers or False,
-                plugins=[AtomicCheckpointIO()],
+                plugins=[AtomicCheckpointIO(), *[_instantiate(p) for p in cfg.trainer.get("plugins") or []]],
                 **({"max_steps": phase.end_step} if len(phases) > 1 else {}),
             )
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
