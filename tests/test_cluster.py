@@ -1,0 +1,129 @@
+"""Where runs run: the SLURM config, submitit's local executor, DDP inside a multirun, FSDP without a GPU."""
+
+import json
+import pickle
+
+import pytest
+import torch
+from conftest import run_train_script, write_bert_corpus
+
+from lightbert.checkpointing import AtomicCheckpointIO
+from lightbert.data.resumable import StepSampler
+
+TINY_RUN = [
+    "model=bert_tiny",
+    "trainer=cpu",
+    "task.batch_size=4",
+    "task.max_seq_length=64",
+    "task.datamodule.vocab_size=400",
+    "task.datamodule.num_workers=0",
+    "logger=csv",
+    "trainer.max_steps=3",
+    "trainer.val_check_interval=3",
+]
+
+
+def test_slurm_config_shows_the_submitit_settings():
+    result = run_train_script(
+        "cluster=slurm", "trainer=ddp8", "trainer.num_nodes=4", "hydra.launcher.partition=gpu", "--cfg", "hydra"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "_target_: hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher" in out
+    for line in (
+        "nodes: ${trainer.num_nodes}",
+        "tasks_per_node: ${trainer.devices}",
+        "gpus_per_node: ${trainer.devices}",
+        "partition: gpu",
+        "account: null",
+        "timeout_min: 4320",
+        "max_num_timeout: 20",
+    ):
+        assert line in out, line
+    job = run_train_script("cluster=slurm", "trainer=ddp8", "trainer.num_nodes=4", "--cfg", "job", "--resolve")
+    assert "resume: true" in job.stdout and "auto_requeue: false" in job.stdout  # one requeue owner: submitit
+
+
+@pytest.mark.slow
+def test_run_through_submitits_local_executor_completes(tmp_path):
+    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=12)
+    sweep = tmp_path / "sweep"
+    result = run_train_script(
+        "-m", "cluster=submitit_local", *TINY_RUN, "corpus=text", f"corpus.paths=[{corpus}]", f"hydra.sweep.dir={sweep}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((sweep / "0" / "results.json").read_text())
+    assert results["global_step"] == 3
+    assert list((sweep / ".submitit").iterdir()), "submitit ran the job"
+
+
+@pytest.mark.slow
+def test_ddp_inside_a_multirun_keeps_each_jobs_processes_in_its_directory(tmp_path):
+    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=12)
+    sweep = tmp_path / "sweep"
+    result = run_train_script(
+        "-m",
+        *TINY_RUN,
+        "corpus=text",
+        f"corpus.paths=[{corpus}]",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        "seed=1,2",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert jobs == ["0", "1"]
+    for job in jobs:
+        assert json.loads((sweep / job / "results.json").read_text())["global_step"] == 3
+    assert len(list(sweep.rglob("results.json"))) == 2
+
+
+def test_fsdp_without_a_gpu_says_so():
+    result = run_train_script("trainer=fsdp", "logger=csv", "trainer.max_steps=1")
+    assert result.returncode == 2
+    assert "trainer=fsdp needs a CUDA GPU" in result.stderr and "trainer=cpu" in result.stderr
+
+
+def test_step_sampler_gives_every_device_its_own_batches_and_resumes_at_the_step():
+    def batches(sampler):
+        pairs = list(iter(sampler))
+        return [pairs[i : i + 4] for i in range(0, len(pairs), 4)]
+
+    one = StepSampler(50, batch_size=4, seed=3, accumulate=2)  # 6 steps of 2 x 4 per epoch; 2 examples dropped
+    ranks = [StepSampler(50, batch_size=4, seed=3, rank=r, world_size=2) for r in (0, 1)]
+    epoch = batches(one)
+    assert len(epoch) == 12 and len({i for batch in epoch for _, i in batch}) == 48  # no example twice
+    by_rank = [batches(s) for s in ranks]
+    # Step k: one device's micro-batches 2k and 2k+1 are device 0's and device 1's batch k.
+    assert [b for k in range(6) for b in (by_rank[0][k], by_rank[1][k])] == epoch
+    next_epoch = batches(one)
+    assert next_epoch[0][0][0] == 1 and [i for _, i in next_epoch[0]] != [i for _, i in epoch[0]]  # a new order
+    resumed = StepSampler(50, batch_size=4, seed=3, accumulate=2, start_step=4)
+    assert batches(resumed) == epoch[8:]  # from step 5: micro-batches 8-11
+    fresh = StepSampler(50, batch_size=4, seed=3, accumulate=2)
+    second_epoch = (batches(fresh), batches(fresh))[1]
+    assert batches(StepSampler(50, batch_size=4, seed=3, accumulate=2, start_step=6)) == second_epoch
+
+
+def test_a_crash_while_saving_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    import lightning.fabric.plugins.io.torch_io as torch_io
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    def killed_mid_write(checkpoint, path):  # what a SIGKILL half way through the file write leaves
+        with open(path, "wb") as out:
+            out.write(b"half a checkpoint")
+        raise KeyboardInterrupt("killed while writing")
+
+    for io, survives in ((AtomicCheckpointIO(), True), (TorchCheckpointIO(), False)):
+        path = tmp_path / f"last-{survives}.ckpt"
+        io.save_checkpoint({"global_step": 8}, path)
+        with monkeypatch.context() as patch:
+            patch.setattr(torch_io, "_atomic_save", killed_mid_write)
+            with pytest.raises(KeyboardInterrupt):
+                io.save_checkpoint({"global_step": 12}, path)
+        if survives:
+            assert torch.load(path, weights_only=True) == {"global_step": 8}
+        else:  # Lightning's own writes in place: the latest checkpoint is gone
+            with pytest.raises((KeyError, EOFError, RuntimeError, pickle.UnpicklingError)):
+                torch.load(path, weights_only=True)
