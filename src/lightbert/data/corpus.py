@@ -71,6 +71,10 @@ class TextCorpus:
     def load(self, cache_dir: Path, num_proc: int | None = None) -> datasets.Dataset:
         return _dataset_from_documents(self.documents, self.fingerprint, cache_dir)
 
+    def stream(self, cache_dir: Path) -> Iterator[list[str]]:
+        """The documents read one at a time, nothing cached (task.datamodule.streaming=true)."""
+        return self.documents()
+
 
 def read_bert_format(path: Path) -> Iterator[list[str]]:
     """Documents of one BERT-format file: a sentence per line, documents separated by blank lines."""
@@ -172,6 +176,35 @@ class HFCorpus:
             desc="Splitting documents into sentences",
         )
 
+    def stream(self, cache_dir: Path) -> Iterator[list[str]]:
+        """The rows read one at a time with `streaming=True`, each split into sentences; nothing downloaded whole."""
+        try:
+            rows = datasets.load_dataset(
+                self.name,
+                self.config,
+                split=self.split,
+                data_files=self.data_files,
+                revision=self.revision,
+                streaming=True,
+            )
+        except FileNotFoundError as error:
+            raise UserError(f"could not stream corpus {self.name!r} (split {self.split!r}): {error}") from None
+        except (ConnectionError, OSError) as error:
+            raise UserError(
+                f"could not reach dataset {self.name!r} on the hub ({error}); without a network, "
+                "use corpus=text or corpus.name=json corpus.data_files=[...]"
+            ) from None
+        # iter() rather than __iter__: inside a DataLoader worker the latter would shard by worker itself, and
+        # lightbert.data.streaming already gives each worker its own documents.
+        for batch in rows.iter(batch_size=256):
+            if self.text_column not in batch:
+                raise UserError(
+                    f"corpus {self.name!r} has no column {self.text_column!r}; its columns are "
+                    f"{sorted(batch)}: set corpus.text_column to the one that holds the text"
+                )
+            for text in batch[self.text_column]:
+                yield split_document(text or "")
+
 
 def _split_rows(texts: list[str | None]) -> dict:
     return {"sentences": [split_document(text or "") for text in texts]}
@@ -204,6 +237,9 @@ class DemoCorpus:
     def load(self, cache_dir: Path, num_proc: int | None = None) -> datasets.Dataset:
         path = self.build(cache_dir)
         return _dataset_from_documents(lambda: read_bert_format(path), self.fingerprint, cache_dir)
+
+    def stream(self, cache_dir: Path) -> Iterator[list[str]]:
+        return read_bert_format(self.build(cache_dir))
 
 
 def _prose_sentences(text: str) -> list[str]:

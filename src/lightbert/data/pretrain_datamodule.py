@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 from functools import cached_property
+from itertools import islice
 from pathlib import Path
 
 import datasets
@@ -23,6 +24,7 @@ from lightbert.data.corpus import DemoCorpus, HFCorpus, TextCorpus, digest
 from lightbert.data.masking import MaskingCollator
 from lightbert.data.pretraining import create_pretraining_examples
 from lightbert.data.resumable import SeededExamples, StepSampler
+from lightbert.data.streaming import StreamingExamples, held_out_examples
 from lightbert.data.tokenizer import BertTokenizer, iter_sentences, load_tokenizer, train_wordpiece
 from lightbert.errors import UserError
 
@@ -65,6 +67,10 @@ class PretrainDataModule(L.LightningDataModule):
         pad_to_multiple_of: int | None = 8,
         seed: int = 12345,
         first_step: int = 0,
+        streaming: bool = False,
+        validation_documents: int = 1000,
+        tokenizer_documents: int = 100000,
+        shuffle_buffer: int = 10000,
     ):
         super().__init__()
         if max_seq_length < 8:
@@ -85,6 +91,10 @@ class PretrainDataModule(L.LightningDataModule):
         self.preprocessing_workers = preprocessing_workers or min(8, os.cpu_count() or 1)
         self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
         self.first_step = first_step  # the global step this data starts at (a recipe's later phase)
+        # Streaming (lightbert.data.streaming): examples made on the fly, nothing tokenized into the cache.
+        self.streaming, self.validation_documents = streaming, validation_documents
+        self.tokenizer_documents, self.shuffle_buffer = tokenizer_documents, shuffle_buffer
+        self.validation_examples: list[dict] | None = None
         self.datasets: datasets.DatasetDict | None = None
 
     # -- tokenizer ---------------------------------------------------------------------------------------
@@ -96,14 +106,19 @@ class PretrainDataModule(L.LightningDataModule):
             return self._tokenizer
         if self.tokenizer_path:
             return load_tokenizer(self.tokenizer_path, lowercase=self.lowercase)
-        key = digest([self.corpus.fingerprint, self.vocab_size, self.lowercase])
+        # Streaming trains on the first tokenizer_documents documents of the stream; the cached path on all.
+        sample = self.tokenizer_documents if self.streaming else None
+        key = digest([self.corpus.fingerprint, self.vocab_size, self.lowercase, *([sample] if sample else [])])
         path = self.cache_dir / "tokenizers" / key / "tokenizer.json"
         if not path.is_file():
-            tokenizer = train_wordpiece(
-                iter_sentences(self.documents["sentences"]), vocab_size=self.vocab_size, lowercase=self.lowercase
-            )
+            documents = islice(self.stream(), sample) if sample else self.documents["sentences"]
+            tokenizer = train_wordpiece(iter_sentences(documents), vocab_size=self.vocab_size, lowercase=self.lowercase)
             tokenizer.save(path)
         return load_tokenizer(path)
+
+    def stream(self):
+        """The corpus's documents, read one at a time."""
+        return self.corpus.stream(self.cache_dir)
 
     # -- examples ----------------------------------------------------------------------------------------
 
@@ -129,6 +144,9 @@ class PretrainDataModule(L.LightningDataModule):
         return self.corpus.load(self.cache_dir, num_proc=self.preprocessing_workers)
 
     def prepare_data(self) -> None:
+        if self.streaming:
+            self.tokenizer  # noqa: B018 (trained and cached once per node, before the devices read it)
+            return
         if (self.examples_dir / "dataset_dict.json").is_file():
             return
         documents = self.documents
@@ -182,7 +200,13 @@ class PretrainDataModule(L.LightningDataModule):
         return workers if workers > 1 else None
 
     def setup(self, stage: str | None = None) -> None:
-        if self.datasets is None:
+        if self.streaming:
+            if self.validation_examples is None:
+                documents = islice(self.stream(), self.validation_documents)
+                self.validation_examples = held_out_examples(
+                    documents, self.tokenizer, self.max_seq_length, self.short_seq_prob, self.seed
+                )
+        elif self.datasets is None:
             self.datasets = datasets.load_from_disk(str(self.examples_dir))
 
     # -- batches -----------------------------------------------------------------------------------------
@@ -216,8 +240,10 @@ class PretrainDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Batches in `StepSampler`'s order, from the step a resumed run left off at, masked per example."""
-        assert self.datasets is not None, "call setup() first"
         trainer = self.trainer
+        if self.streaming:
+            return self._streaming_loader()
+        assert self.datasets is not None, "call setup() first"
         sampler = StepSampler(
             len(self.datasets["train"]),
             self.batch_size,
@@ -229,9 +255,31 @@ class PretrainDataModule(L.LightningDataModule):
         )
         return self._loader(SeededExamples(self.datasets["train"], self.seed), sampler, self.collator())
 
+    def _streaming_loader(self) -> DataLoader:
+        trainer = self.trainer
+        accumulate = trainer.accumulate_grad_batches if trainer else 1
+        examples = StreamingExamples(
+            self.stream,
+            self.tokenizer,
+            self.max_seq_length,
+            self.short_seq_prob,
+            self.seed,
+            self.batch_size,
+            skip_documents=self.validation_documents,
+            rank=trainer.global_rank if trainer else 0,
+            world_size=trainer.world_size if trainer else 1,
+            start_batch=max(0, trainer.global_step - self.first_step) * accumulate if trainer else 0,
+            shuffle_buffer=self.shuffle_buffer,
+        )
+        return self._loader(examples, None, self.collator())
+
     def val_dataloader(self) -> DataLoader:
         # The same masks at every validation and on any number of devices, so validation metrics compare.
-        assert self.datasets is not None, "call setup() first"
-        validation = SeededExamples(self.datasets["validation"], self.seed, epoch="validation")
+        if self.streaming:
+            assert self.validation_examples is not None, "call setup() first"
+            validation = SeededExamples(self.validation_examples, self.seed, epoch="validation")
+        else:
+            assert self.datasets is not None, "call setup() first"
+            validation = SeededExamples(self.datasets["validation"], self.seed, epoch="validation")
         sampler = UnpaddedDistributedSampler(validation) if is_distributed() else None
         return self._loader(validation, sampler, self.collator())

@@ -41,12 +41,14 @@ class SeededExamples(Dataset):
 
     def __getitems__(self, keys: list) -> list[dict]:
         pairs = [self._key(k) for k in keys]
-        rows = self.dataset[[index for _, index in pairs]]  # one Arrow read for the whole batch
-        columns = list(rows)
-        return [
-            {**{c: rows[c][i] for c in columns}, "mask_seed": example_seed(self.seed, epoch, index)}
-            for i, (epoch, index) in enumerate(pairs)
-        ]
+        indices = [index for _, index in pairs]
+        if isinstance(self.dataset, list):  # examples in memory (a streamed corpus's validation split)
+            rows = [self.dataset[i] for i in indices]
+        else:
+            columns = self.dataset[indices]  # one Arrow read for the whole batch
+            rows = [{c: values[i] for c, values in columns.items()} for i in range(len(indices))]
+        seeds = [example_seed(self.seed, epoch, index) for epoch, index in pairs]
+        return [{**row, "mask_seed": seed} for row, seed in zip(rows, seeds, strict=True)]
 
 
 class StepSampler(DistributedSampler):
