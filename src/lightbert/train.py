@@ -183,10 +183,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "overrides": _overrides()})
         _save_tokenizer(tokenizer, output_dir)
         phases = _phases(cfg)
-        done = torch.load(resume_from, map_location="cpu", weights_only=True)["global_step"] if resume_from else 0
+        # mmap: the step count without reading BERT_LARGE's weights and optimizer state into memory
+        done = torch.load(resume_from, mmap=True, weights_only=True)["global_step"] if resume_from else 0
         for number, phase in enumerate(phases, start=1):
             if len(phases) > 1:
-                if phase.end_step <= done:
+                if phase.end_step <= done and number < len(phases):
                     continue  # finished before the checkpoint this run resumes from
                 steps = f"steps {phase.first_step}-{phase.end_step}"
                 log.info(f"phase {number}/{len(phases)}: {steps}, {phase.datamodule}")
