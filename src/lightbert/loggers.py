@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import netrc
 import os
 from pathlib import Path
@@ -47,7 +48,11 @@ def wandb_logger(
         name = f"{name}-{hydra.job.num}" if name else None
         tags.append("multirun")
     Path(save_dir).mkdir(parents=True, exist_ok=True)
+    # One W&B run per run directory: a run resumed there (resume=true, a SLURM requeue) continues the same W&B run.
+    run_id = hashlib.sha256(str(Path(save_dir).resolve()).encode()).hexdigest()[:16]
     return WandbLogger(
+        id=run_id,
+        resume="allow",
         project=project,
         name=name,
         group=group,
