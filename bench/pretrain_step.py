@@ -31,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -74,9 +75,23 @@ def hf_twin(ours: torch.nn.Module, config: BertConfig, hf_class) -> torch.nn.Mod
     return hf
 
 
-def adamw(model: torch.nn.Module, device: torch.device, foreach: bool = False) -> torch.optim.Optimizer:
-    fused = device.type in ("cpu", "cuda") and not foreach
-    return torch.optim.AdamW(parameter_groups(model, 0.01), lr=1e-5, eps=1e-6, fused=fused)
+def training_step(model: torch.nn.Module, loss: Callable[[], torch.Tensor], device: torch.device, args) -> Callable:
+    """One optimizer step of `model` on `loss()`: forward (under bf16 autocast if asked), backward, AdamW."""
+    fused = device.type in ("cpu", "cuda") and not args.foreach
+    optimizer = torch.optim.AdamW(parameter_groups(model, 0.01), lr=1e-5, eps=1e-6, fused=fused)
+
+    def step() -> None:
+        with autocast(device, args):
+            value = loss()
+        value.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def autocast(device: torch.device, args) -> torch.autocast:
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
 
 
 def synchronize(device: torch.device) -> None:
@@ -142,11 +157,10 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
     batch = {k: v.to(device) for k, v in pretraining_batch(datamodule, args.batch_size, args.seed).items()}
     hf_inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
     hf_inputs.update(labels=batch["labels"], next_sentence_label=batch["next_sentence_label"])
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
 
     module.eval()
     hf.eval()
-    with torch.no_grad(), autocast:
+    with torch.no_grad(), autocast(device, args):
         ours_loss, hf_loss = float(module._step(batch)["loss"]), float(hf(**hf_inputs).loss)
     print(f"same batch, same weights, eval mode: loss lightbert {ours_loss:.5f}, transformers {hf_loss:.5f}")
     assert abs(ours_loss - hf_loss) < (1e-3 if args.dtype == "fp32" else 5e-2), "the two models disagree"
@@ -155,23 +169,11 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
     if args.compile:
         module.model.compile()
 
-    ours_opt, hf_opt = adamw(module.model, device, args.foreach), adamw(hf, device, args.foreach)
-
-    def ours_step():
-        with autocast:
-            loss = module._step(batch)["loss"]
-        loss.backward()
-        ours_opt.step()
-        ours_opt.zero_grad(set_to_none=True)
-
-    def hf_step():
-        with autocast:
-            loss = hf(**hf_inputs).loss
-        loss.backward()
-        hf_opt.step()
-        hf_opt.zero_grad(set_to_none=True)
-
-    seconds = time_interleaved({"lightbert": ours_step, "transformers": hf_step}, device, args.warmup, args.repeats)
+    steps = {
+        "lightbert": training_step(module.model, lambda: module._step(batch)["loss"], device, args),
+        "transformers": training_step(hf, lambda: hf(**hf_inputs).loss, device, args),
+    }
+    seconds = time_interleaved(steps, device, args.warmup, args.repeats)
     lengths = batch["attention_mask"].sum(1).cpu()
     num_predictions = int((batch["labels"] != -100).sum())
     shape = tuple(batch["input_ids"].shape)
@@ -204,24 +206,12 @@ def bench_finetune(args, datamodule: PretrainDataModule, device: torch.device, p
     batch = PaddingCollator(tokenizer.pad_id, {"label": ("labels", torch.long)})(rows)
     batch = {k: v.to(device) for k, v in batch.items()}
     inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
-    ours_opt, hf_opt = adamw(ours, device, args.foreach), adamw(hf, device, args.foreach)
-
-    def ours_step():
-        with autocast:
-            loss = F.cross_entropy(ours(**inputs).float(), batch["labels"])
-        loss.backward()
-        ours_opt.step()
-        ours_opt.zero_grad(set_to_none=True)
-
-    def hf_step():
-        with autocast:
-            loss = hf(**inputs, labels=batch["labels"]).loss
-        loss.backward()
-        hf_opt.step()
-        hf_opt.zero_grad(set_to_none=True)
-
-    seconds = time_interleaved({"lightbert": ours_step, "transformers": hf_step}, device, args.warmup, args.repeats)
+    labels = batch["labels"]
+    steps = {
+        "lightbert": training_step(ours, lambda: F.cross_entropy(ours(**inputs).float(), labels), device, args),
+        "transformers": training_step(hf, lambda: hf(**inputs, labels=labels).loss, device, args),
+    }
+    seconds = time_interleaved(steps, device, args.warmup, args.repeats)
     lengths = batch["attention_mask"].sum(1).cpu()
     print(
         f"fine-tuning {args.model}: batch {tuple(batch['input_ids'].shape)}, {int(lengths.sum())} real tokens "
@@ -231,7 +221,7 @@ def bench_finetune(args, datamodule: PretrainDataModule, device: torch.device, p
 
 
 def bench_data(args, datamodule: PretrainDataModule) -> float:
-    """MB/s from a BERT-format text file to masked batches, against `encode_batch` on the same lines."""
+    """MB/s from a BERT-format text file to cached examples, against `encode_batch_fast` on the same lines."""
     text_file = datamodule.corpus.build(datamodule.cache_dir)  # the demo corpus as a BERT-format file
     megabytes = text_file.stat().st_size / 1e6
     tokenizer = datamodule.tokenizer

@@ -58,8 +58,10 @@ def compose_config(overrides: list[str], output_dir: Path) -> DictConfig:
     return lightbert_compose_config(overrides, output_dir, CONF_DIR)
 
 
-def run_train_script(*args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
-    """`python src/train.py ARGS` in a subprocess, as a user would run it."""
+def run_train_script(
+    *args: str, cwd: Path = REPO, start_new_session: bool = False, **env: str
+) -> subprocess.CompletedProcess:
+    """`python src/train.py ARGS` in a subprocess, as a user would run it; `env` adds environment variables."""
     return subprocess.run(
         [sys.executable, str(REPO / "src" / "train.py"), *args],
         capture_output=True,
@@ -67,4 +69,5 @@ def run_train_script(*args: str, cwd: Path = REPO, **env: str) -> subprocess.Com
         cwd=cwd,
         timeout=600,
         env={**os.environ, **env},
+        start_new_session=start_new_session,
     )

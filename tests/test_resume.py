@@ -6,12 +6,11 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, WORDS, write_bert_corpus
+from conftest import WORDS, run_train_script, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -31,16 +30,10 @@ BASE = [
 
 
 def run(args: list[str], new_session: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), **(env or {})}
-    return subprocess.run(
-        [sys.executable, str(REPO / "src" / "train.py"), *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=600,
-        env=env,
-        start_new_session=new_session,  # KillAtStep kills the process group: this run's processes only
-    )
+    """The entry point with the recorder callbacks importable (tests/ on PYTHONPATH)."""
+    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    # A new session: KillAtStep kills the process group, which is then this run's processes only.
+    return run_train_script(*args, start_new_session=new_session, PYTHONPATH=path, **(env or {}))
 
 
 def recorded(path: Path) -> dict[tuple[int, int], list[str]]:

@@ -145,15 +145,16 @@ class HFCorpus:
                 files = [file_identity(Path(p)) if Path(p).is_file() else p for p in listed]
         return digest(["hf", self.name, self.config, self.split, self.text_column, files, self.revision])
 
-    def load(self, cache_dir: Path, num_proc: int | None = None) -> datasets.Dataset:
+    def _load_dataset(self, cache_dir: Path, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:
         try:
-            raw = datasets.load_dataset(
+            return datasets.load_dataset(
                 self.name,
                 self.config,
                 split=self.split,
                 data_files=self.data_files,
                 revision=self.revision,
                 cache_dir=str(cache_dir / "hf"),
+                streaming=streaming,
             )
         except FileNotFoundError as error:
             raise UserError(f"could not load corpus {self.name!r} (split {self.split!r}): {error}") from None
@@ -162,11 +163,17 @@ class HFCorpus:
                 f"could not reach dataset {self.name!r} on the hub ({error}); without a network, "
                 "use corpus=text or corpus.name=json corpus.data_files=[...]"
             ) from None
-        if self.text_column not in raw.column_names:
+
+    def _check_text_column(self, columns) -> None:
+        if self.text_column not in columns:
             raise UserError(
                 f"corpus {self.name!r} has no column {self.text_column!r}; its columns are "
-                f"{raw.column_names}: set corpus.text_column to the one that holds the text"
+                f"{sorted(columns)}: set corpus.text_column to the one that holds the text"
             )
+
+    def load(self, cache_dir: Path, num_proc: int | None = None) -> datasets.Dataset:
+        raw = self._load_dataset(cache_dir, streaming=False)
+        self._check_text_column(raw.column_names)
         return raw.map(
             _split_rows,
             batched=True,
@@ -178,30 +185,11 @@ class HFCorpus:
 
     def stream(self, cache_dir: Path) -> Iterator[list[str]]:
         """The rows read one at a time with `streaming=True`, each split into sentences; nothing downloaded whole."""
-        try:
-            rows = datasets.load_dataset(
-                self.name,
-                self.config,
-                split=self.split,
-                data_files=self.data_files,
-                revision=self.revision,
-                streaming=True,
-            )
-        except FileNotFoundError as error:
-            raise UserError(f"could not stream corpus {self.name!r} (split {self.split!r}): {error}") from None
-        except (ConnectionError, OSError) as error:
-            raise UserError(
-                f"could not reach dataset {self.name!r} on the hub ({error}); without a network, "
-                "use corpus=text or corpus.name=json corpus.data_files=[...]"
-            ) from None
+        rows = self._load_dataset(cache_dir, streaming=True)
         # iter() rather than __iter__: inside a DataLoader worker the latter would shard by worker itself, and
         # lightbert.data.streaming already gives each worker its own documents.
         for batch in rows.iter(batch_size=256):
-            if self.text_column not in batch:
-                raise UserError(
-                    f"corpus {self.name!r} has no column {self.text_column!r}; its columns are "
-                    f"{sorted(batch)}: set corpus.text_column to the one that holds the text"
-                )
+            self._check_text_column(batch)
             for text in batch[self.text_column]:
                 yield split_document(text or "")
 

@@ -238,40 +238,36 @@ class PretrainDataModule(L.LightningDataModule):
             generator=torch.Generator().manual_seed(self.seed),  # worker seeds never draw from the global RNG
         )
 
-    def train_dataloader(self) -> DataLoader:
-        """Batches in `StepSampler`'s order, from the step a resumed run left off at, masked per example."""
+    def _position(self) -> tuple[int, int, int, int]:
+        """(rank, world size, accumulated batches per step, steps this data has already given) of the run."""
         trainer = self.trainer
-        if self.streaming:
-            return self._streaming_loader()
-        assert self.datasets is not None, "call setup() first"
-        sampler = StepSampler(
-            len(self.datasets["train"]),
-            self.batch_size,
-            self.seed,
-            rank=trainer.global_rank if trainer else 0,
-            world_size=trainer.world_size if trainer else 1,
-            accumulate=trainer.accumulate_grad_batches if trainer else 1,
-            start_step=max(0, trainer.global_step - self.first_step) if trainer else 0,
-        )
-        return self._loader(SeededExamples(self.datasets["train"], self.seed), sampler, self.collator())
+        if trainer is None:  # used outside a Trainer, e.g. in a notebook
+            return 0, 1, 1, 0
+        steps_done = max(0, trainer.global_step - self.first_step)
+        return trainer.global_rank, trainer.world_size, trainer.accumulate_grad_batches, steps_done
 
-    def _streaming_loader(self) -> DataLoader:
-        trainer = self.trainer
-        accumulate = trainer.accumulate_grad_batches if trainer else 1
-        examples = StreamingExamples(
-            self.stream,
-            self.tokenizer,
-            self.max_seq_length,
-            self.short_seq_prob,
-            self.seed,
-            self.batch_size,
-            skip_documents=self.validation_documents,
-            rank=trainer.global_rank if trainer else 0,
-            world_size=trainer.world_size if trainer else 1,
-            start_batch=max(0, trainer.global_step - self.first_step) * accumulate if trainer else 0,
-            shuffle_buffer=self.shuffle_buffer,
-        )
-        return self._loader(examples, None, self.collator())
+    def train_dataloader(self) -> DataLoader:
+        """Batches in `StepSampler`'s order (or the stream's), from the step a resumed run left off at."""
+        rank, world_size, accumulate, steps_done = self._position()
+        if self.streaming:
+            examples = StreamingExamples(
+                self.stream,
+                self.tokenizer,
+                self.max_seq_length,
+                self.short_seq_prob,
+                self.seed,
+                self.batch_size,
+                skip_documents=self.validation_documents,
+                rank=rank,
+                world_size=world_size,
+                start_batch=steps_done * accumulate,
+                shuffle_buffer=self.shuffle_buffer,
+            )
+            return self._loader(examples, None, self.collator())
+        assert self.datasets is not None, "call setup() first"
+        train = self.datasets["train"]
+        sampler = StepSampler(len(train), self.batch_size, self.seed, rank, world_size, accumulate, steps_done)
+        return self._loader(SeededExamples(train, self.seed), sampler, self.collator())
 
     def val_dataloader(self) -> DataLoader:
         # The same masks at every validation and on any number of devices, so validation metrics compare.
