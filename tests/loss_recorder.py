@@ -39,3 +39,30 @@ class SignalAtStep(L.Callback):
         if trainer.global_step >= self.step and trainer.global_rank == 0 and not self.sent:
             self.sent = True
             os.kill(os.getpid(), self.signum)
+
+
+def global_norm(tensors) -> float:
+    import torch
+
+    return float(torch.linalg.vector_norm(torch.stack([t.detach().float().norm() for t in tensors])))
+
+
+class RecordGradNorms(L.Callback):
+    """Appends "raw applied" per optimizer step to `path`: the gradients' global L2 norm as backward left them
+    (before clipping) and as the optimizer's step used them (after clipping; read in a post-step hook, because
+    Lightning runs forward and backward inside `optimizer.step(closure)`, and neither optimizer changes them)."""
+
+    def __init__(self, path: str):
+        self.path, self.raw = path, None
+
+    def on_train_start(self, trainer, module):
+        for optimizer in trainer.optimizers:
+            optimizer.register_step_post_hook(self._applied)
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):  # Lightning calls it before clipping
+        self.raw = global_norm(p.grad for p in module.parameters() if p.grad is not None)
+
+    def _applied(self, optimizer, args, kwargs):
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        with open(self.path, "a") as f:
+            f.write(f"{self.raw} {global_norm(grads)}\n")

@@ -12,9 +12,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    import lightning as L
 
 from lightbert.errors import ConfigError
 
@@ -128,6 +132,33 @@ def poly_warmup_decay(warmup_steps: int, total_steps: int, power: float):
         return max(0.0, 1.0 - step / total_steps) ** power
 
     return factor
+
+
+def clip_gradients(trainer: L.Trainer, optimizer: torch.optim.Optimizer, max_value: float | None, algorithm) -> None:
+    """Clips the true gradients (global L2 norm, or each value) before `optimizer` steps, for every precision and
+    strategy the trainer configs use.
+
+    - fp32 and bf16-mixed: the gradients are already true values (bf16 autocast keeps fp32 weights and grads).
+    - 16-mixed: the gradients are scaled. Lightning unscales them before clipping, except for an optimizer that
+      unscales inside its step (the fused AdamW); for that one they are unscaled here, and `GradScaler.step` then
+      knows not to unscale again (it still skips the step on inf/NaN).
+    - FSDP: each device holds a shard, so the global norm is the FSDP module's `clip_grad_norm_`, which reduces the
+      shards' norms across devices (`torch.nn.utils.clip_grad_norm_` would clip each shard by its own norm).
+    """
+    if not max_value:
+        return
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+        scaler.unscale_(optimizer)
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    if algorithm == "value":  # Lightning's GradClipAlgorithmType is a str enum
+        torch.nn.utils.clip_grad_value_(parameters, max_value)
+    elif isinstance(trainer.strategy.model, FullyShardedDataParallel):
+        trainer.strategy.model.clip_grad_norm_(max_value)
+    else:
+        torch.nn.utils.clip_grad_norm_(parameters, max_value)
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig, total_steps: int) -> dict:

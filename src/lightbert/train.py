@@ -75,10 +75,23 @@ def _check_output_dir(output_dir: Path, resume: bool) -> Path | None:
 
 
 def _check_devices(cfg: DictConfig) -> None:
+    """Refuses, before anything is written, a trainer that cannot run on this machine's devices."""
     accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    choice = HydraConfig.get().runtime.choices.get("trainer") if HydraConfig.initialized() else None
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        choice = HydraConfig.get().runtime.choices.get("trainer") if HydraConfig.initialized() else None
-        raise UserError(f"trainer={choice or accelerator} needs a CUDA GPU and none is visible here; use trainer=cpu")
+        raise UserError(
+            f"trainer={choice or accelerator} needs a CUDA GPU and none is visible here; use trainer=cpu, or check "
+            "the command on CPU first with trainer.accelerator=cpu trainer.devices=2 trainer.max_steps=3"
+        )
+    strategy = cfg.trainer.get("strategy")
+    if isinstance(strategy, DictConfig) and str(strategy.get("_target_", "")).endswith("fsdp_strategy"):
+        if accelerator not in ("gpu", "cuda"):
+            # Lightning refuses FSDP without a GPU accelerator, and torch's FSDP needs an accelerator device.
+            raise UserError(
+                f"trainer={choice or 'fsdp'} runs FSDP, which needs CUDA GPUs: FSDP cannot run on CPU processes "
+                f"(trainer.accelerator={accelerator}). To check the rest of the command without a GPU, use "
+                "trainer=ddp trainer.accelerator=cpu trainer.devices=2 trainer.max_steps=3"
+            )
 
 
 def _explicit_model_overrides() -> list[str]:

@@ -7,7 +7,6 @@ Validation metrics are the leaderboard's, computed by torchmetrics over the whol
 
 from __future__ import annotations
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torchmetrics import (
@@ -21,8 +20,8 @@ from torchmetrics import (
 )
 
 from lightbert.data.glue import GlueTask, glue_task
-from lightbert.model import BertConfig, BertForSequenceClassification
-from lightbert.optim import OptimConfig, build_optimizer
+from lightbert.model import BertForSequenceClassification
+from lightbert.tasks.base import TaskModule
 
 
 def glue_metrics(spec: GlueTask) -> MetricCollection:
@@ -37,15 +36,13 @@ def glue_metrics(spec: GlueTask) -> MetricCollection:
     return MetricCollection({name: factories[name]() for name in spec.metrics})
 
 
-class SequenceClassificationModule(L.LightningModule):
+class SequenceClassificationModule(TaskModule):
     """Plain arguments (`save_hyperparameters` keeps plain containers; `load_from_checkpoint` just works)."""
 
     def __init__(self, model: dict, optim: dict, task: str):
-        super().__init__()
+        super().__init__(model, optim)
         self.save_hyperparameters()
         self.spec = glue_task(task)
-        self.config = BertConfig.from_dict(model)
-        self.optim_config = OptimConfig(**optim)
         self.model = BertForSequenceClassification(self.config, self.spec.num_labels)
         self.val_metrics = torch.nn.ModuleList(glue_metrics(self.spec) for _ in self.spec.validation_splits)
         self.val_losses = torch.nn.ModuleList(MeanMetric() for _ in self.spec.validation_splits)
@@ -90,6 +87,3 @@ class SequenceClassificationModule(L.LightningModule):
 
     def predict_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
         return {"idx": batch["idx"], "prediction": self.predictions(self(batch))}
-
-    def configure_optimizers(self) -> dict:
-        return build_optimizer(self.model, self.optim_config, int(self.trainer.estimated_stepping_batches))

@@ -7,23 +7,20 @@ is computed by torchmetrics over the whole split, on every device.
 
 from __future__ import annotations
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torchmetrics import Accuracy, MeanMetric
 
-from lightbert.model import BertConfig, BertForMultipleChoice
-from lightbert.optim import OptimConfig, build_optimizer
+from lightbert.model import BertForMultipleChoice
+from lightbert.tasks.base import TaskModule
 
 
-class MultipleChoiceModule(L.LightningModule):
+class MultipleChoiceModule(TaskModule):
     """Plain arguments (`save_hyperparameters` keeps plain containers; `load_from_checkpoint` just works)."""
 
     def __init__(self, model: dict, optim: dict, num_choices: int = 4):
-        super().__init__()
+        super().__init__(model, optim)
         self.save_hyperparameters()
-        self.config = BertConfig.from_dict(model)
-        self.optim_config = OptimConfig(**optim)
         self.model = BertForMultipleChoice(self.config)
         self.val_accuracy = Accuracy(task="multiclass", num_classes=num_choices)
         self.val_loss = MeanMetric()
@@ -46,6 +43,3 @@ class MultipleChoiceModule(L.LightningModule):
         self.log("val/loss", self.val_loss.compute())
         self.val_accuracy.reset()
         self.val_loss.reset()
-
-    def configure_optimizers(self) -> dict:
-        return build_optimizer(self.model, self.optim_config, int(self.trainer.estimated_stepping_batches))

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
 from lightbert.data.masking import IGNORE_INDEX
-from lightbert.model import BertConfig, BertForPreTraining
-from lightbert.optim import OptimConfig, build_optimizer
+from lightbert.model import BertForPreTraining
+from lightbert.tasks.base import TaskModule
 
 
-class PreTrainingModule(L.LightningModule):
+class PreTrainingModule(TaskModule):
     """loss = MLM cross-entropy (over the masked positions) + NSP cross-entropy, as in the reference.
 
     Takes plain dicts so `save_hyperparameters` stores plain containers and checkpoints load with
@@ -20,10 +19,8 @@ class PreTrainingModule(L.LightningModule):
     """
 
     def __init__(self, model: dict, optim: dict, sparse_mlm_head: bool = True):
-        super().__init__()
+        super().__init__(model, optim)
         self.save_hyperparameters()
-        self.config = BertConfig.from_dict(model)
-        self.optim_config = OptimConfig(**optim)
         self.sparse_mlm_head = sparse_mlm_head
         self.model = BertForPreTraining(self.config)
         # Validation aggregates: exact over the whole split and across devices (torchmetrics syncs them).
@@ -68,6 +65,3 @@ class PreTrainingModule(L.LightningModule):
             metric.update(out[name], weights.get(name, batch_size))
         for name, metric in self.val_sums.items():
             self.log(f"val/{name}", metric, prog_bar=name == "loss", on_step=False, on_epoch=True)
-
-    def configure_optimizers(self) -> dict:
-        return build_optimizer(self.model, self.optim_config, int(self.trainer.estimated_stepping_batches))

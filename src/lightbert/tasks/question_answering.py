@@ -12,14 +12,13 @@ windows (`lightbert.data.squad_answers`) and logs the official scores: `val/exac
 
 from __future__ import annotations
 
-import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from lightbert.data.batches import gather_dict
-from lightbert.model import BertConfig, BertForQuestionAnswering
-from lightbert.optim import OptimConfig, build_optimizer
+from lightbert.model import BertForQuestionAnswering
+from lightbert.tasks.base import TaskModule
 
 
 def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -32,14 +31,12 @@ def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, batch: dict[
     return (losses[0] + losses[1]) / 2
 
 
-class QuestionAnsweringModule(L.LightningModule):
+class QuestionAnsweringModule(TaskModule):
     """Plain arguments (`save_hyperparameters` keeps plain containers; `load_from_checkpoint` just works)."""
 
     def __init__(self, model: dict, optim: dict):
-        super().__init__()
+        super().__init__(model, optim)
         self.save_hyperparameters()
-        self.config = BertConfig.from_dict(model)
-        self.optim_config = OptimConfig(**optim)
         self.model = BertForQuestionAnswering(self.config)
         self._val_logits: dict[int, np.ndarray] = {}
 
@@ -76,6 +73,3 @@ class QuestionAnsweringModule(L.LightningModule):
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor]:
         return {"idx": batch["idx"], "prediction": self._window_logits(batch)}
-
-    def configure_optimizers(self) -> dict:
-        return build_optimizer(self.model, self.optim_config, int(self.trainer.estimated_stepping_batches))

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 
-from lightbert.model import BertConfig, BertForTokenClassification
+from lightbert.model import BertForTokenClassification
 from lightbert.model.feature_based import FeatureBasedTagger
 from lightbert.ner_eval import EntityF1
-from lightbert.optim import OptimConfig, build_optimizer
+from lightbert.tasks.base import TaskModule
 
 
-class TokenClassificationModule(L.LightningModule):
+class TokenClassificationModule(TaskModule):
     """Plain arguments (`save_hyperparameters` keeps plain containers; `load_from_checkpoint` just works)."""
 
     def __init__(
@@ -34,11 +33,9 @@ class TokenClassificationModule(L.LightningModule):
         lstm_hidden_size: int = 768,
         lstm_layers: int = 2,
     ):
-        super().__init__()
+        super().__init__(model, optim)
         self.save_hyperparameters()
         self.label_names = list(label_names)
-        self.config = BertConfig.from_dict(model)
-        self.optim_config = OptimConfig(**optim)
         if features is None:
             self.model = BertForTokenClassification(self.config, len(self.label_names))
         else:
@@ -73,7 +70,3 @@ class TokenClassificationModule(L.LightningModule):
 
     def predict_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
         return {"idx": batch["idx"], "prediction": self.word_predictions(self(batch), batch["word_starts"])}
-
-    def configure_optimizers(self) -> dict:
-        # Only what trains: a frozen encoder's parameters have requires_grad=False and stay out of the optimiser.
-        return build_optimizer(self.model, self.optim_config, int(self.trainer.estimated_stepping_batches))

@@ -1,0 +1,200 @@
+"""Every GPU trainer config's whole stack on CPU: its CPU twin keeps the precision plugin (bf16-mixed), strategy,
+callbacks and default optimizer (fused AdamW, or LAMB), and changes only the accelerator and the device count.
+
+A GPU config that no test runs is broken until one does: bf16-mixed + fused AdamW + gradient clipping crashed at
+the first optimizer step of every GPU trainer, and a CPU run with the same settings shows it at once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import compose_config, run_train_script, write_bert_corpus
+from glue_files import glue_data_files
+from ner_files import ner_data_files
+from omegaconf import OmegaConf
+from squad_files import squad_data_files
+from swag_files import swag_data_files
+
+from lightbert.train import train
+
+pytestmark = pytest.mark.slow
+
+TESTS = Path(__file__).parent
+DEVICES = {"gpu": 1, "ddp": 2, "ddp8": 2}  # the CPU twin's device count per trainer config
+TWO_PHASES = "task.phases=[{until:0.5,datamodule:{max_seq_length:32}},{until:1.0,datamodule:{max_seq_length:64}}]"
+
+
+def cpu_twin(trainer: str) -> list[str]:
+    """The README's dry run: the trainer config as it is, on CPU processes instead of GPUs."""
+    return [f"trainer={trainer}", "trainer.accelerator=cpu", f"trainer.devices={DEVICES[trainer]}"]
+
+
+def pretrain_overrides(corpus: Path, optimizer: str, phases: int) -> list[str]:
+    return [
+        "model=bert_tiny",
+        "corpus=text",
+        f"corpus.paths=[{corpus}]",
+        f"optim={optimizer}",
+        "task.batch_size=4",
+        "task.max_seq_length=64",
+        "task.datamodule.vocab_size=400",
+        "task.datamodule.dupe_factor=2",
+        "task.datamodule.num_workers=0",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "task.checkpoint_every_n_steps=2",
+        "logger=csv",
+        *([TWO_PHASES] if phases == 2 else []),
+    ]
+
+
+def finetune_overrides(family: str, data: Path, init_from: Path) -> list[str]:
+    """One task of each fine-tuning family, on small files in the hub's schema; one epoch of a few steps."""
+    common = [f"init_from={init_from}", "logger=csv", "trainer.max_steps=-1", "trainer.max_epochs=1"]
+    if family == "glue":
+        files = glue_data_files(data / "glue", "mrpc", "csv", num_rows=16)
+        task = ["task=glue/mrpc", "task.batch_size=4", "task.max_seq_length=32"]
+    elif family == "squad":
+        files = squad_data_files(data / "squad", "2.0", num_paragraphs=2)
+        task = ["task=squad_v2", "task.batch_size=8", "task.max_seq_length=64", "task.doc_stride=16"]
+        task.append("task.max_query_length=16")
+    elif family == "swag":
+        files = swag_data_files(data / "swag", "csv", sizes=(8, 4))
+        task = ["task=swag", "task.batch_size=2"]
+    else:
+        files = ner_data_files(data / "ner", "conll", sizes=(8, 4, 4))
+        task = ["task=conll2003", "task.batch_size=2"]
+        if family == "features":
+            task = ["task=conll2003_features", "task.batch_size=2", "task.lstm_hidden_size=16", "task.features=last"]
+    no_workers = ["task.datamodule.num_workers=0"]
+    return [*task, *common, *no_workers, *(f"task.data_files.{split}={path}" for split, path in files.items())]
+
+
+FAMILIES = ["glue", "squad", "ner", "swag", "features"]
+
+
+def run_twin(trainer: str, overrides: list[str], run_dir: Path) -> dict:
+    """One process (trainer=gpu's twin) runs in the test's process; DDP needs the entry point, which Lightning's
+    launcher starts again for the second device."""
+    if DEVICES[trainer] == 1:
+        return train(compose_config([*cpu_twin(trainer), *overrides], run_dir))
+    result = run_train_script(*cpu_twin(trainer), *overrides, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads((run_dir / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_bert_corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt", num_documents=30)
+
+
+# (trainer, optimizer, phases): every pre-training variant on trainer=gpu's twin (one process, cheap), and one
+# of each on the two DDP trainers.
+PRETRAINING = [
+    ("gpu", "adamw", 1),
+    ("gpu", "adamw", 2),
+    ("gpu", "lamb", 1),
+    ("gpu", "lamb", 2),
+    ("ddp", "lamb", 2),
+    ("ddp8", "adamw", 1),
+]
+
+
+@pytest.fixture(scope="module")
+def pretrained(corpus, tmp_path_factory) -> dict[tuple[str, str, int], Path]:
+    """The run directory of each pre-training variant, trained once for the module."""
+    runs = {}
+    for trainer, optimizer, phases in PRETRAINING:
+        run_dir = tmp_path_factory.mktemp(f"pretrain-{trainer}-{optimizer}-{phases}") / "run"
+        results = run_twin(trainer, pretrain_overrides(corpus, optimizer, phases), run_dir)
+        runs[trainer, optimizer, phases] = (run_dir, results)
+    return runs
+
+
+@pytest.mark.parametrize(("trainer", "optimizer", "phases"), PRETRAINING)
+def test_pretraining_runs_on_every_trainer_config(pretrained, trainer, optimizer, phases):
+    run_dir, results = pretrained[trainer, optimizer, phases]
+    assert results["global_step"] == 4
+    assert (run_dir / "results.json").is_file() and (run_dir / "checkpoints" / "last.ckpt").is_file()
+    config = OmegaConf.load(run_dir / ".hydra" / "config.yaml") if (run_dir / ".hydra").is_dir() else None
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
+    # What ran is the GPU config's stack: bf16 autocast, and the config's optimizer (fused AdamW by default).
+    assert checkpoint["hyper_parameters"]["optim"]["name"] == optimizer
+    optimizer_state = checkpoint["optimizer_states"][0]
+    assert optimizer_state["param_groups"][0]["fused" if optimizer == "adamw" else "adapt"] is True
+    assert len(checkpoint["optimizer_states"]) == 1
+    if config is not None:  # the entry point's record of the run
+        assert config.trainer.precision == "bf16-mixed" and config.trainer.gradient_clip_val == 1.0
+    metrics = results["metrics"]
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values()), metrics
+    assert "val/loss" in metrics
+
+
+# Fine-tuning: each family from the pre-training run of the same trainer. ddp8's twin composes to exactly ddp's
+# (asserted below), so it runs one family; the others would repeat ddp's runs.
+FINETUNING = [
+    *(("gpu", family) for family in FAMILIES),
+    *(("ddp", family) for family in FAMILIES),
+    ("ddp8", "glue"),
+]
+BASE_OF = {"gpu": ("gpu", "adamw", 1), "ddp": ("ddp", "lamb", 2), "ddp8": ("ddp8", "adamw", 1)}
+
+
+@pytest.mark.parametrize(("trainer", "family"), FINETUNING)
+def test_fine_tuning_runs_on_every_trainer_config(pretrained, trainer, family, tmp_path):
+    base_dir, _ = pretrained[BASE_OF[trainer]]
+    results = run_twin(trainer, finetune_overrides(family, tmp_path / "data", base_dir), tmp_path / "run")
+    assert results["global_step"] > 0
+    assert results["monitor"] and results["best_score"] is not None
+    assert (tmp_path / "run" / "results.json").is_file()
+    if family in ("glue", "squad", "ner", "features"):  # the families that write prediction files
+        assert results["predictions"], results
+
+
+def test_ddp8_twin_is_ddp_twin(tmp_path):
+    """On CPU, ddp8 with devices=2 is the same Trainer as ddp with devices=2: same precision, strategy, clipping."""
+    configs = [compose_config(cpu_twin(name), tmp_path / "run").trainer for name in ("ddp", "ddp8")]
+    assert OmegaConf.to_container(configs[0], resolve=True) == OmegaConf.to_container(configs[1], resolve=True)
+
+
+@pytest.mark.parametrize("trainer", ["gpu", "ddp", "ddp8", "fsdp", "fsdp8"])
+def test_every_trainer_config_keeps_bf16_and_clipping(tmp_path, trainer):
+    cfg = compose_config([f"trainer={trainer}"], tmp_path / "run")
+    assert cfg.trainer.precision == "bf16-mixed"
+    assert cfg.trainer.gradient_clip_val == 1.0
+    assert cfg.optim.fused is None  # the fused kernel, the fastest correct AdamW
+
+
+def dry_run(trainer: str, corpus: Path, run_dir: Path) -> list[str]:
+    return [
+        f"trainer={trainer}",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.max_steps=3",
+        "model=bert_tiny",
+        "corpus=text",
+        f"corpus.paths=[{corpus}]",
+        "task.datamodule.vocab_size=400",
+        "task.datamodule.num_workers=0",
+        "logger=csv",
+        f"hydra.run.dir={run_dir}",
+    ]
+
+
+def test_readme_dry_run_works_for_ddp(corpus, tmp_path):
+    """The README's check of a cluster command on a laptop, as written there."""
+    result = run_train_script(*dry_run("ddp8", corpus, tmp_path / "run"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["global_step"] == 3
+
+
+def test_readme_dry_run_of_fsdp_says_what_it_needs(corpus, tmp_path):
+    """FSDP cannot run on CPU (Lightning and torch refuse it): the dry run stops at once, with one message."""
+    result = run_train_script(*dry_run("fsdp8", corpus, tmp_path / "run"))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "FSDP" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
