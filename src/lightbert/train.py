@@ -84,14 +84,14 @@ def _check_devices(cfg: DictConfig) -> None:
             "the command on CPU first with trainer.accelerator=cpu trainer.devices=2 trainer.max_steps=3"
         )
     strategy = cfg.trainer.get("strategy")
-    if isinstance(strategy, DictConfig) and str(strategy.get("_target_", "")).endswith("fsdp_strategy"):
-        if accelerator not in ("gpu", "cuda"):
-            # Lightning refuses FSDP without a GPU accelerator, and torch's FSDP needs an accelerator device.
-            raise UserError(
-                f"trainer={choice or 'fsdp'} runs FSDP, which needs CUDA GPUs: FSDP cannot run on CPU processes "
-                f"(trainer.accelerator={accelerator}). To check the rest of the command without a GPU, use "
-                "trainer=ddp trainer.accelerator=cpu trainer.devices=2 trainer.max_steps=3"
-            )
+    fsdp = isinstance(strategy, DictConfig) and str(strategy.get("_target_", "")).endswith("fsdp_strategy")
+    if fsdp and accelerator not in ("gpu", "cuda"):
+        # Lightning refuses FSDP without a GPU accelerator, and torch's FSDP needs an accelerator device.
+        raise UserError(
+            f"trainer={choice or 'fsdp'} runs FSDP, which needs CUDA GPUs: FSDP cannot run on CPU processes "
+            f"(trainer.accelerator={accelerator}). To check the rest of the command without a GPU, use "
+            "trainer=ddp trainer.accelerator=cpu trainer.devices=2 trainer.max_steps=3"
+        )
 
 
 def _explicit_model_overrides() -> list[str]:
