@@ -4,7 +4,7 @@ import pytest
 import torch
 from test_model import TINY
 
-from lightbert.callbacks import Throughput, step_flops
+from lightbert.callbacks import Throughput, gpu_peak_flops, step_flops
 from lightbert.model import BertForPreTraining, BertForSequenceClassification
 
 
@@ -52,3 +52,23 @@ def test_no_mfu_without_a_known_peak_or_with_a_frozen_encoder():
     frozen = BertForSequenceClassification(TINY, 2)
     frozen.bert.requires_grad_(False)
     assert "train/mfu" not in logged_after_one_step(frozen, batch)
+
+
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA A100 80GB PCIe", 312e12),
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA L40S", 362e12),
+        ("NVIDIA GeForce RTX 4090", 165e12),
+        ("Tesla V100-SXM2-16GB", None),  # no bf16 tensor cores: no MFU rather than a wrong one
+    ],
+)
+def test_gpu_peak_of_the_gpus_people_use(monkeypatch, name, peak):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert gpu_peak_flops(torch.device("cuda", 0)) == peak
+    assert gpu_peak_flops(torch.device("cpu")) is None

@@ -9,15 +9,31 @@ import torch
 
 from lightbert.model import BertConfig, BertForPreTraining
 
-# Dense bf16 peak FLOP/s of the tensor cores (NVIDIA datasheets, SXM parts): the denominator of MFU.
-GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+# Dense (not 2:4 sparse) bf16 tensor-core peak FLOP/s with fp32 accumulation, from NVIDIA's datasheets: the
+# denominator of MFU. Matched in order against `torch.cuda.get_device_name()` ("NVIDIA H100 80GB HBM3",
+# "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090", ...), so a variant precedes its family.
+GPU_PEAK_BF16 = (
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),  # SXM
+    ("H200", 989e12),
+    ("GH200", 989e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("L4", 121e12),
+    ("A10", 125e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
+)
 
 
 def gpu_peak_flops(device: torch.device) -> float | None:
+    """The GPU's dense bf16 peak, or None (CPU, or a GPU not in the table: no `train/mfu` then)."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in GPU_PEAK_BF16.items() if key in name), None)
+    return next((peak for key, peak in GPU_PEAK_BF16 if key in name), None)
 
 
 def step_flops(config: BertConfig, lengths: torch.Tensor, num_predictions: int | torch.Tensor = 0):

@@ -14,6 +14,11 @@ def fsdp_strategy(sharding_strategy: str = "FULL_SHARD", activation_checkpointin
 
     Only `BertLayer`s are wrapped, so the word embeddings and the MLM decoder that shares their weight
     stay in the root unit: a tied parameter must live in one FSDP unit.
+
+    Checkpoints are full state dicts, gathered and written by rank 0 through the trainer's checkpoint IO
+    (`AtomicCheckpointIO`): one `last.ckpt` file like every other trainer's, which resumes on any device count
+    and converts to Hugging Face as it is. (Sharded checkpoints would be directories written by
+    torch.distributed.checkpoint, outside the checkpoint IO, so neither atomic nor loadable by `init_from`.)
     """
     if not torch.cuda.is_available():
         raise UserError(
@@ -25,4 +30,5 @@ def fsdp_strategy(sharding_strategy: str = "FULL_SHARD", activation_checkpointin
         auto_wrap_policy=layers,
         activation_checkpointing_policy=layers if activation_checkpointing else None,
         sharding_strategy=sharding_strategy,
+        state_dict_type="full",
     )

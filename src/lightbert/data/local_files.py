@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import datasets
@@ -79,17 +80,30 @@ def require_tokenizer(tokenizer: object, tokenizer_path: str | None, task: str) 
         )
 
 
-def save_cache(parts: dict[str, datasets.Dataset], cached_dir: Path, extra_files: dict[str, str] | None = None) -> None:
-    """`parts` as a DatasetDict at `cached_dir` (plus small text files), all or nothing.
+def publish_directory(final: Path, write) -> None:
+    """Calls `write(tmp)` to fill a directory beside `final`, then renames it into place, all or nothing.
 
-    Written beside the final place, then renamed: an interrupted run leaves no half cache, and of two processes
-    preparing the same data the second simply drops its copy.
+    An interrupted run leaves no half directory. Of several processes preparing the same data, on this node or on
+    other nodes sharing the file system (`trainer.num_nodes>1`: local rank 0 of every node prepares), each writes
+    its own temporary directory (host and pid in the name) and whichever renames second drops its copy.
     """
-    tmp = cached_dir.with_name(cached_dir.name + f".tmp{os.getpid()}")
-    datasets.DatasetDict(parts).save_to_disk(str(tmp))
-    for name, text in (extra_files or {}).items():
-        (tmp / name).write_text(text)
-    if cached_dir.exists():
-        shutil.rmtree(tmp)
-    else:
-        tmp.rename(cached_dir)
+    tmp = final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    write(tmp)
+    try:
+        tmp.rename(final)
+    except OSError:
+        if not final.exists():
+            raise
+        shutil.rmtree(tmp)  # another process published the same data first
+
+
+def save_cache(parts: dict[str, datasets.Dataset], cached_dir: Path, extra_files: dict[str, str] | None = None) -> None:
+    """`parts` as a DatasetDict at `cached_dir` (plus small text files), all or nothing (`publish_directory`)."""
+
+    def write(tmp: Path) -> None:
+        datasets.DatasetDict(parts).save_to_disk(str(tmp))
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+
+    if not cached_dir.exists():
+        publish_directory(cached_dir, write)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from functools import cached_property
 from itertools import islice
 from pathlib import Path
@@ -21,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from lightbert.data.batches import UnpaddedDistributedSampler, is_distributed
 from lightbert.data.corpus import DemoCorpus, HFCorpus, TextCorpus, digest
+from lightbert.data.local_files import publish_directory
 from lightbert.data.masking import MaskingCollator
 from lightbert.data.pretraining import create_pretraining_examples
 from lightbert.data.resumable import SeededExamples, StepSampler
@@ -185,13 +185,7 @@ class PretrainDataModule(L.LightningDataModule):
                 for name, split in (("train", splits["train"]), ("validation", splits["test"]))
             }
         )
-        # Write next to the final place, then rename: an interrupted run never leaves a half cache behind.
-        tmp = self.examples_dir.with_name(self.examples_dir.name + f".tmp{os.getpid()}")
-        examples.save_to_disk(str(tmp))
-        if self.examples_dir.exists():  # another process finished first
-            shutil.rmtree(tmp)
-        else:
-            tmp.rename(self.examples_dir)
+        publish_directory(self.examples_dir, lambda tmp: examples.save_to_disk(str(tmp)))
         documents.cleanup_cache_files()  # the intermediate maps; the saved examples are all that is needed
 
     def _num_proc(self, num_rows: int) -> int | None:

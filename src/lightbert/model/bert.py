@@ -74,6 +74,10 @@ class BertSelfAttention(nn.Module):
             return t.view(batch, seq_len, self.num_heads, self.head_size).transpose(1, 2)
 
         dropout_p = self.dropout_p if self.training else 0.0
+        # On CUDA a boolean mask rules out the flash kernel; the memory-efficient one takes the mask and dropout in
+        # bf16 (it pads the mask's last dimension to its alignment itself). No query row is fully masked (the mask
+        # hides keys, and every sequence has real tokens), so no kernel meets the all-masked softmax that gives NaN.
+        # Never run on a GPU here: bench/RESULTS.md says what has.
         out = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=attn_mask, dropout_p=dropout_p)
         out = out.transpose(1, 2).reshape(batch, seq_len, hidden)  # (B, A, T, D) -> (B, T, H)
         return tokens.unpad(out) if tokens is not None else out

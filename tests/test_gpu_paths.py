@@ -1,0 +1,58 @@
+"""What the GPU-only paths do that a CPU can check: FSDP's wrapping and checkpoints, CUDA RNG states in
+checkpoints, several nodes' world size. (Clipping under FSDP and fp16: tests/test_precision.py.)"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import lightning as L
+import torch
+
+from lightbert.checkpointing import rng_states, set_rng_states
+from lightbert.data.resumable import StepSampler
+from lightbert.model import BertConfig, BertForPreTraining
+from lightbert.model.bert import BertLayer
+
+
+def test_fsdp_wraps_each_block_and_keeps_tied_weights_in_the_root():
+    with mock.patch("torch.cuda.is_available", return_value=True):  # fsdp_strategy refuses a machine without CUDA
+        from lightbert.strategies import fsdp_strategy
+
+        strategy = fsdp_strategy()
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=32)
+    model = BertForPreTraining(config)
+    units = strategy.kwargs["auto_wrap_policy"]._run_policy(model, set(), {})
+    assert [type(unit) for unit in units] == [BertLayer] * 3
+    word_embeddings = model.bert.embeddings.word_embeddings.weight
+    assert model.cls.predictions.decoder.weight is word_embeddings  # tied ...
+    assert not any(p is word_embeddings for unit in units for p in unit.parameters())  # ... and in the root unit
+    # One full checkpoint file, written through the trainer's checkpoint IO (AtomicCheckpointIO) by rank 0.
+    assert strategy._state_dict_type == "full"
+
+
+def test_cuda_rng_states_go_into_checkpoints_and_back(monkeypatch, tmp_path):
+    """ResumableRNG saves every CUDA generator's state with the CPU ones; they load with weights_only=True."""
+    cuda_states = [torch.randint(0, 255, (16,), dtype=torch.uint8) for _ in range(2)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: cuda_states)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.extend)
+    torch.save({"rng_states": [rng_states()]}, tmp_path / "c.ckpt")
+    states = torch.load(tmp_path / "c.ckpt", weights_only=True)["rng_states"][0]
+    expected_cpu = torch.get_rng_state()
+    torch.rand(3)
+    set_rng_states(states)
+    assert torch.equal(torch.get_rng_state(), expected_cpu)
+    assert [s.tolist() for s in restored] == [s.tolist() for s in cuda_states]
+
+
+def test_several_nodes_shard_the_steps_over_every_device():
+    """trainer.num_nodes multiplies the world size the step sampler shards over (2 nodes x 2 devices = 4)."""
+    trainer = L.Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False)
+    assert trainer.world_size == 4
+    samplers = [StepSampler(64, batch_size=4, seed=1, rank=r, world_size=trainer.world_size) for r in range(4)]
+    order = [list(iter(s)) for s in samplers]
+    seen = [i for rank in order for _, i in rank]
+    assert len(seen) == len(set(seen)) == 64  # each example once per epoch, on one device
+    assert all(len(rank) == 16 for rank in order)
