@@ -34,10 +34,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import lightning as L
 import torch
 import torch.nn.functional as F
 import transformers
 import yaml
+from omegaconf import open_dict
 
 from lightbert.callbacks import gpu_peak_flops, step_flops
 from lightbert.data.batches import PaddingCollator
@@ -264,13 +266,119 @@ def bench_data(args, datamodule: PretrainDataModule) -> float:
     return tokenizer_s / prepare_s
 
 
+class StepTimer(L.Callback):
+    """Wall-clock time between the ends of consecutive training steps: everything the Trainer does per step (data
+    loading, forward, backward, clipping, optimizer, schedule, callbacks, logging, progress bar)."""
+
+    latest: StepTimer | None = None  # train(cfg) builds its callbacks from the config: this is how to read it back
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+        StepTimer.latest = self
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        synchronize(module.device)
+        self.ends.append(time.perf_counter())
+
+
+def step_seconds(ends: list[float], warmup: int) -> list[float]:
+    return [b - a for a, b in zip(ends[warmup:], ends[warmup + 1 :], strict=False)]
+
+
+def trainer_path_config(args, device: torch.device, out_dir: Path, steps: int):
+    """The config `python src/train.py model=... trainer=...` runs, for `steps` steps without a validation."""
+    from lightbert.train import compose_config
+
+    overrides = [
+        f"model={args.model}",
+        f"trainer={args.trainer}",
+        f"trainer.accelerator={'cpu' if device.type == 'cpu' else 'gpu'}",
+        "trainer.devices=1",
+        f"task.batch_size={args.batch_size}",
+        f"task.max_seq_length={args.seq_len}",
+        f"task.datamodule.vocab_size={VOCAB_SIZE}",
+        f"trainer.max_steps={steps}",
+        f"trainer.val_check_interval={steps + 1}",  # no validation inside the timed steps
+        f"task.checkpoint_every_n_steps={steps + 1}",
+        f"logger={args.logger}",
+        f"seed={args.seed}",
+    ]
+    if args.dtype == "bf16" and device.type == "cpu":
+        overrides.append("trainer.precision=bf16-mixed")
+    return compose_config(overrides, out_dir)
+
+
+def hand_loop(cfg, steps: int, device: torch.device) -> list[float]:
+    """The same module, DataModule, optimizer, schedule, precision and clipping as the Trainer run, in a plain loop."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from lightbert.optim import build_optimizer
+
+    L.seed_everything(cfg.seed)
+    datamodule = instantiate(cfg.task.datamodule, _partial_=True)()
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    model = dict(OmegaConf.to_container(cfg.model, resolve=True))
+    model.update(vocab_size=datamodule.tokenizer.vocab_size, pad_token_id=datamodule.tokenizer.pad_id)
+    optim = OmegaConf.to_container(cfg.optim, resolve=True)
+    module = instantiate(cfg.task.module, model=model, optim=optim, _convert_="all").to(device)
+    schedule = build_optimizer(module.model, module.optim_config, int(cfg.trainer.max_steps))
+    optimizer, scheduler = schedule["optimizer"], schedule["lr_scheduler"]["scheduler"]
+    bf16 = "bf16" in str(cfg.trainer.precision)
+    clip = cfg.trainer.gradient_clip_val
+    ends = []
+    module.train()
+    for batch in datamodule.train_dataloader():
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = module._step(batch)["loss"]
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        synchronize(device)
+        ends.append(time.perf_counter())
+        if len(ends) == steps:
+            break
+    return ends
+
+
+def bench_trainer_path(args, device: torch.device) -> float:
+    """Per-step time of pre-training through `lightbert.train.train` (L.Trainer with the configured trainer,
+    callbacks, logger and the real DataModule) over the same steps in a hand-written loop; rounds alternate."""
+    from lightbert.train import train
+
+    steps = args.warmup + args.repeats + 1
+    times: dict[str, list[float]] = {"trainer": [], "hand loop": []}
+    for _ in range(2):
+        with tempfile.TemporaryDirectory() as out:
+            cfg = trainer_path_config(args, device, Path(out) / "run", steps)
+            with open_dict(cfg):
+                cfg.callbacks.step_timer = {"_target_": f"{__name__}.StepTimer"}
+            train(cfg)
+            times["trainer"] += step_seconds(StepTimer.latest.ends, args.warmup)
+            times["hand loop"] += step_seconds(hand_loop(cfg, steps, device), args.warmup)
+    trainer_s, loop_s = (statistics.median(times[k]) for k in ("trainer", "hand loop"))
+    print(
+        f"trainer path   trainer={args.trainer} {args.model}, batch {args.batch_size} x {args.seq_len}: "
+        f"Trainer {trainer_s * 1e3:.1f} ms/step, hand loop {loop_s * 1e3:.1f} ms/step "
+        f"(medians of {len(times['trainer'])} steps each)"
+    )
+    return trainer_s / loop_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="bert_base", help="a conf/model/ size: bert_base, bert_small, ...")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=None, help="pre-training batch (default 8 CPU, 64 GPU)")
     parser.add_argument("--finetune-batch-size", type=int, default=32)
-    parser.add_argument("--part", choices=["pretrain", "finetune", "data", "all"], default="all")
+    parser.add_argument("--part", choices=["pretrain", "finetune", "data", "trainer", "all"], default="all")
+    parser.add_argument("--trainer", default=None, help="--part trainer: the trainer config (default cpu, or gpu)")
+    parser.add_argument("--logger", default="csv", help="--part trainer: the logger config (csv, wandb, ...)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default=None, help="default fp32 CPU, bf16 GPU")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for both sides")
@@ -288,6 +396,7 @@ def main() -> None:
     device = torch.device(args.device)
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     args.batch_size = args.batch_size or (64 if device.type == "cuda" else 8)
+    args.trainer = args.trainer or ("gpu" if device.type == "cuda" else "cpu")
     torch.set_num_threads(args.threads)
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on both sides
 
@@ -313,6 +422,9 @@ def main() -> None:
         print(f"data preparation (to cached examples) vs tokenizer alone: {bench_data(args, datamodule):.2f}x")
     if args.part in ("finetune", "all"):
         print(f"fine-tuning speedup vs transformers: {bench_finetune(args, datamodule, device, peak):.2f}x")
+    if args.part in ("trainer", "all"):
+        ratio = bench_trainer_path(args, device)
+        print(f"trainer path (src/train.py) per step over the hand loop: {ratio:.2f}x (1.00: no overhead)")
     if args.part in ("pretrain", "all"):
         print(f"speedup vs transformers: {bench_pretrain(args, datamodule, device, peak):.2f}x")
 
