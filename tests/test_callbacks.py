@@ -1,5 +1,7 @@
 """The throughput callback: tokens/s of real tokens, and MFU as useful FLOPs over the peak."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from test_model import TINY
@@ -23,7 +25,8 @@ def logged_after_one_step(model: torch.nn.Module, batch: dict, peak: float | Non
     callback, module = Throughput(peak_flops=peak), RecordingModule(model)
     callback.on_fit_start(None, module)
     callback.on_train_batch_start(None, module, batch, 0)
-    callback.on_train_batch_end(None, module, None, batch, 0)
+    trainer = SimpleNamespace(_logger_connector=SimpleNamespace(should_update_logs=True))  # a step that is logged
+    callback.on_train_batch_end(trainer, module, None, batch, 0)
     return module.logged
 
 

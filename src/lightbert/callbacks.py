@@ -85,7 +85,10 @@ class Throughput(L.Callback):
             return
         now = time.perf_counter()
         seconds, self._last = now - self._last, now
-        if seconds > 0:
+        # Only on the steps the loggers write (trainer.log_every_n_steps): a log() call costs about a millisecond,
+        # which is 1% of a small model's CPU step. The rate is still the step's own. (Lightning's LearningRateMonitor
+        # asks the same private flag.)
+        if seconds > 0 and trainer._logger_connector.should_update_logs:
             # Logged as device tensors: read (one sync) only when Lightning writes the logs, never every step.
             # Without a per-step sync a step's wall time can shift to the next one, but over the steps between two
             # logs the GPU's queue keeps the total honest. An example is the first dimension: (B, T), or (B, C, T).
