@@ -171,3 +171,14 @@ def test_speed_switches_train_and_keep_checkpoint_names(tmp_path, corpus_file):
         assert state and not [k for k in state if "_orig_mod" in k]
         PreTrainingModule.load_from_checkpoint(results["last_checkpoint"])  # strict: every name as in a plain model
         assert math.isfinite(results["metrics"]["val/loss"])
+
+
+def test_wandb_init_settings_pass_through_to_the_run(tmp_path, corpus_file):
+    """A team's settings (+logger.wandb.entity=..., notes, ...) reach the W&B run; a misspelled one is named."""
+    overrides = [*SMALL, *text_corpus_overrides(corpus_file), "trainer.max_steps=2", "trainer.val_check_interval=2"]
+    overrides += ["+logger.wandb.entity=myteam", "+logger.wandb.notes=first try", "logger.wandb.project=bert-study"]
+    train(compose_config(overrides, tmp_path / "run"))
+    logged = offline_run(tmp_path / "run")
+    assert (logged["entity"], logged["project"], logged["notes"]) == ("myteam", "bert-study", "first try")
+    with pytest.raises(UserError, match="logger.wandb.entitty is not a wandb.init setting; valid: .*entity"):
+        train(compose_config([*overrides, "+logger.wandb.entitty=x"], tmp_path / "run2"))

@@ -49,13 +49,15 @@ def _key(item) -> str:
 
 
 def offline_run(run_dir: Path) -> dict:
-    """{"name", "group", "tags", "config": {key: value}, "history": [{metric: value}], "summary": {metric: value}}."""
+    """{"name", "group", "tags", "entity", "project", "notes", "config": {key: value}, "history": [{metric: value}],
+    "summary": {metric: value}}."""
     (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     run = {"config": {}, "history": [], "summary": {}}
     for record in records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run.update(name=record.run.display_name, group=record.run.run_group, tags=list(record.run.tags))
+            run.update(entity=record.run.entity, project=record.run.project, notes=record.run.notes)
         elif kind == "config":
             run["config"].update({_key(i): json.loads(i.value_json) for i in record.config.update})
         elif kind == "history":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import netrc
 import os
 from pathlib import Path
@@ -34,9 +35,18 @@ def wandb_logger(
     group: str | None = None,
     tags: list[str] | None = None,
     mode: str = "auto",
+    **init_settings,
 ) -> WandbLogger:
+    """A WandbLogger for this run. Any other `wandb.init` setting passes through: `+logger.wandb.entity=myteam`,
+    `+logger.wandb.notes=...`, `+logger.wandb.dir=...`."""
     if mode not in WANDB_MODES:
         raise UserError(f"logger.wandb.mode {mode!r} is not one of {list(WANDB_MODES)}")
+    import wandb
+
+    valid = set(inspect.signature(wandb.init).parameters) - {"id", "resume", "reinit", "config"}
+    unknown = sorted(set(init_settings) - valid)
+    if unknown:
+        raise UserError(f"logger.wandb.{unknown[0]} is not a wandb.init setting; valid: {', '.join(sorted(valid))}")
     if mode == "auto":
         mode = os.environ.get("WANDB_MODE") or ("online" if wandb_has_credentials() else "offline")
     tags = [str(t) for t in tags or [] if t not in (None, "", "None")]  # e.g. no sweep= choice
@@ -56,9 +66,10 @@ def wandb_logger(
         project=project,
         name=name,
         group=group,
-        job_type="multirun" if "multirun" in tags else "run",
+        job_type=init_settings.pop("job_type", "multirun" if "multirun" in tags else "run"),
         tags=tags,
         save_dir=save_dir,
         mode=mode,
         log_model=False,  # checkpoints stay in the run directory; uploading them is the user's choice
+        **init_settings,
     )
