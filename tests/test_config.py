@@ -70,3 +70,13 @@ def test_misspelled_key_on_the_command_line_exits_with_the_message():
     assert result.returncode == 2
     assert "Did you mean task.batch_size?" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_shell_completion_installs_and_answers_queries():
+    """Hydra's own flags pass the key check: `-sc install=bash` prints the script, a query lists options."""
+    installed = run_train_script("-sc", "install=bash")
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    assert "hydra_bash_completion" in installed.stdout
+    query = run_train_script("-sc", "query=bash", COMP_LINE="python src/train.py trainer=dd")
+    assert query.returncode == 0, query.stderr[-2000:]
+    assert set(query.stdout.split()) == {"trainer=ddp", "trainer=ddp8"}

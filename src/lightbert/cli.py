@@ -65,6 +65,8 @@ def check_command_line(argv: list[str], conf_dir: Path = CONF_DIR, config_name: 
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         args = get_args_parser().parse_args(argv)
+        if args.shell_completion or args.help or args.hydra_help or args.info:
+            return  # Hydra's own flags: `-sc install=bash` and `-sc query=...` take words that are no overrides
         overrides = OverridesParser.create().parse_overrides(args.overrides)
     except BaseException:
         return
