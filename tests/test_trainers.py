@@ -186,6 +186,11 @@ def test_readme_dry_run_works_for_ddp(corpus, tmp_path):
     result = run_train_script(*dry_run("ddp8", corpus, tmp_path / "run"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["global_step"] == 3
+    # The console names the run directory and what runs, once (not once per process), before training.
+    lines = result.stdout.splitlines()
+    assert lines.count(f"lightbert: run directory: {tmp_path / 'run'}") == 1, result.stdout
+    summary = [line for line in lines if line.startswith("lightbert: pretrain: L2/H128/A2 (from scratch)")]
+    assert len(summary) == 1 and "2 x cpu, strategy ddp, bf16-mixed, 3 steps" in summary[0], result.stdout
 
 
 def test_readme_dry_run_of_fsdp_says_what_it_needs(corpus, tmp_path):

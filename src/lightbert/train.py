@@ -169,6 +169,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message=".*exists and is not empty.*")
     warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")  # Lightning internals vs newer torch
     output_dir = Path(cfg.paths.output_dir)
+    log.info(f"run directory: {output_dir}")
     resume_from = _check_output_dir(output_dir, bool(cfg.get("resume", False)))
     _check_devices(cfg)
     # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
@@ -177,6 +178,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     init_from = cfg.get("init_from")
     pretrained = load_pretrained(str(init_from)) if init_from else None
     model_config = _checked_model_config(cfg, pretrained)
+    log.info(_describe_run(cfg, model_config))
     try:
         tokenizer_kwargs = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}
         # Partial, then called: objects passed through instantiate() would be turned into configs.
@@ -224,6 +226,30 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         return results
     finally:
         _finish_wandb()
+
+
+def _describe_run(cfg: DictConfig, model: dict) -> str:
+    """One line: what is trained on what data, where, how long."""
+    sizes = f"L{model['num_hidden_layers']}/H{model['hidden_size']}/A{model['num_attention_heads']}"
+    source = f"init_from={cfg.init_from}" if cfg.get("init_from") else "from scratch"
+    if cfg.task.name == "pretrain":
+        corpus = cfg.get("corpus") or {}
+        data = f"corpus {corpus.get('name') or ','.join(corpus.get('paths') or []) or 'demo'}"
+    else:
+        files = {k: v for k, v in (cfg.task.get("data_files") or {}).items() if v}
+        data = ", ".join(f"{k}={v}" for k, v in files.items()) if files else "the hub's data"
+    trainer = cfg.trainer
+    devices = f"{trainer.devices} x {trainer.accelerator}" + (
+        f" x {trainer.num_nodes} nodes" if trainer.num_nodes > 1 else ""
+    )
+    strategy = trainer.strategy if isinstance(trainer.strategy, str) else "fsdp"
+    length = (
+        f"{trainer.max_steps} steps" if trainer.max_steps and trainer.max_steps > 0 else f"{trainer.max_epochs} epochs"
+    )
+    return (
+        f"{cfg.task.name}: {sizes} ({source}) on {data}; {devices}, strategy {strategy}, {trainer.precision}, "
+        f"{length}, batch {cfg.task.batch_size} per device"
+    )
 
 
 def _apply_speed_switches(module: L.LightningModule, speed: DictConfig | dict) -> None:

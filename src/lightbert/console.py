@@ -1,0 +1,22 @@
+"""What reaches the console: lightbert's own log records (data cut or repaired, the checkpoint `init_from` loaded,
+phases, "nothing to resume"), from the first process only. `conf/hydra/default.yaml` wires this in; every record
+also goes to the run's `train.log`."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+# Where launchers put a process's global rank (the same variables Lightning's rank_zero_only reads).
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+
+
+def global_rank() -> int:
+    return next((int(os.environ[v]) for v in RANK_VARIABLES if os.environ.get(v, "").isdigit()), 0)
+
+
+class RankZero(logging.Filter):
+    """Passes the records of the first process: DDP's other processes run the same code and would repeat them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return global_rank() == 0
