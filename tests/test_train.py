@@ -119,12 +119,25 @@ def test_entry_point_with_default_wandb_logger_runs_offline(tmp_path, corpus_fil
         "trainer.max_steps=4",
         "trainer.val_check_interval=2",
         "trainer.log_every_n_steps=1",
+        "callbacks.console_report.every_seconds=0",
         *text_corpus_overrides(corpus_file),
         f"hydra.run.dir={tmp_path / 'run'}",
         WANDB_API_KEY="",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "lightbert: finished 4 steps" in result.stdout
+    # Not a terminal: plain progress lines (every step here), every validation, on the console and in train.log
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"lightbert: run directory: {tmp_path / 'run'}"
+    progress = [line for line in lines if line.startswith("lightbert: step ")]
+    assert [line.split(",")[0] for line in progress] == [f"lightbert: step {n}/4" for n in (1, 2, 3, 4)], lines
+    assert all("train/loss" in line and "tokens/s" in line for line in progress)
+    validations = [line for line in lines if line.startswith("lightbert: validation at step ")]
+    assert [line.split(":")[1] for line in validations] == [" validation at step 2", " validation at step 4"]
+    log_file = (tmp_path / "run" / "train.log").read_text()
+    assert "validation at step 4: val/loss=" in log_file and "step 3/4, train/loss" in log_file
+    for noise in ("litlogger", "weights_only", "anonymous setting", "Total FLOPs"):
+        assert noise not in result.stdout + result.stderr, noise
     run = tmp_path / "run"
     assert (run / "results.json").is_file() and (run / "metrics.csv").is_file()
     assert list((run / "wandb").glob("offline-run-*")), "W&B ran offline, without prompting"

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
 
 import lightning as L
 import torch
 
 from lightbert.model import BertConfig, BertForPreTraining
+
+log = logging.getLogger(__name__)
 
 # Dense (not 2:4 sparse) bf16 tensor-core peak FLOP/s with fp32 accumulation, from NVIDIA's datasheets: the
 # denominator of MFU. Matched in order against `torch.cuda.get_device_name()` ("NVIDIA H100 80GB HBM3",
@@ -104,3 +108,51 @@ class Throughput(L.Callback):
 
     def on_validation_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self._last = None
+
+
+class ConsoleReport(L.Callback):
+    """Progress as plain lines through lightbert's logger (the console, once, and train.log): every validation's
+    metrics, and when stdout is no terminal (SLURM, nohup; no progress bar to look at) the training loss, throughput
+    and learning rate at most every `every_seconds`. Nothing here waits for the GPU between two lines."""
+
+    def __init__(self, every_seconds: float = 30.0) -> None:
+        self.every_seconds = every_seconds
+        self._since: float | None = None
+        self._examples = 0
+        self._tokens: torch.Tensor | int = 0
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: dict, batch_idx: int) -> None:
+        if self._since is None:  # the first step of the run: from its own start
+            self._since = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, outputs: object, batch: dict, batch_idx: int
+    ) -> None:
+        if trainer.global_rank != 0 or sys.stdout.isatty() or not isinstance(batch, dict) or self._since is None:
+            return
+        now = time.perf_counter()
+        mask = batch.get("attention_mask")
+        if mask is not None:  # summed on the device: read once per line, not once per step
+            self._examples, self._tokens = self._examples + mask.shape[0], self._tokens + mask.sum()
+        step = trainer.global_step
+        if now - self._since < self.every_seconds and step != 1 and step != trainer.max_steps:
+            return
+        seconds, self._since = max(now - self._since, 1e-9), now
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else trainer.estimated_stepping_batches
+        parts = [f"step {step}/{int(total)}"]
+        if isinstance(loss, torch.Tensor):
+            parts.append(f"train/loss {float(loss):.4f}")
+        parts.append(f"{self._examples / seconds:.1f} examples/s, {float(self._tokens) / seconds:.0f} tokens/s")
+        if trainer.optimizers:
+            parts.append(f"lr {trainer.optimizers[0].param_groups[0]['lr']:.3g}")
+        log.info(", ".join(parts))
+        self._examples, self._tokens = 0, 0
+
+    def on_validation_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.global_rank != 0:
+            return
+        metrics = {k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("val/")}
+        shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+        log.info(f"validation at step {trainer.global_step}: {shown}")
+        self._since = time.perf_counter()  # validation time is not training throughput

@@ -139,7 +139,7 @@ class LatestCheckpoint(L.Callback):
         if latest is None or latest.dirpath is None:
             return
         path = Path(latest.dirpath) / f"{latest.filename or 'last'}{latest.FILE_EXTENSION}"
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the whole state: what resume=true continues from
         if why:
             log.warning(f"{why}: saved {path} at step {trainer.global_step}; rerun the command with resume=true")
 

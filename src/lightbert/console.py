@@ -20,3 +20,17 @@ class RankZero(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return global_rank() == 0
+
+
+class DropAdvertisements(logging.Filter):
+    """Drops Lightning's tips for other products (the litlogger tip at every Trainer start)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip: For seamless cloud logging" not in record.getMessage()
+
+
+def quiet_lightning_tips() -> None:
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch"):
+        target = logging.getLogger(name)
+        if not any(isinstance(f, DropAdvertisements) for f in target.filters):
+            target.addFilter(DropAdvertisements())

@@ -60,7 +60,7 @@ def wandb_logger(
     Path(save_dir).mkdir(parents=True, exist_ok=True)
     # One W&B run per run directory: a run resumed there (resume=true, a SLURM requeue) continues the same W&B run.
     run_id = hashlib.sha256(str(Path(save_dir).resolve()).encode()).hexdigest()[:16]
-    return WandbLogger(
+    logger = WandbLogger(
         id=run_id,
         resume="allow",
         project=project,
@@ -73,3 +73,7 @@ def wandb_logger(
         log_model=False,  # checkpoints stay in the run directory; uploading them is the user's choice
         **init_settings,
     )
+    # Lightning passes wandb.init an `anonymous` setting even when unset, and wandb warns that it has no effect.
+    if logger._wandb_init.get("anonymous") is None:
+        logger._wandb_init.pop("anonymous", None)
+    return logger

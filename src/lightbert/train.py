@@ -26,6 +26,7 @@ from omegaconf.errors import MissingMandatoryValue
 from lightbert import RESULTS_FILE
 from lightbert.checkpointing import AtomicCheckpointIO
 from lightbert.cli import CONF_DIR
+from lightbert.console import quiet_lightning_tips
 from lightbert.data.batches import gather_dict
 from lightbert.errors import ConfigError, UserError
 from lightbert.interop import Pretrained, load_into, load_pretrained
@@ -172,6 +173,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     log.info(f"run directory: {output_dir}")
     resume_from = _check_output_dir(output_dir, bool(cfg.get("resume", False)))
     _check_devices(cfg)
+    quiet_lightning_tips()
     # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     L.seed_everything(cfg.seed, workers=True)
@@ -217,7 +219,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 plugins=[AtomicCheckpointIO(), *[_instantiate(p) for p in cfg.trainer.get("plugins") or []]],
                 **({"max_steps": phase.end_step} if len(phases) > 1 else {}),
             )
-            trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
             resume_from = output_dir / LAST_CHECKPOINT  # the next phase starts from this one's weights and optimizer
         results = _results(trainer, output_dir, time.time() - started)
         results["predictions"] = _write_test_predictions(trainer, module, datamodule, output_dir)
@@ -330,7 +332,7 @@ def _write_test_predictions(trainer: L.Trainer, module, datamodule, output_dir: 
         return []
     checkpoint = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
     ckpt_path = checkpoint.best_model_path if checkpoint is not None and checkpoint.best_model_path else None
-    batches = trainer.predict(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    batches = trainer.predict(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     if len(datamodule.predict_splits) == 1:
         batches = [batches]
     merged = []
