@@ -80,3 +80,19 @@ def test_shell_completion_installs_and_answers_queries():
     query = run_train_script("-sc", "query=bash", COMP_LINE="python src/train.py trainer=dd")
     assert query.returncode == 0, query.stderr[-2000:]
     assert set(query.stdout.split()) == {"trainer=ddp", "trainer=ddp8"}
+
+
+def test_help_names_every_option_of_every_group_and_no_private_base():
+    result = run_train_script("--help")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    for group in ("model", "task", "corpus", "optim", "trainer", "logger", "cluster", "sweep", "experiment"):
+        start = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{group}="))
+        text = lines[start].split("=", 1)[1]
+        for line in lines[start + 1 :]:  # continuation lines: indented, no group of their own
+            if "=" in line or not line.startswith("        "):
+                break
+            text += " " + line
+        listed = text.split("(")[0].replace(",", " ").split()
+        assert sorted(listed) == group_options(group, CONF_DIR), group
+    assert "_squad" not in result.stdout and "_glue" not in result.stdout and "_default" not in result.stdout
