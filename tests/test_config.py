@@ -96,3 +96,8 @@ def test_help_names_every_option_of_every_group_and_no_private_base():
         listed = text.split("(")[0].replace(",", " ").split()
         assert sorted(listed) == group_options(group, CONF_DIR), group
     assert "_squad" not in result.stdout and "_glue" not in result.stdout and "_default" not in result.stdout
+
+
+@pytest.mark.parametrize("choice", ["logger=many", "logger=[wandb,tensorboard]"])
+def test_several_loggers_at_once(tmp_path, choice):
+    assert set(compose_config([choice], tmp_path).logger) == {"csv", "wandb", "tensorboard"}

@@ -195,3 +195,11 @@ def test_wandb_init_settings_pass_through_to_the_run(tmp_path, corpus_file):
     assert (logged["entity"], logged["project"], logged["notes"]) == ("myteam", "bert-study", "first try")
     with pytest.raises(UserError, match="logger.wandb.entitty is not a wandb.init setting; valid: .*entity"):
         train(compose_config([*overrides, "+logger.wandb.entitty=x"], tmp_path / "run2"))
+
+
+@pytest.mark.parametrize(("debug", "steps"), [("fdr", 1), ("limit", 20)])
+def test_debug_configs_run(tmp_path, corpus_file, debug, steps):
+    """debug=fdr: one batch of each stage; debug=limit: 20 steps with short validations."""
+    results = train(compose_config([*FAST, *text_corpus_overrides(corpus_file), f"debug={debug}"], tmp_path / "run"))
+    assert results["global_step"] == steps
+    assert math.isfinite(results["metrics"]["val/loss"])
