@@ -9,16 +9,19 @@ import pytest
 import torch
 from conftest import compose_config, run_train_script
 from glue_files import glue_data_files, write_glue_file
+from omegaconf import OmegaConf
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from test_interop import write_hf_bert
+from wandb_files import offline_run
 
 from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.glue import TASKS, encode_examples, truncate_pair
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError
+from lightbert.interop import load_pretrained
 from lightbert.tasks.classification import SequenceClassificationModule, glue_metrics
-from lightbert.train import train
+from lightbert.train import size_name, train
 
 REFERENCE = {
     "accuracy": accuracy_score,
@@ -270,3 +273,20 @@ def test_hub_data_without_network_says_to_give_local_files(hf_dir, tmp_path, mon
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(UserError, match=r"could not load nyu-mll/glue/qnli.*task.data_files.train=PATH"):
         run_glue(tmp_path, hf_dir, "qnli", {})
+
+
+def test_a_fine_tune_records_the_checkpoints_model_not_the_model_default(hf_dir, tmp_path):
+    """init_from decides the sizes: the run's name, W&B tags and .hydra/config.yaml say the model that ran."""
+    files = glue_data_files(tmp_path / "data", "sst2", "csv", num_rows=8)
+    overrides = [o for o in glue_overrides("sst2", files, hf_dir) if o != "logger=csv"] + ["trainer.max_steps=1"]
+    run = tmp_path / "run"
+    cfg = compose_config(overrides, run)
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))  # as Hydra writes it before the run
+    assert cfg.model.num_hidden_layers == 4  # model=bert_mini, the default
+    train(cfg)
+    expected = size_name(load_pretrained(str(hf_dir)).config)
+    logged = offline_run(run)
+    assert logged["name"] == f"sst2-{expected}" and expected in logged["tags"] and "bert_mini" not in logged["tags"]
+    recorded = OmegaConf.load(run / ".hydra" / "config.yaml")
+    assert recorded.model.num_hidden_layers == load_pretrained(str(hf_dir)).config["num_hidden_layers"]

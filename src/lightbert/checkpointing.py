@@ -30,6 +30,16 @@ from lightbert.data.batches import is_distributed
 log = logging.getLogger(__name__)
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """`text` into `path`, written beside it and renamed into place: never half a file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes a checkpoint next to its destination, then renames it into place.
 

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from lightbert import RESULTS_FILE
-from lightbert.checkpointing import AtomicCheckpointIO
+from lightbert.checkpointing import AtomicCheckpointIO, write_atomically
 from lightbert.cli import CONF_DIR
 from lightbert.console import quiet_lightning_tips
 from lightbert.data.batches import gather_dict
@@ -180,6 +180,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     init_from = cfg.get("init_from")
     pretrained = load_pretrained(str(init_from)) if init_from else None
     model_config = _checked_model_config(cfg, pretrained)
+    if pretrained is not None:
+        _record_checkpoint_model(cfg, model_config, output_dir)
     log.info(_describe_run(cfg, model_config))
     try:
         tokenizer_kwargs = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}
@@ -228,6 +230,35 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         return results
     finally:
         _finish_wandb()
+
+
+DEFAULT_MODEL_NAME = "${hydra:runtime.choices.model}"
+
+
+def size_name(model: dict, conf_dir: Path = CONF_DIR) -> str:
+    """The conf/model/ size with these sizes (e.g. bert_base), else L<layers>-H<hidden>-A<heads>."""
+    for path in sorted((conf_dir / "model").glob("*.yaml")):
+        sizes = OmegaConf.to_container(OmegaConf.load(path))
+        if all(model.get(field) == sizes.get(field) for field in SIZE_FIELDS if field in sizes):
+            return path.stem
+    return f"L{model['num_hidden_layers']}-H{model['hidden_size']}-A{model['num_attention_heads']}"
+
+
+def _record_checkpoint_model(cfg: DictConfig, model: dict, output_dir: Path) -> None:
+    """Under init_from the checkpoint decides the model: the config, the run's name and its W&B tags say the model
+    that runs, not the `model=` default (a fine-tune of a bert_tiny checkpoint is not "sst2-bert_mini")."""
+    name = size_name(model)
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    with open_dict(cfg):
+        cfg.model = {k: v for k, v in model.items() if k != "vocab_size"}
+        if raw.get("run_name") == "${task.name}-" + DEFAULT_MODEL_NAME:
+            cfg.run_name = f"{cfg.task.name}-{name}"
+        wandb = (raw.get("logger") or {}).get("wandb") or {}
+        if DEFAULT_MODEL_NAME in (wandb.get("tags") or []):
+            cfg.logger.wandb.tags = [name if t == DEFAULT_MODEL_NAME else t for t in wandb["tags"]]
+    hydra_record = output_dir / ".hydra" / "config.yaml"
+    if hydra_record.is_file() and rank_zero_only.rank == 0:  # Hydra wrote the composed config before the run
+        write_atomically(hydra_record, OmegaConf.to_yaml(cfg))
 
 
 def _describe_run(cfg: DictConfig, model: dict) -> str:
@@ -367,7 +398,7 @@ def _results(trainer: L.Trainer, output_dir: Path, seconds: float) -> dict[str, 
         "monitor": checkpoint.monitor if checkpoint else None,
         "best_score": float(best) if best is not None else None,
         "global_step": trainer.global_step,
-        "best_checkpoint": checkpoint.best_model_path if checkpoint else None,
+        "best_checkpoint": (checkpoint.best_model_path or None) if checkpoint else None,  # None: no validation ran
         "last_checkpoint": str(output_dir / LAST_CHECKPOINT) if (output_dir / LAST_CHECKPOINT).is_file() else None,
         "tokenizer": str(output_dir / "tokenizer.json"),
         "output_dir": str(output_dir),
@@ -383,6 +414,8 @@ def _write_results(results: dict[str, Any], output_dir: Path) -> None:
     shown = [f"{k}={v:.4f}" for k, v in metrics.items() if k.startswith("val/")][:6]
     if results["monitor"] and results["best_score"] is not None:
         shown.append(f"best {results['monitor']}={results['best_score']:.4f}")
+    if not shown:
+        shown = ["no validation ran: raise trainer.max_steps or lower trainer.val_check_interval"]
     outputs = [RESULTS_FILE, "metrics.csv", "checkpoints/", "tokenizer.json"]
     if results.get("predictions"):
         outputs.append("predictions/")
