@@ -5,6 +5,7 @@ Thin on purpose: Hydra composes the config from conf/, `lightbert.train.train` d
 
 import signal
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -13,6 +14,7 @@ from omegaconf import DictConfig
 
 from lightbert.cli import check_command_line
 from lightbert.errors import UserError
+from lightbert.sweep import record_failed_job
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
@@ -36,7 +38,10 @@ def main(cfg: DictConfig) -> float | None:
     except UserError as error:
         print(f"lightbert: error: {error}", file=sys.stderr)
         if HydraConfig.get().mode == RunMode.MULTIRUN:
-            raise  # Hydra records the failed job, runs the others, and reports it at the end
+            # The sweep goes on with the other jobs; the summary lists this one with its error, and the command
+            # exits with 2 at the end (lightbert.sweep.SweepSummary), without a traceback.
+            record_failed_job(Path(HydraConfig.get().runtime.output_dir), error)
+            return None
         sys.exit(2)
 
 

@@ -78,15 +78,22 @@ def test_multirun_over_learning_rates_ends_with_a_summary_of_both_jobs(hf_dir, t
     assert "| 0 | sst2 | ok | 2e-05 |" in md and "| 1 | sst2 | ok | 5e-05 |" in md
     # Each job is its own W&B run (offline here) in its own directory.
     assert all(list((sweep / job / "wandb").glob("offline-run-*")) for job in ("0", "1"))
+    # The end of the command says where the summary is and which configuration won.
+    assert f"lightbert: 2 jobs, 0 failed; summary in {sweep / 'summary.md'}" in result.stdout
+    best = max(rows, key=lambda r: float(r["best"]))
+    assert f"lightbert: best sst2: job {best['job']} (optim.lr={best['optim.lr']})" in result.stdout
 
 
 @pytest.mark.slow
 def test_a_failed_job_does_not_stop_the_sweep_and_is_in_the_summary(hf_dir, tmp_path):
     # max_seq_length 4 is refused: the first job fails
-    result, rows, _ = run_sweep("rte", hf_dir, tmp_path, "task.max_seq_length=4,32", "logger=csv")
+    result, rows, sweep = run_sweep("rte", hf_dir, tmp_path, "task.max_seq_length=4,32", "logger=csv")
     assert result.returncode != 0 and "max_seq_length must be at least 8" in result.stderr
     assert [(r["task.max_seq_length"], r["status"]) for r in rows] == [("4", "failed"), ("32", "ok")]
     assert "max_seq_length" in rows[0]["error"]
+    job_rows = [line for line in (sweep / "summary.md").read_text().splitlines() if line.startswith("| 0 |")]
+    assert "max_seq_length must be at least 8" in job_rows[0]  # summary.md says why the job failed
+    assert "lightbert: 2 jobs, 1 failed; summary in" in result.stdout
 
 
 @pytest.mark.slow

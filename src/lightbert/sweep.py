@@ -12,6 +12,7 @@ import csv
 import json
 import logging
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -135,8 +136,9 @@ def write_summary(sweep_dir: Path) -> list[dict]:
     if common:
         lines += ["Common overrides: " + " ".join(f"`{k}={v}`" for k, v in sorted(common.items())), ""]
     lines += ["## Jobs", ""]
+    errors = any(r["error"] for r in rows)  # a failed job's error, in its row, so the summary says why
     lines += _md_table(
-        ["job", "task", "status", *varying, "monitor", "best"],
+        ["job", "task", "status", *varying, "monitor", "best", *(["error"] if errors else [])],
         [
             [
                 r["job"],
@@ -145,6 +147,7 @@ def write_summary(sweep_dir: Path) -> list[dict]:
                 *(r["overrides"].get(k, "") for k in varying),
                 r["monitor"],
                 _fmt(r["best"]),
+                *([r["error"].replace("\n", " ")] if errors else []),
             ]
             for r in rows
         ],
@@ -210,6 +213,12 @@ def _feature_table(rows: list[dict]) -> list[str]:
     return ["", "## Feature-based approach (paper Table 7)", ""] + _md_table(["Layers", FEATURES_KEY, monitor], table)
 
 
+def record_failed_job(job_dir: Path, error: BaseException) -> None:
+    """Marks a multirun job as failed, with its error: what summary.csv/.md show for it."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / FAILED_FILE).write_text(f"{type(error).__name__}: {error}\n")
+
+
 class SweepSummary(Callback):
     """Hydra callback (conf/hydra/default.yaml): keeps summary.csv/.md of a multirun up to date."""
 
@@ -218,16 +227,30 @@ class SweepSummary(Callback):
             return
         output_dir = Path(config.hydra.runtime.output_dir)
         if job_return.status == JobStatus.FAILED:
-            error = job_return._return_value
-            (output_dir / FAILED_FILE).write_text(f"{type(error).__name__}: {error}\n")
+            record_failed_job(output_dir, job_return._return_value)
         self._write(Path(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        self._write(Path(config.hydra.sweep.dir))
+        sweep_dir = Path(config.hydra.sweep.dir)
+        rows = self._write(sweep_dir)
+        if not rows:
+            return
+        failed = sum(r["status"] == "failed" for r in rows)
+        print(f"lightbert: {len(rows)} jobs, {failed} failed; summary in {sweep_dir / SUMMARY_MD}")
+        varying = _varying_keys(rows)
+        for best in best_per_task(rows):
+            overrides = " ".join(f"{k}={best['overrides'][k]}" for k in varying if k in best["overrides"])
+            print(
+                f"lightbert: best {best['task']}: job {best['job']} ({overrides or 'the only configuration'}), "
+                f"{best['monitor']}={_fmt(best['best'])}"
+            )
+        if failed:
+            sys.exit(2)  # a sweep with a failed job is not a success, for a shell or a scheduler either
 
     @staticmethod
-    def _write(sweep_dir: Path) -> None:
+    def _write(sweep_dir: Path) -> list[dict]:
         try:
-            write_summary(sweep_dir)
+            return write_summary(sweep_dir)
         except Exception as error:  # a summary problem must never fail the jobs that already ran
             log.warning("could not write the sweep summary in %s: %s", sweep_dir, error)
+            return []
