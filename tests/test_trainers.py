@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import compose_config, run_train_script, write_bert_corpus
 from glue_files import glue_data_files
-from ner_files import ner_data_files
+from ner_files import ner_data_files, ner_sentences, write_conll_text
 from omegaconf import OmegaConf
 from squad_files import squad_data_files
 from swag_files import swag_data_files
@@ -199,3 +199,38 @@ def test_readme_dry_run_of_fsdp_says_what_it_needs(corpus, tmp_path):
     assert result.returncode == 2, result.stderr[-3000:]
     assert "FSDP" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_console_says_what_a_user_must_know(corpus, tmp_path):
+    """Phases, "nothing to resume", the checkpoint init_from loaded, heads started fresh and data that was cut reach
+    the console (stdout), each once, after the run directory and before training."""
+    pretrain = run_train_script(
+        *pretrain_overrides(corpus, "adamw", phases=2), "resume=true", f"hydra.run.dir={tmp_path / 'pre'}"
+    )
+    assert pretrain.returncode == 0, pretrain.stderr[-3000:]
+    lines = pretrain.stdout.splitlines()
+    assert lines[0] == f"lightbert: run directory: {tmp_path / 'pre'}"
+    assert lines[1].startswith(f"lightbert: resume=true and no {tmp_path / 'pre' / 'checkpoints' / 'last.ckpt'} yet")
+    assert sum(line.startswith("lightbert: phase 1/2: steps 0-2") for line in lines) == 1
+    assert sum(line.startswith("lightbert: phase 2/2: steps 2-4") for line in lines) == 1
+
+    sentences = ner_sentences(8, seed=1)
+    sentences.append((["river"] * 300, ["O"] * 300))  # 300 words: cut at task.max_seq_length
+    files = {"train": write_conll_text(tmp_path / "train.txt", sentences)}
+    files["validation"] = write_conll_text(tmp_path / "dev.txt", ner_sentences(4, seed=2))
+    finetune = run_train_script(
+        "task=conll2003",
+        f"init_from={tmp_path / 'pre'}",
+        "logger=csv",
+        "trainer.max_steps=2",
+        "task.datamodule.num_workers=0",
+        *(f"task.data_files.{split}={path}" for split, path in files.items()),
+        f"hydra.run.dir={tmp_path / 'ner'}",
+    )
+    assert finetune.returncode == 0, finetune.stderr[-3000:]
+    out = finetune.stdout
+    best = json.loads((tmp_path / "pre" / "results.json").read_text())["best_checkpoint"]
+    assert out.count(f"lightbert: init_from={tmp_path / 'pre'}: its best checkpoint, {best}") == 1, out
+    assert out.count("lightbert: initialised fresh, not in") == 1 and "classifier.weight" in out
+    assert out.count("1 sentence(s) longer than task.max_seq_length=128 sub-tokens were cut") == 1, out
+    assert out.index("lightbert: run directory") < out.index("were cut") < out.index("lightbert: finished")

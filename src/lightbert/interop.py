@@ -96,9 +96,11 @@ def _from_lightning_checkpoint(path: Path) -> Pretrained:
 
 def _from_run_dir(path: Path) -> Pretrained:
     results = json.loads((path / RESULTS_FILE).read_text())
+    which = "best" if results.get("best_checkpoint") else "last"
     checkpoint = results.get("best_checkpoint") or results.get("last_checkpoint")
     if not checkpoint or not Path(checkpoint).is_file():
         raise UserError(f"the run in {path} has no checkpoint on disk; give a .ckpt file instead")
+    log.info(f"init_from={path}: its {which} checkpoint, {checkpoint}")
     return _from_lightning_checkpoint(Path(checkpoint))
 
 
@@ -207,7 +209,7 @@ def load_into(model: torch.nn.Module, pretrained: Pretrained) -> list[str]:
     tied = "cls.predictions.decoder.weight"  # loaded through the word embeddings it shares
     fresh = sorted(k for k in expected if k not in usable and k != tied)
     if fresh:
-        log.info("initialised fresh (not in %s): %s", pretrained.source, ", ".join(fresh))
+        log.info("initialised fresh, not in %s: %s", pretrained.source, ", ".join(fresh))
     return fresh
 
 
