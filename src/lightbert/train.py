@@ -14,6 +14,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from datasets.utils import logging as datasets_logging
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -174,6 +175,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     resume_from = _check_output_dir(output_dir, bool(cfg.get("resume", False)))
     _check_devices(cfg)
     quiet_lightning_tips()
+    datasets_logging.disable_progress_bar()  # on only around maps worth watching (data.local_files.progress_bars_for)
     # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     L.seed_everything(cfg.seed, workers=True)

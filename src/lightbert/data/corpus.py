@@ -24,6 +24,7 @@ from pathlib import Path
 
 import datasets
 
+from lightbert.data.local_files import progress_bars_for
 from lightbert.data.sentences import split_document, split_sentences
 from lightbert.errors import UserError
 
@@ -174,14 +175,15 @@ class HFCorpus:
     def load(self, cache_dir: Path, num_proc: int | None = None) -> datasets.Dataset:
         raw = self._load_dataset(cache_dir, streaming=False)
         self._check_text_column(raw.column_names)
-        return raw.map(
-            _split_rows,
-            batched=True,
-            input_columns=[self.text_column],
-            remove_columns=raw.column_names,
-            num_proc=num_proc if num_proc and len(raw) >= 1000 else None,
-            desc="Splitting documents into sentences",
-        )
+        with progress_bars_for(len(raw)):
+            return raw.map(
+                _split_rows,
+                batched=True,
+                input_columns=[self.text_column],
+                remove_columns=raw.column_names,
+                num_proc=num_proc if num_proc and len(raw) >= 1000 else None,
+                desc="Splitting documents into sentences",
+            )
 
     def stream(self, cache_dir: Path) -> Iterator[list[str]]:
         """The rows read one at a time with `streaming=True`, each split into sentences; nothing downloaded whole."""

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from lightbert.data.batches import PaddingCollator
 from lightbert.data.finetuning import FineTuningDataModule
-from lightbert.data.local_files import check_data_files, read_hub, read_local, save_cache
+from lightbert.data.local_files import check_data_files, progress_bars_for, read_hub, read_local, save_cache
 from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
 
@@ -270,19 +270,20 @@ class GlueDataModule(FineTuningDataModule):
         encoded = {}
         for split in (*self.fit_splits, *self.predict_splits):
             raw = self._load_raw(split)
-            encoded[split] = raw.map(
-                encode_examples,
-                batched=True,
-                remove_columns=[c for c in raw.column_names if c not in ("label", "idx")],
-                fn_kwargs={
-                    "tokenizer": self.tokenizer,
-                    "text_columns": self.spec.text_columns,
-                    "max_seq_length": self.max_seq_length,
-                },
-                num_proc=self._num_proc(len(raw)),
-                load_from_cache_file=False,  # cached as a whole below
-                desc=f"Tokenizing {self.spec.name} {split}",
-            )
+            with progress_bars_for(len(raw)):
+                encoded[split] = raw.map(
+                    encode_examples,
+                    batched=True,
+                    remove_columns=[c for c in raw.column_names if c not in ("label", "idx")],
+                    fn_kwargs={
+                        "tokenizer": self.tokenizer,
+                        "text_columns": self.spec.text_columns,
+                        "max_seq_length": self.max_seq_length,
+                    },
+                    num_proc=self._num_proc(len(raw)),
+                    load_from_cache_file=False,  # cached as a whole below
+                    desc=f"Tokenizing {self.spec.name} {split}",
+                )
         save_cache(encoded, self.cached_dir)
 
     def _num_proc(self, num_rows: int) -> int | None:

@@ -6,6 +6,9 @@ import csv
 import os
 import shutil
 import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import datasets
@@ -107,3 +110,24 @@ def save_cache(parts: dict[str, datasets.Dataset], cached_dir: Path, extra_files
 
     if not cached_dir.exists():
         publish_directory(cached_dir, write)
+
+
+# datasets' progress bars are worth watching from this many rows on; a map of a few thousand rows takes seconds.
+PROGRESS_BAR_ROWS = 10_000
+
+
+@contextmanager
+def progress_bars_for(num_rows: int) -> Iterator[None]:
+    """datasets' progress bars on for a map of at least PROGRESS_BAR_ROWS rows with a terminal to show them, off
+    otherwise (the tiny maps of a quick run, or a log file under SLURM where bars are noise)."""
+    from datasets.utils import logging as datasets_logging
+
+    was_on = datasets_logging.is_progress_bar_enabled()
+    if num_rows >= PROGRESS_BAR_ROWS and sys.stderr.isatty():
+        datasets_logging.enable_progress_bar()
+    else:
+        datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        (datasets_logging.enable_progress_bar if was_on else datasets_logging.disable_progress_bar)()

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from lightbert.data.batches import UnpaddedDistributedSampler, is_distributed
 from lightbert.data.corpus import DemoCorpus, HFCorpus, TextCorpus, digest
-from lightbert.data.local_files import publish_directory
+from lightbert.data.local_files import progress_bars_for, publish_directory
 from lightbert.data.masking import MaskingCollator
 from lightbert.data.pretraining import create_pretraining_examples
 from lightbert.data.resumable import SeededExamples, StepSampler
@@ -152,16 +152,19 @@ class PretrainDataModule(L.LightningDataModule):
         documents = self.documents
         tokenizer = self.tokenizer
         num_proc = self._num_proc(len(documents))
-        documents = documents.map(
-            _tokenize_documents,
-            batched=True,
-            remove_columns=documents.column_names,
-            fn_kwargs={"tokenizer": tokenizer},
-            features=datasets.Features({"sentence_ids": datasets.Sequence(datasets.Sequence(datasets.Value("int32")))}),
-            num_proc=num_proc,
-            load_from_cache_file=False,  # cached as a whole below, under a key datasets' hash can't compute
-            desc="Tokenizing sentences",
-        )
+        with progress_bars_for(len(documents)):
+            documents = documents.map(
+                _tokenize_documents,
+                batched=True,
+                remove_columns=documents.column_names,
+                fn_kwargs={"tokenizer": tokenizer},
+                features=datasets.Features(
+                    {"sentence_ids": datasets.Sequence(datasets.Sequence(datasets.Value("int32")))}
+                ),
+                num_proc=num_proc,
+                load_from_cache_file=False,  # cached as a whole below, under a key datasets' hash can't compute
+                desc="Tokenizing sentences",
+            )
         if len(documents) < 2:
             raise UserError(
                 f"the corpus has {len(documents)} usable document(s) (documents with at least one sentence that "

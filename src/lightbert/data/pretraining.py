@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import datasets
 
+from lightbert.data.local_files import progress_bars_for
+
 IS_NEXT, NOT_NEXT = 0, 1  # Hugging Face's convention for `next_sentence_label`
 
 
@@ -164,23 +166,24 @@ def create_pretraining_examples(
     num_proc: int | None = None,
 ) -> datasets.Dataset:
     """Examples from a dataset with a `sentence_ids` column (documents of tokenized sentences)."""
-    return documents.map(
-        _create_instances_batch,
-        batched=True,
-        batch_size=256,
-        with_indices=True,
-        remove_columns=documents.column_names,
-        features=EXAMPLE_FEATURES,
-        num_proc=num_proc,
-        load_from_cache_file=False,  # the caller caches the result; datasets' hash can't see code changes here
-        fn_kwargs={
-            "documents": documents,
-            "max_seq_length": max_seq_length,
-            "short_seq_prob": short_seq_prob,
-            "dupe_factor": dupe_factor,
-            "seed": seed,
-            "cls_id": cls_id,
-            "sep_id": sep_id,
-        },
-        desc="Creating sentence-pair examples",
-    )
+    with progress_bars_for(len(documents)):
+        return documents.map(
+            _create_instances_batch,
+            batched=True,
+            batch_size=256,
+            with_indices=True,
+            remove_columns=documents.column_names,
+            features=EXAMPLE_FEATURES,
+            num_proc=num_proc,
+            load_from_cache_file=False,  # the caller caches the result; datasets' hash can't see code changes here
+            fn_kwargs={
+                "documents": documents,
+                "max_seq_length": max_seq_length,
+                "short_seq_prob": short_seq_prob,
+                "dupe_factor": dupe_factor,
+                "seed": seed,
+                "cls_id": cls_id,
+                "sep_id": sep_id,
+            },
+            desc="Creating sentence-pair examples",
+        )

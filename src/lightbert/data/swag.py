@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from lightbert.data.batches import pad_batch
 from lightbert.data.finetuning import FineTuningDataModule
 from lightbert.data.glue import truncate_pair
-from lightbert.data.local_files import check_data_files, read_hub, read_local, save_cache
+from lightbert.data.local_files import check_data_files, progress_bars_for, read_hub, read_local, save_cache
 from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
 
@@ -128,14 +128,15 @@ class SwagDataModule(FineTuningDataModule):
         parts = {}
         for split in SPLITS:
             raw = self._load_raw(split)
-            encoded = raw.map(
-                encode_choices,
-                batched=True,
-                remove_columns=[c for c in raw.column_names if c != "label"],
-                fn_kwargs={"tokenizer": self.tokenizer, "max_seq_length": self.max_seq_length},
-                load_from_cache_file=False,  # cached as a whole below
-                desc=f"Tokenizing SWAG {split}",
-            )
+            with progress_bars_for(len(raw)):
+                encoded = raw.map(
+                    encode_choices,
+                    batched=True,
+                    remove_columns=[c for c in raw.column_names if c != "label"],
+                    fn_kwargs={"tokenizer": self.tokenizer, "max_seq_length": self.max_seq_length},
+                    load_from_cache_file=False,  # cached as a whole below
+                    desc=f"Tokenizing SWAG {split}",
+                )
             parts[split] = encoded.add_column("idx", list(range(len(encoded))))
         save_cache(parts, self.cached_dir)
 
