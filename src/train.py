@@ -12,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from lightbert.cli import check_command_line
+from lightbert.cli import answer_completion_query, check_command_line
 from lightbert.errors import UserError
 from lightbert.sweep import record_failed_job
 
@@ -46,5 +46,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    answer_completion_query(sys.argv[1:])
     check_command_line(sys.argv[1:])
     main()

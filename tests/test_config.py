@@ -80,6 +80,13 @@ def test_shell_completion_installs_and_answers_queries():
     query = run_train_script("-sc", "query=bash", COMP_LINE="python src/train.py trainer=dd")
     assert query.returncode == 0, query.stderr[-2000:]
     assert set(query.stdout.split()) == {"trainer=ddp", "trainer=ddp8"}
+    # Options in subdirectories are offered, the shared bases (_squad, _glue) are not
+    tasks = run_train_script("-sc", "query=bash", COMP_LINE="python src/train.py task=").stdout.split()
+    assert "task=glue/mrpc" in tasks and "task=squad_v2" in tasks and not [t for t in tasks if "=_" in t]
+    glue = run_train_script("-sc", "query=bash", COMP_LINE="python src/train.py model=bert_tiny task=glue/m")
+    assert set(glue.stdout.split()) == {"task=glue/mnli", "task=glue/mrpc"}
+    keys = run_train_script("-sc", "query=bash", COMP_LINE="python src/train.py trainer.max_st").stdout.split()
+    assert "trainer.max_steps=" in keys  # keys are still Hydra's
 
 
 def test_help_names_every_option_of_every_group_and_no_private_base():
