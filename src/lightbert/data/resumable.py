@@ -34,7 +34,11 @@ class SeededExamples(Dataset):
         return len(self.dataset)
 
     def _key(self, key) -> tuple[int | str, int]:
-        return key if self.epoch is None else (self.epoch, key)  # a fixed epoch: plain indices (validation)
+        if self.epoch is not None:  # a fixed epoch: plain indices (validation)
+            return self.epoch, key
+        # A plain index where a pair is expected: Lightning's own sampler replaced StepSampler (debug=overfit's
+        # overfit_batches), so every pass sees the same rows with the same masks.
+        return key if isinstance(key, tuple | list) else (0, key)
 
     def __getitem__(self, key) -> dict:
         return self.__getitems__([key])[0]
