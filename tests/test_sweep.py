@@ -184,3 +184,34 @@ def test_report_names_a_directory_that_is_not_a_sweep(tmp_path, capsys):
 
     assert main([str(tmp_path)]) == 2
     assert "holds no multirun jobs" in capsys.readouterr().err
+
+
+def test_report_keeps_the_papers_order_marks_failed_jobs_and_never_draws_an_empty_panel(tmp_path):
+    from lightbert.report import curves_figure, grid_figure
+
+    def row(job, features, best, status="ok"):
+        overrides = {"task.features": features}
+        return {
+            "job": job,
+            "task": "conll2003",
+            "status": status,
+            "overrides": overrides,
+            "monitor": "val/f1",
+            "mode": "max",
+            "best": best,
+            "seconds": 1.0,
+            "error": "" if best is not None else "ConfigError: x",
+        }
+
+    rows = [row("0", "last", 0.5), row("1", "embeddings", 0.3), row("2", "concat_last_four", None, "failed")]
+    ax = grid_figure(rows, "conll2003").axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["embeddings", "last", "concat_last_four"]  # Table 7's
+    assert "failed" in [t.get_text() for t in ax.texts]  # not a bar that reads as 0.0
+    for job in ("0", "1"):  # short runs: validation metrics only, no train/loss row
+        (tmp_path / job).mkdir()
+        (tmp_path / job / "metrics.csv").write_text("epoch,step,val/f1\n0,5,0.4\n")
+    train_axis, val_axis = curves_figure(tmp_path, rows[:2], "conll2003").axes
+    assert [t.get_text() for t in train_axis.texts] == [
+        "no train/loss logged:\nruns shorter than trainer.log_every_n_steps"
+    ]
+    assert val_axis.get_legend() is not None and len(val_axis.lines) == 2

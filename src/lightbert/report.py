@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from lightbert.errors import UserError
-from lightbert.sweep import SUMMARY_MD, job_rows, write_summary
+from lightbert.sweep import FEATURES_KEY, SUMMARY_MD, job_rows, write_summary
 
 # The paper's grid first, in this order: heat map rows, columns, panels.
 PREFERRED_AXES = ("optim.lr", "task.batch_size", "trainer.max_epochs")
@@ -50,7 +50,14 @@ def swept_keys(rows: list[dict]) -> list[str]:
 
 
 def _values(rows: list[dict], key: str) -> list[str]:
-    return sorted({r["overrides"].get(key, "") for r in rows}, key=lambda v: (isinstance(_number(v), str), _number(v)))
+    """The key's values across the jobs: numbers ascending; `task.features` in the paper's Table 7 order."""
+    values = {r["overrides"].get(key, "") for r in rows}
+    if key == FEATURES_KEY:
+        from lightbert.model.feature_based import layer_combinations
+
+        order = list(layer_combinations(12))
+        return sorted(values, key=lambda v: (order.index(v) if v in order else len(order), v))
+    return sorted(values, key=lambda v: (isinstance(_number(v), str), _number(v)))
 
 
 def mean_by_config(rows: list[dict], keys: list[str]) -> dict[tuple, float]:
@@ -76,10 +83,13 @@ def grid_figure(rows: list[dict], task: str) -> Figure | None:
         fig = Figure(figsize=(max(4, 0.9 * len(labels) + 2), 3.5))
         ax = fig.subplots()
         heights = [means.get((v,), math.nan) for v in labels]
-        bars = ax.bar(range(len(labels)), heights, color="tab:blue")
-        for bar, label in zip(bars, labels, strict=True):
+        bars = ax.bar(range(len(labels)), [0 if math.isnan(h) else h for h in heights], color="tab:blue")
+        for x, (bar, label, height) in enumerate(zip(bars, labels, heights, strict=True)):
             if (label,) == best_config:
                 bar.set_color("tab:orange")
+            if math.isnan(height):  # failed or unfinished: say so, rather than a bar that reads as 0.0
+                failed = any(r["status"] == "failed" for r in rows if r["overrides"].get(keys[0], "") == label)
+                ax.text(x, 0, "failed" if failed else "no result", ha="center", va="bottom", rotation=90, color="red")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
         ax.set_xlabel(keys[0])
         ax.set_ylabel(f"best {monitor}")
@@ -182,8 +192,11 @@ def curves_figure(sweep_dir: Path, rows: list[dict], task: str) -> Figure | None
         ax.set_xlabel("step")
         ax.set_ylabel(name)
         ax.set_title(f"{task}: {name}")
-    if len(jobs) <= 12:
-        axes[1].legend(fontsize=7)
+        if not ax.lines:  # e.g. runs shorter than trainer.log_every_n_steps log no train/loss
+            why = "runs shorter than trainer.log_every_n_steps" if name == "train/loss" else "no validation ran"
+            ax.text(0.5, 0.5, f"no {name} logged:\n{why}", ha="center", va="center", transform=ax.transAxes)
+        elif len(jobs) <= 12:
+            ax.legend(fontsize=7, title="thick: best job" if best is not None else None, title_fontsize=7)
     fig.tight_layout()
     return fig
 
