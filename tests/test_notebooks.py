@@ -57,3 +57,5 @@ def test_notebook_runs_top_to_bottom(path, notebook_dir):
     }[path.stem]
     for line in expected:
         assert line in text, f"{path.name}: {line!r} not in its output"
+    # Clean output: no terminal colour codes (Lightning's rich tables) and no tqdm warning about ipywidgets
+    assert "\x1b[" not in text and "TqdmWarning" not in text, text[:3000]
