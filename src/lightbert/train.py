@@ -229,9 +229,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         results["predictions"] = _write_test_predictions(trainer, module, datamodule, output_dir)
         _write_results(results, output_dir)
         _summarise_in_wandb(trainer, results)
+        _end_distributed()
         return results
     finally:
         _finish_wandb()
+
+
+def _end_distributed() -> None:
+    """Ends the process group Lightning's DDP started, once every process has finished (a failed run leaves it to
+    the exit, as a barrier could wait for a process that is gone). Left to the interpreter's exit, gloo's threads
+    were seen to abort a finished DDP run ("terminate called without an active exception", exit -6)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()  # no process leaves while another still gathers predictions
+        torch.distributed.destroy_process_group()
 
 
 DEFAULT_MODEL_NAME = "${hydra:runtime.choices.model}"
