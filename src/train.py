@@ -3,7 +3,6 @@
 Thin on purpose: Hydra composes the config from conf/, `lightbert.train.train` does the work.
 """
 
-import signal
 import sys
 from pathlib import Path
 
@@ -28,13 +27,17 @@ def main(cfg: DictConfig) -> float | None:
     try:
         return train(cfg)["best_score"]
     except SIGTERMException:
-        # Lightning stopped after the current batch and LatestCheckpoint saved it; exit as a terminated process does.
+        # Lightning stopped after the current batch and LatestCheckpoint saved it; exit as a process killed by the
+        # signal does (SIGTERM, or SIGINT for Ctrl-C).
+        from lightbert import checkpointing
+
+        stopped_by = checkpointing.stopped_by
         print(
-            f"lightbert: stopped by SIGTERM; the latest state is in {cfg.paths.output_dir}/checkpoints/last.ckpt. "
-            "Rerun the same command with resume=true to continue",
+            f"lightbert: stopped by {stopped_by.name}; the latest state is in "
+            f"{cfg.paths.output_dir}/checkpoints/last.ckpt. Rerun the same command with resume=true to continue",
             file=sys.stderr,
         )
-        sys.exit(128 + signal.SIGTERM)
+        sys.exit(128 + stopped_by)
     except UserError as error:
         print(f"lightbert: error: {error}", file=sys.stderr)
         if HydraConfig.get().mode == RunMode.MULTIRUN:

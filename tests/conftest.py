@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -58,10 +59,16 @@ def compose_config(overrides: list[str], output_dir: Path) -> DictConfig:
     return lightbert_compose_config(overrides, output_dir, CONF_DIR)
 
 
+def default_sigint() -> None:
+    """For a child that must take Ctrl-C: a non-interactive shell starts background jobs with SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_train_script(
     *args: str, cwd: Path = REPO, start_new_session: bool = False, **env: str
 ) -> subprocess.CompletedProcess:
-    """`python src/train.py ARGS` in a subprocess, as a user would run it; `env` adds environment variables."""
+    """`python src/train.py ARGS` in a subprocess, as a user would run it (SIGINT as in a terminal's foreground);
+    `env` adds environment variables."""
     return subprocess.run(
         [sys.executable, str(REPO / "src" / "train.py"), *args],
         capture_output=True,
@@ -70,4 +77,5 @@ def run_train_script(
         timeout=600,
         env={**os.environ, **env},
         start_new_session=start_new_session,
+        preexec_fn=default_sigint,
     )

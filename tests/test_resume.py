@@ -148,9 +148,9 @@ def test_two_process_ddp_equals_one_process_with_the_same_global_batch(tmp_path,
             assert two[(step, part)] == pytest.approx(one[2 * (step - 1) + part], abs=1e-5), (step, part)
 
 
-@pytest.mark.parametrize("name", ["TERM", "USR2"])
+@pytest.mark.parametrize("name", ["TERM", "USR2", "INT"])
 def test_stop_signal_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp_path, corpus, name):
-    """SIGTERM, or USR2 in a job that submitit started on SLURM (its warning before the time limit)."""
+    """SIGTERM, USR2 in a job that submitit started on SLURM (its warning before the time limit), or Ctrl-C."""
     args = [
         *BASE,
         f"corpus.paths=[{corpus}]",
@@ -173,8 +173,9 @@ def test_stop_signal_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp
         ],
         env={"SUBMITIT_EXECUTOR": "slurm"} if name == "USR2" else {},
     )
-    assert terminated.returncode == 128 + signal.SIGTERM and not (stopped / "results.json").exists()
-    assert "stopped by SIGTERM" in terminated.stderr and "resume=true" in terminated.stderr
+    stop = signal.SIGINT if name == "INT" else signal.SIGTERM
+    assert terminated.returncode == 128 + stop and not (stopped / "results.json").exists()
+    assert f"stopped by {stop.name}" in terminated.stderr and "resume=true" in terminated.stderr
     checkpoint = torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 5  # saved after the batch it was running, before exiting
     assert max(step for step, _ in recorded(tmp_path / "before.txt")) == 5

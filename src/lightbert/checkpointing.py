@@ -118,6 +118,10 @@ def submitit_signal() -> signal.Signals | None:
     return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
 
 
+# The signal that stopped this process's training, for the entry point's message and exit code.
+stopped_by: signal.Signals = signal.SIGTERM
+
+
 class LatestCheckpoint(L.Callback):
     """Writes the latest checkpoint (the `ModelCheckpoint` without a monitor) when training ends, and when the
     process is told to stop: on SIGTERM Lightning stops after the current batch, and this saves before it exits.
@@ -125,18 +129,37 @@ class LatestCheckpoint(L.Callback):
     In a SLURM job submitted by submitit (cluster=slurm), submitit's signal (USR2) is taken the same way: the batch
     finishes on every device, the checkpoint is written, and then submitit's own handler requeues the job. So
     `last.ckpt` is always the final state, even when the steps between periodic saves do not divide the run.
+
+    Ctrl-C (SIGINT) is taken like SIGTERM too, instead of Lightning's "graceful shutdown" that saves nothing: the
+    batch finishes, `last.ckpt` is written and the process exits with 130. (A process started with SIGINT ignored,
+    as a shell's background job is, keeps ignoring it.)
     """
 
     def __init__(self) -> None:
         self._requeue_handler: Any = None
         self._requeue_signal: signal.Signals | None = None
         self._received: signal.Signals | None = None
+        self._interrupt_handler: Any = None
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         signum = submitit_signal()
         if signum is not None and self._requeue_signal is None:
             self._requeue_signal, self._requeue_handler = signum, signal.getsignal(signum)
             signal.signal(signum, self._on_requeue_signal)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN and self._interrupt_handler is None:
+            self._interrupt_handler = signal.getsignal(signal.SIGINT)
+            signal.signal(signal.SIGINT, self._on_interrupt)
+
+    def _on_interrupt(self, signum: int, frame: Any) -> None:
+        global stopped_by
+        if self._received is None:  # a second Ctrl-C while the batch finishes changes nothing
+            self._received = stopped_by = signal.SIGINT
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def teardown(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
+        if self._interrupt_handler is not None:  # Ctrl-C outside training (predictions) is Python's again
+            signal.signal(signal.SIGINT, self._interrupt_handler)
+            self._interrupt_handler = None
 
     def _on_requeue_signal(self, signum: int, frame: Any) -> None:
         # Lightning's SIGTERM path stops every device after the same batch; this joins it.
