@@ -53,7 +53,18 @@ def step_flops(config: BertConfig, lengths: torch.Tensor, num_predictions: int |
     return per_sequence.sum() + 6 * num_predictions * (h * h + h * config.vocab_size)
 
 
-class Throughput(L.Callback):
+class StepClock(L.Callback):
+    """Starts `self._last` at the run's first training batch (timing starts with the run's own first step); the
+    subclasses read and restart it."""
+
+    _last: float | None = None
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: dict, batch_idx: int) -> None:
+        if self._last is None:
+            self._last = time.perf_counter()
+
+
+class Throughput(StepClock):
     """Logs `train/tokens_per_s` (real tokens, padding not counted) and `train/examples_per_s` of this device, and
     on a GPU `train/mfu`: `step_flops` per second over the GPU's dense bf16 peak (`peak_flops` overrides it).
 
@@ -76,10 +87,6 @@ class Throughput(L.Callback):
         trains_all = all(p.requires_grad for p in model.parameters())
         self._config = config if isinstance(config, BertConfig) and trains_all else None
         self._mlm = isinstance(model, BertForPreTraining)  # its head's work is counted on predicted positions
-
-    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: dict, batch_idx: int) -> None:
-        if self._last is None:  # the first step of the run: from its own start
-            self._last = time.perf_counter()
 
     def on_train_batch_end(
         self, trainer: L.Trainer, module: L.LightningModule, outputs: object, batch: dict, batch_idx: int
@@ -110,34 +117,33 @@ class Throughput(L.Callback):
         self._last = None
 
 
-class ConsoleReport(L.Callback):
+class ConsoleReport(StepClock):
     """Progress as plain lines through lightbert's logger (the console, once, and train.log): every validation's
     metrics, and when stdout is no terminal (SLURM, nohup; no progress bar to look at) the training loss, throughput
     and learning rate at most every `every_seconds`. Nothing here waits for the GPU between two lines."""
 
     def __init__(self, every_seconds: float = 30.0) -> None:
         self.every_seconds = every_seconds
-        self._since: float | None = None
+        self._lines = False
         self._examples = 0
         self._tokens: torch.Tensor | int = 0
 
-    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: dict, batch_idx: int) -> None:
-        if self._since is None:  # the first step of the run: from its own start
-            self._since = time.perf_counter()
+    def on_fit_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self._lines = trainer.global_rank == 0 and not sys.stdout.isatty()  # decided once, not every step
 
     def on_train_batch_end(
         self, trainer: L.Trainer, module: L.LightningModule, outputs: object, batch: dict, batch_idx: int
     ) -> None:
-        if trainer.global_rank != 0 or sys.stdout.isatty() or not isinstance(batch, dict) or self._since is None:
+        if not self._lines or not isinstance(batch, dict) or self._last is None:
             return
         now = time.perf_counter()
         mask = batch.get("attention_mask")
         if mask is not None:  # summed on the device: read once per line, not once per step
             self._examples, self._tokens = self._examples + mask.shape[0], self._tokens + mask.sum()
         step = trainer.global_step
-        if now - self._since < self.every_seconds and step != 1 and step != trainer.max_steps:
+        if now - self._last < self.every_seconds and step != 1 and step != trainer.max_steps:
             return
-        seconds, self._since = max(now - self._since, 1e-9), now
+        seconds, self._last = max(now - self._last, 1e-9), now
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else trainer.estimated_stepping_batches
         parts = [f"step {step}/{int(total)}"]
@@ -155,4 +161,4 @@ class ConsoleReport(L.Callback):
         metrics = {k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("val/")}
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
         log.info(f"validation at step {trainer.global_step}: {shown}")
-        self._since = time.perf_counter()  # validation time is not training throughput
+        self._last = time.perf_counter()  # validation time is not training throughput
