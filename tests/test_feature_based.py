@@ -93,7 +93,10 @@ def test_frozen_means_frozen(tmp_path, bert4):
     load_into(module.model, pretrained)
     before = {k: v.clone() for k, v in module.model.state_dict().items()}
     datamodule = ConllDataModule(
-        str(tmp_path / "cache"), pretrained.tokenizer, data_files={k: str(v) for k, v in files.items()}, batch_size=8
+        cache_dir=str(tmp_path / "cache"),
+        tokenizer=pretrained.tokenizer,
+        data_files={k: str(v) for k, v in files.items()},
+        batch_size=8,
     )
     modes = EncoderModes()
     trainer = L.Trainer(

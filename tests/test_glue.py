@@ -16,11 +16,13 @@ from test_interop import write_hf_bert
 from wandb_files import offline_run
 
 from lightbert.data.batches import UnpaddedDistributedSampler
-from lightbert.data.glue import TASKS, encode_examples, truncate_pair
+from lightbert.data.encoding import truncate_pair
+from lightbert.data.glue import TASKS, encode_examples
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError
+from lightbert.eval.glue import glue_metrics
 from lightbert.interop import load_pretrained
-from lightbert.tasks.classification import SequenceClassificationModule, glue_metrics
+from lightbert.tasks.classification import SequenceClassificationModule
 from lightbert.train import size_name, train
 
 REFERENCE = {

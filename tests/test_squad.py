@@ -22,16 +22,16 @@ from lightbert.data.squad import (
     Windowing,
     doc_windows,
     locate_answer,
-    make_features,
+    make_windows,
     max_context_flags,
     read_official_file,
 )
-from lightbert.data.squad_answers import NO_CANDIDATE_ODDS, SquadAnswers
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError
+from lightbert.eval.squad import evaluate_v2
+from lightbert.eval.squad_answers import NO_CANDIDATE_ODDS, SquadAnswers
 from lightbert.interop import load_into, load_pretrained
 from lightbert.model import BertConfig, BertForQuestionAnswering
-from lightbert.squad_eval import evaluate_v2
 from lightbert.tasks.question_answering import QuestionAnsweringModule, span_loss
 from lightbert.train import train
 
@@ -104,8 +104,8 @@ def test_answer_spans_round_trip_through_tokens_in_every_window(tokenizer):
         text = " ".join(words[position : position + 2])
         start = len(" ".join(words[:position])) + (1 if position else 0)
         raw = examples([("q", context, "w1", [text], [start])])  # at most 2 pieces: never cut
-        train_rows, problems = make_features(raw, tokenizer, windowing, training=True, version_2=False)
-        eval_rows, _ = make_features(raw, tokenizer, windowing, training=False, version_2=False)
+        train_rows, problems = make_windows(raw, tokenizer, windowing, training=True, version_2=False)
+        eval_rows, _ = make_windows(raw, tokenizer, windowing, training=False, version_2=False)
         assert not problems.counts()
         assert len(train_rows["input_ids"]) == len(eval_rows["input_ids"]) > 1  # several windows
         found = 0
@@ -132,7 +132,7 @@ def test_answer_spans_round_trip_through_tokens_in_every_window(tokenizer):
 
 def test_features_are_cls_question_sep_context_sep_with_segments(tokenizer):
     raw = examples([("q", "the river of paris is blue", "what is the river", ["blue"], [22])])
-    rows, _ = make_features(raw, tokenizer, Windowing(64, 16, 8), training=True, version_2=False)
+    rows, _ = make_windows(raw, tokenizer, Windowing(64, 16, 8), training=True, version_2=False)
     ids, types = rows["input_ids"][0], rows["token_type_ids"][0]
     tokens = tokenizer.convert_ids_to_tokens(ids)
     question = tokenizer.convert_ids_to_tokens(tokenizer.encode_batch(["what is the river"])[0])
@@ -145,7 +145,7 @@ def test_features_are_cls_question_sep_context_sep_with_segments(tokenizer):
 
 def test_unanswerable_questions_train_on_cls_in_every_window(tokenizer):
     raw = examples([("q", " ".join(["river"] * 50), "what", [], [])])
-    rows, problems = make_features(raw, tokenizer, Windowing(24, 8, 4), training=True, version_2=True)
+    rows, problems = make_windows(raw, tokenizer, Windowing(24, 8, 4), training=True, version_2=True)
     assert len(rows["input_ids"]) > 1 and set(rows["start_positions"]) == set(rows["end_positions"]) == {0}
     assert not problems.counts()
 
@@ -162,7 +162,7 @@ def test_bad_examples_are_counted_not_fatal(tokenizer):
             ("v1_without_answer", "the river is blue", "what", [], []),
         ]
     )
-    rows, problems = make_features(raw, tokenizer, Windowing(64, 16, 8), training=True, version_2=False)
+    rows, problems = make_windows(raw, tokenizer, Windowing(64, 16, 8), training=True, version_2=False)
     assert problems.counts() == {
         "answer_realigned": 1,
         "answer_not_found": 1,
@@ -192,7 +192,7 @@ def test_official_json_becomes_the_hub_columns(tmp_path):
 
 def answers_for(tokenizer, context: str, question: str, windowing: Windowing, version_2: bool, **kwargs):
     raw = examples([("q", context, question, ["x"], [0])])
-    rows, _ = make_features(raw, tokenizer, windowing, training=False, version_2=version_2)
+    rows, _ = make_windows(raw, tokenizer, windowing, training=False, version_2=version_2)
     features = datasets.Dataset.from_dict(rows)
     return SquadAnswers(raw, features, version_2=version_2, **kwargs), rows
 
@@ -262,7 +262,7 @@ def test_v2_null_odds_use_the_lowest_null_score_over_windows(tokenizer):
 
 def test_a_question_without_windows_is_answered_empty(tokenizer):
     raw = examples([("empty", "", "what", ["x"], [0]), ("ok", "w1 w2", "what", ["w2"], [3])])
-    rows, problems = make_features(raw, tokenizer, Windowing(24, 8, 4), training=False, version_2=True)
+    rows, problems = make_windows(raw, tokenizer, Windowing(24, 8, 4), training=False, version_2=True)
     assert problems.counts() == {"empty_context": 1} and rows["example_idx"] == [1]
     post = SquadAnswers(raw, datasets.Dataset.from_dict(rows), version_2=True)
     answers = post.answers(logits_with(rows, {}))
@@ -273,7 +273,7 @@ def test_the_tuned_threshold_reaches_the_official_best_f1(tokenizer, tmp_path):
     rng = np.random.default_rng(0)
     articles = squad_articles(6, seed=3, unanswerable=True)
     raw = read_official_file(write_official(tmp_path / "dev.json", articles, "v2.0"), "dev")
-    rows, _ = make_features(raw, tokenizer, Windowing(48, 16, 16), training=False, version_2=True)
+    rows, _ = make_windows(raw, tokenizer, Windowing(48, 16, 16), training=False, version_2=True)
     post = SquadAnswers(raw, datasets.Dataset.from_dict(rows), version_2=True)
     logits = {f: rng.normal(size=(len(ids), 2)) for f, ids in enumerate(rows["input_ids"])}
     scores, answers, _ = post.score(logits)
@@ -358,7 +358,7 @@ def squad_overrides(version: str, files: dict, hf_dir, extra: tuple = ()) -> lis
 
 def squad_eval_cli(*args) -> dict:
     run = subprocess.run(
-        [sys.executable, "-m", "lightbert.squad_eval", *map(str, args)], capture_output=True, text=True
+        [sys.executable, "-m", "lightbert.eval.squad", *map(str, args)], capture_output=True, text=True
     )
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)

@@ -9,6 +9,7 @@ import time
 import lightning as L
 import torch
 
+from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.model import BertConfig, BertForPreTraining
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class Throughput(StepClock):
             module.log("train/tokens_per_s", mask.sum() / seconds, on_step=True, on_epoch=False)
             module.log("train/examples_per_s", mask.shape[0] / seconds, on_step=True, on_epoch=False)
             if self.peak_flops and self._config is not None:
-                predicted = (batch["labels"] != -100).sum() if self._mlm else 0
+                predicted = (batch["labels"] != IGNORE_INDEX).sum() if self._mlm else 0
                 flops = step_flops(self._config, mask.reshape(-1, mask.shape[-1]).sum(-1), predicted)
                 module.log("train/mfu", flops / seconds / self.peak_flops, on_step=True, on_epoch=False)
 

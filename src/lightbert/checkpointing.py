@@ -25,19 +25,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightbert.data.batches import is_distributed
+from lightbert.distributed import is_distributed
+from lightbert.files import replace_atomically
 
 log = logging.getLogger(__name__)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """`text` into `path`, written beside it and renamed into place: never half a file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -47,10 +38,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        super().save_checkpoint(checkpoint, tmp, storage_options)
-        os.replace(tmp, path)
+        replace_atomically(Path(path), lambda tmp: super(AtomicCheckpointIO, self).save_checkpoint(checkpoint, tmp))
 
 
 def rng_states() -> dict[str, Any]:

@@ -11,3 +11,17 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A config value that can't work, e.g. a hidden size not divisible by the number of heads."""
+
+
+class ParameterError(ConfigError):
+    """A bad value of a class's own parameter, e.g. `max_seq_length`. The message names parameters through
+    `{0}`, `{1}`, ...: where the class was built from the config, the entry point names the config keys the user
+    sets instead (`task.max_seq_length`), so the message names keys the command line accepts."""
+
+    def __init__(self, template: str, *parameters: str):
+        self.template, self.parameters = template, parameters
+        super().__init__(template.format(*parameters))
+
+    def naming(self, keys: dict[str, str]) -> ConfigError:
+        """The same error with each parameter named by its key in `keys` (parameter -> config key)."""
+        return ConfigError(self.template.format(*(keys.get(p, p) for p in self.parameters)))

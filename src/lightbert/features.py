@@ -12,7 +12,6 @@ does: -1 is the last layer, 0 the first; the embedding output is not one of them
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -20,9 +19,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lightbert.data.batches import pad_batch
-from lightbert.data.glue import truncate_pair
+from lightbert.data.encoding import encode_truncated
 from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
+from lightbert.files import open_atomically
 from lightbert.interop import load_encoder, load_pretrained
 from lightbert.model import BertModel
 
@@ -47,13 +47,11 @@ def read_lines(input_file: Path) -> list[tuple[str, str | None]]:
 
 def encode_line(tokenizer: BertTokenizer, a: str, b: str | None, max_seq_length: int) -> dict[str, list[int]]:
     """[CLS] a [SEP] (b [SEP]), cut longest-first to `max_seq_length` as in the reference."""
-    first = tokenizer.encode_batch([a])[0]
-    if b is None:
-        ids = [tokenizer.cls_id, *first[: max_seq_length - 2], tokenizer.sep_id]
-        return {"input_ids": ids, "token_type_ids": [0] * len(ids)}
-    first, second = truncate_pair(first, tokenizer.encode_batch([b])[0], max_seq_length - 3)
-    ids = [tokenizer.cls_id, *first, tokenizer.sep_id, *second, tokenizer.sep_id]
-    return {"input_ids": ids, "token_type_ids": [0] * (len(first) + 2) + [1] * (len(second) + 1)}
+    second = tokenizer.encode_batch([b])[0] if b is not None else None
+    ids, types = encode_truncated(
+        tokenizer.encode_batch([a])[0], second, max_seq_length, tokenizer.cls_id, tokenizer.sep_id
+    )
+    return {"input_ids": ids, "token_type_ids": types}
 
 
 def checked_layers(layers: Sequence[int], num_layers: int) -> list[int]:
@@ -127,12 +125,9 @@ def extract_to_file(cfg: DictConfig) -> tuple[Path, int]:
         )
     layers = OmegaConf.to_container(cfg.layers) if OmegaConf.is_list(cfg.layers) else [cfg.layers]
     model = load_encoder(pretrained).to(_device(str(cfg.device)))
-    output_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output_file.with_name(output_file.name + f".tmp{os.getpid()}")  # renamed when complete
     count = 0
-    with tmp.open("w", encoding="utf-8") as f:
+    with open_atomically(output_file) as f:  # renamed into place when complete
         for record in extract(model, pretrained.tokenizer, lines, layers, cfg.max_seq_length, cfg.batch_size):
             f.write(json.dumps(record) + "\n")
             count += 1
-    tmp.replace(output_file)
     return output_file, count

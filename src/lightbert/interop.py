@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import shutil
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -27,6 +25,7 @@ import torch
 from lightbert import RESULTS_FILE
 from lightbert.data.tokenizer import SPECIAL_TOKENS, BertTokenizer, load_tokenizer
 from lightbert.errors import UserError
+from lightbert.files import publish_directory
 from lightbert.model import BertConfig, BertForPreTraining, BertModel
 
 log = logging.getLogger(__name__)
@@ -258,19 +257,9 @@ def _write_tokenizer_files(tokenizer: BertTokenizer, directory: Path, max_length
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
 
 
-def _fresh_output_dir(out_dir: Path) -> Path:
+def _check_output_dir(out_dir: Path) -> None:
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"{out_dir} exists and is not empty; choose a new output directory (nothing was written)")
-    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    return tmp
-
-
-def _publish(tmp: Path, out_dir: Path) -> None:
-    if out_dir.exists():
-        out_dir.rmdir()  # empty, checked before
-    tmp.rename(out_dir)  # all or nothing: an interrupted export leaves no half directory under out_dir
 
 
 def export_hf(pretrained: Pretrained, out_dir: str | Path) -> Path:
@@ -280,17 +269,16 @@ def export_hf(pretrained: Pretrained, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir).expanduser()
     if pretrained.tokenizer is None:
         raise UserError(f"{pretrained.source} has no tokenizer.json next to it; an exported model needs one")
-    tmp = _fresh_output_dir(out_dir)
-    try:
-        hf_config = lightbert_config_to_hf(pretrained.config)
-        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    _check_output_dir(out_dir)
+
+    def write(tmp: Path) -> None:
+        tmp.mkdir(parents=True)
+        (tmp / "config.json").write_text(json.dumps(lightbert_config_to_hf(pretrained.config), indent=2) + "\n")
         state = lightbert_state_dict_to_hf(pretrained.state_dict)
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         _write_tokenizer_files(pretrained.tokenizer, tmp, pretrained.config["max_position_embeddings"])
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _publish(tmp, out_dir)
+
+    publish_directory(out_dir, write)  # all or nothing: an interrupted export leaves no half directory
     return out_dir
 
 
@@ -302,8 +290,10 @@ def import_hf(pretrained: Pretrained, out_dir: str | Path) -> Path:
     import lightning
 
     out_dir = Path(out_dir).expanduser()
-    tmp = _fresh_output_dir(out_dir)
-    try:
+    _check_output_dir(out_dir)
+
+    def write(tmp: Path) -> None:
+        tmp.mkdir(parents=True)
         # Through the real module, so the checkpoint holds exactly its keys (the tied decoder included).
         model = BertForPreTraining(BertConfig.from_dict(pretrained.config))
         load_into(model, pretrained)
@@ -317,8 +307,6 @@ def import_hf(pretrained: Pretrained, out_dir: str | Path) -> Path:
         torch.save(checkpoint, tmp / "model.ckpt")
         if pretrained.tokenizer is not None:
             pretrained.tokenizer.save(tmp / "tokenizer.json")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _publish(tmp, out_dir)
+
+    publish_directory(out_dir, write)
     return out_dir

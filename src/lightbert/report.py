@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from lightbert.errors import UserError
+from lightbert.files import write_atomically
 from lightbert.sweep import FEATURES_KEY, SUMMARY_MD, job_rows, write_summary
 
 # The paper's grid first, in this order: heat map rows, columns, panels.
@@ -238,7 +239,7 @@ def write_report(sweep_dir: str | Path) -> list[Path]:
     summary = sweep_dir / SUMMARY_MD
     lines = [summary.read_text().rstrip("\n"), "", PLOTS_HEADING, ""]
     lines += [f"![{path.stem}]({path.name})" for path in written] or ["No finished job to plot yet."]
-    summary.write_text("\n".join(lines) + "\n")
+    write_atomically(summary, "\n".join(lines) + "\n")
     return written
 
 

@@ -23,6 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from lightbert import RESULTS_FILE
+from lightbert.files import open_atomically, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,7 @@ def write_summary(sweep_dir: Path) -> list[dict]:
         return rows
     override_keys = sorted({k for r in rows for k in r["overrides"]})
     header = ["job", "task_name", "status", *override_keys, "monitor", "best", "seconds", "error"]
-    tmp = sweep_dir / (SUMMARY_CSV + ".tmp")
-    with tmp.open("w", newline="") as f:
+    with open_atomically(sweep_dir / SUMMARY_CSV, newline="") as f:
         writer = csv.writer(f)
         writer.writerow(header)
         for r in rows:
@@ -128,7 +128,6 @@ def write_summary(sweep_dir: Path) -> list[dict]:
                 [r["job"], r["task"], r["status"], *(r["overrides"].get(k, "") for k in override_keys)]
                 + [r["monitor"], _fmt(r["best"]), _fmt(r["seconds"]), r["error"]]
             )
-    tmp.replace(sweep_dir / SUMMARY_CSV)
 
     varying = _varying_keys(rows)
     common = {k: v for k, v in rows[0]["overrides"].items() if k not in varying}
@@ -183,9 +182,7 @@ def write_summary(sweep_dir: Path) -> list[dict]:
             ],
         )
     lines += _feature_table(rows)
-    tmp = sweep_dir / (SUMMARY_MD + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(sweep_dir / SUMMARY_MD)
+    write_atomically(sweep_dir / SUMMARY_MD, "\n".join(lines) + "\n")
     return rows
 
 
@@ -215,8 +212,7 @@ def _feature_table(rows: list[dict]) -> list[str]:
 
 def record_failed_job(job_dir: Path, error: BaseException) -> None:
     """Marks a multirun job as failed, with its error: what summary.csv/.md show for it."""
-    job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / FAILED_FILE).write_text(f"{type(error).__name__}: {error}\n")
+    write_atomically(job_dir / FAILED_FILE, f"{type(error).__name__}: {error}\n")
 
 
 class SweepSummary(Callback):

@@ -25,11 +25,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from lightbert import RESULTS_FILE
-from lightbert.checkpointing import AtomicCheckpointIO, write_atomically
+from lightbert.checkpointing import AtomicCheckpointIO
 from lightbert.cli import CONF_DIR
 from lightbert.console import quiet_lightning_tips
-from lightbert.data.batches import gather_dict
+from lightbert.distributed import gather_dict
 from lightbert.errors import ConfigError, UserError
+from lightbert.files import write_atomically
 from lightbert.interop import Pretrained, load_into, load_pretrained
 from lightbert.model import BertConfig, BertModel
 from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
@@ -198,6 +199,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         )
         if pretrained is not None:
             load_into(module.model, pretrained)
+        # Scoring that needs the data (SQuAD's answers): the module calls it once the data is set up.
+        module.evaluator = getattr(datamodule, "evaluator", None)
         _apply_speed_switches(module, cfg.get("speed") or {})
         loggers = [_instantiate(c) for c in (cfg.get("logger") or {}).values()]
         for logger in loggers:  # the resolved config, and the command line that made it
@@ -366,31 +369,32 @@ def _with_vocabulary(model_config: dict, tokenizer, pretrained: Pretrained | Non
 
 
 def _write_test_predictions(trainer: L.Trainer, module, datamodule, output_dir: Path) -> list[str]:
-    """Predict the task's prediction splits with the best checkpoint and write its submission files.
+    """Predict the task's prediction splits with the best checkpoint and write their files, as the DataModule
+    declares (`predict_splits`, `prediction_writer`; pre-training and SWAG declare none).
 
-    Each prediction is one example's row of the batch's "prediction" (a class, a score, or a QA feature's logits),
+    Each prediction is one example's row of the batch's "prediction" (a class, a score, or a QA window's logits),
     as a numpy array so that gathering from other devices pickles just that row.
     """
-    if not callable(getattr(datamodule, "write_predictions", None)) or not datamodule.predict_splits:
+    splits = getattr(datamodule, "predict_splits", ())
+    if not splits or datamodule.prediction_writer() is None:
         return []
     checkpoint = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
     ckpt_path = checkpoint.best_model_path if checkpoint is not None and checkpoint.best_model_path else None
     batches = trainer.predict(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-    if len(datamodule.predict_splits) == 1:
+    if len(splits) == 1:
         batches = [batches]
-    merged = []
-    for split_batches in batches:
+    predictions = {}
+    for split, split_batches in zip(splits, batches, strict=True):
         by_idx = {}
         for out in split_batches:
             prediction = out["prediction"].detach().cpu()
             if prediction.is_floating_point():
                 prediction = prediction.float()  # numpy has no bfloat16
             by_idx.update(zip(out["idx"].tolist(), prediction.numpy(), strict=True))
-        merged.append(by_idx)
-    merged = [gather_dict(by_idx) for by_idx in merged]  # each rank predicted its share of every split
+        predictions[split] = gather_dict(by_idx)  # each rank predicted its share of every split
     if trainer.global_rank != 0:
         return []
-    written = datamodule.write_predictions(merged, output_dir / "predictions")
+    written = datamodule.prediction_writer().write(predictions, output_dir / "predictions")
     return [str(p) for p in written]
 
 
@@ -420,8 +424,7 @@ def _results(trainer: L.Trainer, output_dir: Path, seconds: float) -> dict[str, 
 
 @rank_zero_only
 def _write_results(results: dict[str, Any], output_dir: Path) -> None:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+    write_atomically(output_dir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
     metrics = results["metrics"]
     shown = [f"{k}={v:.4f}" for k, v in metrics.items() if k.startswith("val/")][:6]
     if results["monitor"] and results["best_score"] is not None:

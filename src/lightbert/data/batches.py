@@ -9,6 +9,8 @@ from itertools import chain
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from lightbert.distributed import is_distributed
+
 
 @dataclass
 class PaddingCollator:
@@ -66,19 +68,6 @@ class UnpaddedDistributedSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return len(range(self.rank, len(self.dataset), self.num_replicas))
-
-
-def is_distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-def gather_dict(part: dict) -> dict:
-    """The union of every device's `part` (each holds its share of some keys); `part` itself on one device."""
-    if not is_distributed():
-        return part
-    gathered: list = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, part)
-    return {k: v for rank_part in gathered for k, v in rank_part.items()}
 
 
 def make_loader(dataset: Dataset, collate_fn, batch_size: int, train: bool, num_workers: int) -> DataLoader:

@@ -5,40 +5,34 @@ local files, one per split (`task.data_files.<split>=PATH`): json, jsonl or parq
 indices into `task.label_names` or as tag strings), or any other file in the CoNLL text format the shared task
 distributed (`eng.train`, `train.txt`, ...): one word per line with its tag in the last column, a blank line
 between sentences, `-DOCSTART-` lines between documents. Both IOB1 (the original files) and BIO (the hub's copy)
-tags work; entity F1 reads spans from either (`lightbert.ner_eval`).
+tags work; entity F1 reads spans from either (`lightbert.eval.ner`).
 
 Each sentence is `[CLS] sub-tokens [SEP]`; a word's label sits on its first sub-token and the other sub-tokens
-are left out of the loss (-100), the paper's choice. A sentence longer than `max_seq_length` sub-tokens is cut;
+are left out of the loss (IGNORE_INDEX), the paper's choice. A sentence longer than `max_seq_length` sub-tokens is cut;
 the words cut off are predicted "O" in evaluation, and the count is logged. The paper used document context
 around each sentence; like Hugging Face's run_ner, this is sentence by sentence.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
-from functools import cached_property
 from pathlib import Path
 
 import datasets
-import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from lightbert.data.batches import pad_batch
+from lightbert.data.encoding import IGNORE_INDEX, encode_pair
 from lightbert.data.finetuning import FineTuningDataModule
-from lightbert.data.local_files import check_data_files, read_hub, read_local, save_cache
 from lightbert.data.tokenizer import BertTokenizer
-from lightbert.errors import UserError
-from lightbert.ner_eval import entity_scores
+from lightbert.errors import ParameterError, UserError
+from lightbert.eval.ner import ConllevalFiles
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
 HUB_DATASET = "eriktks/conll2003"
 CONLL2003_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
-SPLITS = ("train", "validation", "test")
 TABLE_FORMATS = (".json", ".jsonl", ".parquet")  # the hub's columns; any other file is CoNLL text
 
 
@@ -125,14 +119,15 @@ def encode_sentences(
         ids = encoding.ids[:budget]
         cut += len(encoding.ids) > budget
         word_ids = encoding.word_ids[:budget]
-        labels = [-100] * (len(ids) + 2)
+        labels = [IGNORE_INDEX] * (len(ids) + 2)
         starts = [-1] * len(sentence_words)
         for position, word in enumerate(word_ids, start=1):  # +1: [CLS] comes first
             if word is not None and starts[word] == -1:
                 starts[word] = position
                 labels[position] = label_id[sentence_tags[word]]
-        rows["input_ids"].append([tokenizer.cls_id, *ids, tokenizer.sep_id])
-        rows["token_type_ids"].append([0] * (len(ids) + 2))
+        input_ids, token_type_ids = encode_pair(ids, None, tokenizer.cls_id, tokenizer.sep_id)
+        rows["input_ids"].append(input_ids)
+        rows["token_type_ids"].append(token_type_ids)
         rows["labels"].append(labels)
         rows["word_starts"].append(starts)
         rows["word_labels"].append([label_id[t] for t in sentence_tags])
@@ -149,155 +144,80 @@ def pad_lists(rows: list[dict], key: str, value: int, length: int | None = None)
 
 
 class TokenCollator:
-    """Pads sub-token inputs and labels (to the same length), word starts (-1) and word labels (-100)."""
+    """Pads sub-token inputs and labels (to the same length), word starts (-1) and word labels (IGNORE_INDEX)."""
 
     def __init__(self, pad_id: int, pad_to_multiple_of: int | None = 8):
         self.pad_id, self.pad_to_multiple_of = pad_id, pad_to_multiple_of
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         batch = pad_batch(rows, self.pad_id, self.pad_to_multiple_of, {"idx": ("idx", torch.long)})
-        batch["labels"] = pad_lists(rows, "labels", -100, length=batch["input_ids"].shape[1])
+        batch["labels"] = pad_lists(rows, "labels", IGNORE_INDEX, length=batch["input_ids"].shape[1])
         batch["word_starts"] = pad_lists(rows, "word_starts", -1)
-        batch["word_labels"] = pad_lists(rows, "word_labels", -100)
+        batch["word_labels"] = pad_lists(rows, "word_labels", IGNORE_INDEX)
         return batch
 
 
 class ConllDataModule(FineTuningDataModule):
-    """Sentences tokenised once per (data, tokenizer, length) and cached; predictions in conlleval's format."""
+    """Sentences tokenised once per (data, tokenizer, length) and cached; the validation and test sets predicted
+    in conlleval's format."""
 
-    def __init__(
-        self,
-        cache_dir: str,
-        tokenizer: BertTokenizer | None = None,
-        tokenizer_path: str | None = None,
-        data_files: dict[str, str] | None = None,
-        hub_dataset: str = HUB_DATASET,
-        label_names: Sequence[str] = CONLL2003_LABELS,
-        max_seq_length: int = 128,
-        batch_size: int = 32,
-        eval_batch_size: int | None = None,
-        num_workers: int = 2,
-        pad_to_multiple_of: int | None = 8,
-        name: str = "conll2003",
-    ):
-        super().__init__(
-            name,
-            cache_dir,
-            tokenizer,
-            tokenizer_path,
-            data_files,
-            hub_dataset,
-            batch_size,
-            eval_batch_size,
-            num_workers,
-            pad_to_multiple_of,
-        )
+    name = "conll2003"
+    family = "ner"
+    hub_dataset = HUB_DATASET
+    test_splits = ("test",)
+    predicts_validation = True
+    file_formats = None  # CoNLL text files have any name (eng.train, train.txt)
+    min_seq_length = 3
+
+    def __init__(self, *, label_names: Sequence[str] = CONLL2003_LABELS, name: str = "conll2003", **shared):
         self.name = name
         if "O" not in label_names or len(set(label_names)) != len(label_names):
-            raise UserError(f"task.label_names must be distinct tags including 'O', got {list(label_names)}")
-        if max_seq_length < 3:
-            raise UserError(f"task.max_seq_length must be at least 3, got {max_seq_length}")
+            raise ParameterError(f"{{0}} must be distinct tags including 'O', got {list(label_names)}", "label_names")
         self.label_names = tuple(label_names)
-        self.max_seq_length = max_seq_length
-        check_data_files(self.data_files, SPLITS[:2], SPLITS, name, formats=None)
+        super().__init__(**shared)
 
-    @property
-    def splits(self) -> tuple[str, ...]:
-        """Train and validation always; test from the hub, or when a test file is given."""
-        return tuple(s for s in SPLITS if not self.data_files or s in self.data_files)
+    def read_file(self, file: Path, where: str) -> datasets.Dataset:
+        if file.suffix.lower() in TABLE_FORMATS:
+            return super().read_file(file, where)
+        return read_conll_text(file, where)
 
-    @property
-    def predict_splits(self) -> tuple[str, ...]:
-        return self.splits[1:]
+    def required_columns(self, split: str) -> tuple[str, ...]:
+        return ("tokens", "ner_tags")
 
-    def _load_raw(self, split: str) -> tuple[datasets.Dataset, str]:
-        if self.data_files:
-            file = Path(self.data_files[split]).expanduser()
-            where = f"task.data_files.{split} ({file})"
-            if file.suffix.lower() in TABLE_FORMATS:
-                raw = read_local(file, self.cache_dir, where)
-            else:
-                raw = read_conll_text(file, where)
-        else:
-            where = f"{self.hub_dataset} [{split}]"
-            raw = read_hub(self.hub_dataset, None, split, SPLITS[:2], where)
-        missing = [c for c in ("tokens", "ner_tags") if c not in raw.column_names]
-        if missing:
-            raise UserError(
-                f"{where} lacks the column(s) {missing}; NER needs tokens and ner_tags, it has {raw.column_names}"
-            )
+    def check(self, raw: datasets.Dataset, split: str, where: str) -> datasets.Dataset:
         if "id" not in raw.column_names:
             raw = raw.add_column("id", [str(i) for i in range(len(raw))])
-        if len(raw) == 0:
-            raise UserError(f"{where} has no sentences")
-        return raw, where
+        return raw
 
-    @cached_property
-    def cached_dir(self) -> Path:
-        settings = [CACHE_VERSION, self.max_seq_length, list(self.label_names)]
-        return self.cache_dir / "ner" / self.name / self.cache_key(settings, self.splits)
+    def cache_settings(self) -> list:
+        return [self.max_seq_length, list(self.label_names)]
 
-    def prepare_data(self) -> None:
-        if (self.cached_dir / "dataset_dict.json").is_file():
-            return
-        parts = {}
-        for split in self.splits:
-            raw, where = self._load_raw(split)
-            words = [[str(w) for w in sentence] for sentence in raw["tokens"]]
-            tags = tag_names(raw, self.label_names, where)
-            for sentence_id, sentence_words, sentence_tags in zip(raw["id"], words, tags, strict=True):
-                if len(sentence_words) != len(sentence_tags):
-                    raise UserError(
-                        f"{where}, sentence {sentence_id}: {len(sentence_words)} tokens but {len(sentence_tags)} tags"
-                    )
-            rows, cut = encode_sentences(words, tags, self.tokenizer, self.label_names, self.max_seq_length)
-            if cut:
-                log.warning(
-                    "%s: %d sentence(s) longer than task.max_seq_length=%d sub-tokens were cut; the words cut off "
-                    "are predicted O",
-                    where,
-                    cut,
-                    self.max_seq_length,
+    def encode(self, raw: datasets.Dataset, split: str, where: str) -> dict[str, datasets.Dataset]:
+        words = [[str(w) for w in sentence] for sentence in raw["tokens"]]
+        tags = tag_names(raw, self.label_names, where)
+        for sentence_id, sentence_words, sentence_tags in zip(raw["id"], words, tags, strict=True):
+            if len(sentence_words) != len(sentence_tags):
+                raise UserError(
+                    f"{where}, sentence {sentence_id}: {len(sentence_words)} tokens but {len(sentence_tags)} tags"
                 )
-            encoded = datasets.Dataset.from_dict({**rows, "tokens": words, "id": list(raw["id"])})
-            parts[split] = encoded.add_column("idx", list(range(len(encoded))))
-        save_cache(parts, self.cached_dir)
+        rows, cut = encode_sentences(words, tags, self.tokenizer, self.label_names, self.max_seq_length)
+        if cut:
+            log.warning(
+                "%s: %d sentence(s) longer than task.max_seq_length=%d sub-tokens were cut; the words cut off "
+                "are predicted O",
+                where,
+                cut,
+                self.max_seq_length,
+            )
+        encoded = datasets.Dataset.from_dict({**rows, "tokens": words, "id": list(raw["id"])})
+        return {split: encoded.add_column("idx", list(range(len(encoded))))}
 
-    def _loader(self, split: str, train: bool = False) -> DataLoader:
+    def loader_columns(self, train: bool) -> list[str]:
+        return ["input_ids", "token_type_ids", "labels", "word_starts", "word_labels", "idx"]
+
+    def collator(self, train: bool) -> TokenCollator:
+        return TokenCollator(self.tokenizer.pad_id, self.pad_to_multiple_of)
+
+    def prediction_writer(self) -> ConllevalFiles:
         assert self.datasets is not None, "call setup() first"
-        columns = ["input_ids", "token_type_ids", "labels", "word_starts", "word_labels", "idx"]
-        dataset = self.datasets[split].select_columns(columns)
-        collator = TokenCollator(self.tokenizer.pad_id, self.pad_to_multiple_of)
-        return self.loader(dataset, collator, train)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("validation")
-
-    def predict_dataloader(self) -> list[DataLoader]:
-        return [self._loader(split) for split in self.predict_splits]
-
-    def write_predictions(self, predictions: list[dict[int, np.ndarray]], out_dir: Path) -> list[Path]:
-        """`<split>.txt` in conlleval's input format (word, gold tag, predicted tag) and eval.json with the
-        entity-level scores of every split."""
-        assert self.datasets is not None, "call setup() first"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        written, scores = [], {}
-        for split, by_idx in zip(self.predict_splits, predictions, strict=True):
-            data = self.datasets[split]
-            gold, predicted, lines = [], [], []
-            for idx, words, labels in zip(data["idx"], data["tokens"], data["word_labels"], strict=True):
-                gold_tags = [self.label_names[i] for i in labels]
-                predicted_tags = [self.label_names[i] for i in by_idx[idx][: len(words)]]
-                gold.append(gold_tags)
-                predicted.append(predicted_tags)
-                lines += [f"{w} {g} {p}" for w, g, p in zip(words, gold_tags, predicted_tags, strict=True)] + [""]
-            path = out_dir / f"{split}.txt"
-            path.write_text("\n".join(lines), encoding="utf-8")
-            written.append(path)
-            scores[split] = entity_scores(gold, predicted)
-        path = out_dir / "eval.json"
-        path.write_text(json.dumps(scores, indent=2) + "\n")
-        return [*written, path]
+        return ConllevalFiles(self.label_names, {split: self.datasets[split] for split in self.predict_splits})

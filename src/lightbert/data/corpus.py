@@ -16,7 +16,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
 import sys
 import sysconfig
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ import datasets
 from lightbert.data.local_files import progress_bars_for
 from lightbert.data.sentences import split_document, split_sentences
 from lightbert.errors import UserError
+from lightbert.files import open_atomically
 
 
 def digest(obj: object) -> str:
@@ -216,12 +216,9 @@ class DemoCorpus:
         path = self.path(cache_dir)
         if path.is_file():
             return path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open_atomically(path) as f:
             for document in python_documentation():
                 f.write("\n".join(document) + "\n\n")
-        tmp.replace(path)
         return path
 
     def load(self, cache_dir: Path, num_proc: int | None = None) -> datasets.Dataset:

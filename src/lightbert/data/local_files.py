@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import csv
-import os
-import shutil
-import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +11,7 @@ from pathlib import Path
 import datasets
 
 from lightbert.errors import UserError
+from lightbert.files import publish_directory
 
 LOCAL_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
@@ -81,23 +79,6 @@ def require_tokenizer(tokenizer: object, tokenizer_path: str | None, task: str) 
             f"task={task} fine-tunes a pre-trained model: set init_from=<checkpoint> (a lightbert .ckpt or "
             "run directory, a Hugging Face directory, or a hub id); its tokenizer comes with it"
         )
-
-
-def publish_directory(final: Path, write) -> None:
-    """Calls `write(tmp)` to fill a directory beside `final`, then renames it into place, all or nothing.
-
-    An interrupted run leaves no half directory. Of several processes preparing the same data, on this node or on
-    other nodes sharing the file system (`trainer.num_nodes>1`: local rank 0 of every node prepares), each writes
-    its own temporary directory (host and pid in the name) and whichever renames second drops its copy.
-    """
-    tmp = final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
-    write(tmp)
-    try:
-        tmp.rename(final)
-    except OSError:
-        if not final.exists():
-            raise
-        shutil.rmtree(tmp)  # another process published the same data first
 
 
 def save_cache(parts: dict[str, datasets.Dataset], cached_dir: Path, extra_files: dict[str, str] | None = None) -> None:

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lightbert.data.batches import pad_batch
-
-IGNORE_INDEX = -100  # labels of positions the loss ignores (PyTorch's cross_entropy default)
+from lightbert.data.encoding import IGNORE_INDEX
 
 
 @dataclass

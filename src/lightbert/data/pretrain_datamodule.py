@@ -18,15 +18,17 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from lightbert.data.batches import UnpaddedDistributedSampler, is_distributed
+from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.corpus import DemoCorpus, HFCorpus, TextCorpus, digest
-from lightbert.data.local_files import progress_bars_for, publish_directory
+from lightbert.data.local_files import progress_bars_for
 from lightbert.data.masking import MaskingCollator
 from lightbert.data.pretraining import create_pretraining_examples
 from lightbert.data.resumable import SeededExamples, StepSampler
 from lightbert.data.streaming import StreamingExamples, held_out_examples
 from lightbert.data.tokenizer import BertTokenizer, iter_sentences, load_tokenizer, train_wordpiece
+from lightbert.distributed import is_distributed
 from lightbert.errors import UserError
+from lightbert.files import publish_directory
 
 Corpus = TextCorpus | HFCorpus | DemoCorpus
 EXAMPLES_VERSION = 2  # bump when example creation changes, so cached examples are rebuilt

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import datasets
 
+from lightbert.data.encoding import encode_pair
 from lightbert.data.local_files import progress_bars_for
 
 IS_NEXT, NOT_NEXT = 0, 1  # Hugging Face's convention for `next_sentence_label`
@@ -87,12 +88,9 @@ def create_instances_from_document(
                     next_label = IS_NEXT
                     tokens_b = [t for sentence in current_chunk[a_end:] for t in sentence]
                 truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+                input_ids, token_type_ids = encode_pair(tokens_a, tokens_b, cls_id, sep_id)
                 instances.append(
-                    {
-                        "input_ids": [cls_id, *tokens_a, sep_id, *tokens_b, sep_id],
-                        "token_type_ids": [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1),
-                        "next_sentence_label": next_label,
-                    }
+                    {"input_ids": input_ids, "token_type_ids": token_type_ids, "next_sentence_label": next_label}
                 )
             current_chunk = []
             current_length = 0

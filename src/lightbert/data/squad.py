@@ -1,10 +1,10 @@
-"""SQuAD v1.1 and v2.0 (Rajpurkar et al. 2016, 2018) for fine-tuning: examples, sliding-window features, batches.
+"""SQuAD v1.1 and v2.0 (Rajpurkar et al. 2016, 2018) for fine-tuning: examples, sliding windows, batches.
 
 Data comes from the hub (`rajpurkar/squad`, `rajpurkar/squad_v2`), from local files with the hub's columns (`id`,
 `title`, `context`, `question`, `answers: {text: [...], answer_start: [...]}`) in json, jsonl or parquet, or from
 the official nested JSON files (`data -> paragraphs -> qas`), one per split: `task.data_files.<split>=PATH`.
 
-Features follow the reference `run_squad.py`: `[CLS] question [SEP] window of the context [SEP]`, the question cut
+Windows follow the reference `run_squad.py`: `[CLS] question [SEP] window of the context [SEP]`, the question cut
 to `max_query_length` tokens, windows `doc_stride` tokens apart, each token marked when this window gives it its
 most context. A training window is labelled with the answer's first and last token, or with [CLS] (position 0)
 when it does not hold the whole answer or the question has none (v2.0). Differences from the reference:
@@ -29,24 +29,20 @@ from pathlib import Path
 from typing import ClassVar
 
 import datasets
-import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from lightbert.data.batches import PaddingCollator
+from lightbert.data.encoding import encode_pair
 from lightbert.data.finetuning import FineTuningDataModule
-from lightbert.data.local_files import check_data_files, read_hub, read_local, save_cache
-from lightbert.data.squad_answers import SquadAnswers
 from lightbert.data.tokenizer import BertTokenizer
-from lightbert.errors import UserError
+from lightbert.errors import ParameterError, UserError
+from lightbert.eval.squad_answers import SquadAnswers
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1  # bump when features change, so cached splits are rebuilt
 VERSIONS = ("1.1", "2.0")
 HUB_DATASETS = {"1.1": "rajpurkar/squad", "2.0": "rajpurkar/squad_v2"}
 COLUMNS = ("id", "context", "question", "answers")
-SPLITS = ("train", "validation")
 ENCODE_CHUNK = 1000  # examples tokenised per call to the Rust tokenizer
 
 
@@ -90,7 +86,7 @@ def read_official_file(file: Path, where: str) -> datasets.Dataset | None:
     return datasets.Dataset.from_dict(flatten_official(content, where))
 
 
-# -- windows -----------------------------------------------------------------------------------------------
+# -- windows ------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -101,14 +97,17 @@ class Windowing:
 
     def __post_init__(self) -> None:
         if self.max_query_length < 1 or self.doc_stride < 1:
-            raise UserError(
-                f"task.max_query_length ({self.max_query_length}) and task.doc_stride ({self.doc_stride}) must be >= 1"
+            raise ParameterError(
+                f"{{0}} ({self.max_query_length}) and {{1}} ({self.doc_stride}) must be >= 1",
+                "max_query_length",
+                "doc_stride",
             )
         if self.max_seq_length - self.max_query_length - 3 < 1:
-            raise UserError(
-                f"task.max_seq_length ({self.max_seq_length}) leaves no room for the context after a question of "
-                f"task.max_query_length ({self.max_query_length}) tokens and 3 special tokens; raise the first or "
-                "lower the second"
+            raise ParameterError(
+                f"{{0}} ({self.max_seq_length}) leaves no room for the context after a question of "
+                f"{{1}} ({self.max_query_length}) tokens and 3 special tokens; raise the first or lower the second",
+                "max_seq_length",
+                "max_query_length",
             )
 
 
@@ -166,7 +165,7 @@ def token_span(offsets: list[tuple[int, int]], char_start: int, char_end: int) -
 
 @dataclass
 class Problems:
-    """Bad input met while building features: per kind, how many examples and a few of their ids."""
+    """Bad input met while building windows: per kind, how many examples and a few of their ids."""
 
     ids: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
@@ -198,20 +197,21 @@ def _chunks(raw: datasets.Dataset) -> Iterator[tuple[int, dict[str, list]]]:
         yield start, raw[start : start + ENCODE_CHUNK]
 
 
-def make_features(
+def make_windows(
     raw: datasets.Dataset, tokenizer: BertTokenizer, windowing: Windowing, training: bool, version_2: bool
 ) -> tuple[dict[str, list], Problems]:
-    """Every window of every example as a feature row, and the problems met.
+    """Every window of every example as a row, and the problems met.
 
-    Training rows hold `start_positions`/`end_positions`. Evaluation rows hold what post-processing needs instead:
-    the example they come from, each token's character offsets in the context (-1 outside it) and its max-context
-    flag.
+    Every row holds `start_positions`/`end_positions`: the first answer's first and last token, or [CLS] (0) when
+    the window does not hold the whole answer or there is none. Evaluation rows add what post-processing needs:
+    the example they come from, each token's character offsets in the context (-1 outside it) and its
+    max-context flag; their labels give the validation loss only, so an answer that is not found labels [CLS]
+    there instead of dropping the question.
     """
-    columns = ["input_ids", "token_type_ids"]
-    columns += ["start_positions", "end_positions"] if training else ["example_idx", "offsets", "max_context"]
+    columns = ["input_ids", "token_type_ids", "start_positions", "end_positions"]
+    columns += [] if training else ["example_idx", "offsets", "max_context"]
     rows: dict[str, list] = {c: [] for c in columns}
     problems = Problems()
-    cls, sep = tokenizer.cls_id, tokenizer.sep_id
     for first_index, chunk in _chunks(raw):
         questions = tokenizer.backend.encode_batch(chunk["question"], add_special_tokens=False)
         unique_contexts = list(dict.fromkeys(chunk["context"]))  # ~5 questions share each paragraph
@@ -229,30 +229,33 @@ def make_features(
             if not doc.ids:
                 problems.add("empty_context", example_id)
                 continue
-            span = None
-            if training:
-                span = _answer_tokens(context, answers, doc.offsets, example_id, problems, version_2)
-                if span is False:
+            # Evaluation keeps every question: its answer's problems are not training's to report.
+            span = _answer_tokens(
+                context, answers, doc.offsets, example_id, problems if training else Problems(), version_2
+            )
+            if span is False:
+                if training:
                     continue
+                span = None
             max_tokens = windowing.max_seq_length - len(query) - 3
             windows = doc_windows(len(doc.ids), max_tokens, windowing.doc_stride)
-            prefix = [cls, *query, sep]
             for w, (start, length) in enumerate(windows):
-                rows["input_ids"].append([*prefix, *doc.ids[start : start + length], sep])
-                rows["token_type_ids"].append([0] * len(prefix) + [1] * (length + 1))
-                if training:
-                    # [CLS] unless the whole answer lies in this window (and there is an answer).
-                    first, last = 0, 0
-                    if span is not None and start <= span[0] and span[1] < start + length:
-                        first, last = span[0] - start + len(prefix), span[1] - start + len(prefix)
-                    rows["start_positions"].append(first)
-                    rows["end_positions"].append(last)
-                else:
-                    outside = [(-1, -1)] * len(prefix)
+                ids, types = encode_pair(query, doc.ids[start : start + length], tokenizer.cls_id, tokenizer.sep_id)
+                rows["input_ids"].append(ids)
+                rows["token_type_ids"].append(types)
+                context_start = len(query) + 2  # [CLS] question [SEP]
+                # [CLS] unless the whole answer lies in this window (and there is an answer).
+                first, last = 0, 0
+                if span is not None and start <= span[0] and span[1] < start + length:
+                    first, last = span[0] - start + context_start, span[1] - start + context_start
+                rows["start_positions"].append(first)
+                rows["end_positions"].append(last)
+                if not training:
+                    outside = [(-1, -1)] * context_start
                     rows["example_idx"].append(first_index + k)
                     rows["offsets"].append([*outside, *doc.offsets[start : start + length], (-1, -1)])
                     flags = max_context_flags(windows, w)
-                    rows["max_context"].append([False] * len(prefix) + flags + [False])
+                    rows["max_context"].append([False] * context_start + flags + [False])
     return rows, problems
 
 
@@ -281,87 +284,56 @@ def _answer_tokens(context: str, answers: dict, offsets: list, example_id: str, 
 
 
 class SquadDataModule(FineTuningDataModule):
-    """Features cached once per (data, tokenizer, windowing); the dev set's examples kept for post-processing.
+    """Windows cached once per (data, tokenizer, windowing); the dev set's examples kept for post-processing.
 
     SQuAD's test sets are hidden, so predictions are written for the dev set: `predictions.json`
-    (and `null_odds.json` for v2.0) in the official format, scored by `lightbert.squad_eval`.
+    (and `null_odds.json` for v2.0) in the official format, scored by `lightbert.eval.squad`.
     """
+
+    family = "squad"
+    predicts_validation = True
+    min_seq_length = 1  # Windowing checks the room left for the context
 
     def __init__(
         self,
         version: str,
-        cache_dir: str,
-        tokenizer: BertTokenizer | None = None,
-        tokenizer_path: str | None = None,
-        data_files: dict[str, str] | None = None,
-        hub_dataset: str | None = None,
-        max_seq_length: int = 384,
+        *,
         doc_stride: int = 128,
         max_query_length: int = 64,
         n_best_size: int = 20,
         max_answer_length: int = 30,
         null_score_diff_threshold: float | None = None,
-        batch_size: int = 32,
-        eval_batch_size: int | None = None,
-        num_workers: int = 2,
-        pad_to_multiple_of: int | None = 8,
+        **shared,
     ):
         if str(version) not in VERSIONS:
-            raise UserError(f"unknown SQuAD version {version!r}; valid: {list(VERSIONS)}")
+            raise ParameterError(f"unknown SQuAD {{0}} {version!r}; valid: {list(VERSIONS)}", "version")
         self.version = str(version)
         self.name = f"squad_v{self.version[0]}"
-        super().__init__(
-            self.name,
-            cache_dir,
-            tokenizer,
-            tokenizer_path,
-            data_files,
-            hub_dataset or HUB_DATASETS[self.version],
-            batch_size,
-            eval_batch_size,
-            num_workers,
-            pad_to_multiple_of,
-        )
+        self.hub_dataset = HUB_DATASETS[self.version]
         if n_best_size < 1 or max_answer_length < 1:
-            raise UserError(
-                f"task.n_best_size ({n_best_size}) and task.max_answer_length ({max_answer_length}) must be >= 1"
+            raise ParameterError(
+                f"{{0}} ({n_best_size}) and {{1}} ({max_answer_length}) must be >= 1",
+                "n_best_size",
+                "max_answer_length",
             )
-        self.windowing = Windowing(max_seq_length, doc_stride, max_query_length)
+        self.windowing = Windowing(shared.get("max_seq_length", 384), doc_stride, max_query_length)
         self.n_best_size, self.max_answer_length = n_best_size, max_answer_length
         self.null_score_diff_threshold = null_score_diff_threshold
-        check_data_files(self.data_files, SPLITS, SPLITS, self.name)
+        self._problems: dict[str, dict[str, list[str]]] = {}
+        super().__init__(**{"max_seq_length": 384, **shared})
 
     @property
     def version_2(self) -> bool:
         return self.version == "2.0"
 
-    @property
-    def predict_splits(self) -> tuple[str, ...]:
-        return ("validation",)
+    def read_file(self, file: Path, where: str) -> datasets.Dataset:
+        official = read_official_file(file, where) if file.suffix.lower() == ".json" else None
+        return official if official is not None else super().read_file(file, where)
 
-    # -- sources ---------------------------------------------------------------------------------------------
+    def required_columns(self, split: str) -> tuple[str, ...]:
+        return COLUMNS
 
-    def _load_raw(self, split: str) -> datasets.Dataset:
-        if self.data_files:
-            file = Path(self.data_files[split]).expanduser()
-            where = f"task.data_files.{split} ({file})"
-            raw = read_official_file(file, where) if file.suffix.lower() == ".json" else None
-            if raw is None:
-                raw = read_local(file, self.cache_dir, where)
-        else:
-            where = f"{self.hub_dataset} [{split}]"
-            raw = read_hub(self.hub_dataset, None, split, SPLITS, where)
-        return self._checked(raw, split, where)
-
-    def _checked(self, raw: datasets.Dataset, split: str, where: str) -> datasets.Dataset:
-        missing = [c for c in COLUMNS if c not in raw.column_names]
-        if missing:
-            raise UserError(
-                f"{where} lacks the column(s) {missing}; SQuAD needs {list(COLUMNS)} "
-                f"(answers: {{text, answer_start}}), the file has {raw.column_names}"
-            )
-        if len(raw) == 0:
-            raise UserError(f"{where} has no rows")
+    def check(self, raw: datasets.Dataset, split: str, where: str) -> datasets.Dataset:
         duplicated = [i for i, n in Counter(raw["id"]).items() if n > 1]
         if duplicated:
             raise UserError(f"{where}: question ids must be unique, these repeat: {duplicated[:5]}")
@@ -374,35 +346,26 @@ class SquadDataModule(FineTuningDataModule):
                 )
         return raw
 
-    # -- cache -----------------------------------------------------------------------------------------------
+    def cache_settings(self) -> list:
+        return [self.windowing.max_seq_length, self.windowing.doc_stride, self.windowing.max_query_length]
 
-    @cached_property
-    def cached_dir(self) -> Path:
-        windowing = [self.windowing.max_seq_length, self.windowing.doc_stride, self.windowing.max_query_length]
-        key = self.cache_key([CACHE_VERSION, self.version, windowing], SPLITS)
-        return self.cache_dir / "squad" / self.name / key
+    def encode(self, raw: datasets.Dataset, split: str, where: str) -> dict[str, datasets.Dataset]:
+        training = split == "train"
+        rows, found = make_windows(raw, self.tokenizer, self.windowing, training, self.version_2)
+        if not rows["input_ids"]:
+            raise UserError(f"SQuAD {split}: no example gave a window; see the warnings above")
+        windows = datasets.Dataset.from_dict(rows)
+        self._problems[split] = found.as_json()
+        parts = {split: windows.add_column("idx", list(range(len(windows))))}
+        if not training:
+            parts[f"{split}_examples"] = raw.select_columns(["id", "context", "answers"])
+        return parts
 
-    def prepare_data(self) -> None:
-        if (self.cached_dir / "dataset_dict.json").is_file():
-            self._report(json.loads((self.cached_dir / "problems.json").read_text()))
-            return
-        parts, problems = {}, {}
-        for split in SPLITS:
-            raw = self._load_raw(split)
-            training = split == "train"
-            rows, found = make_features(raw, self.tokenizer, self.windowing, training, self.version_2)
-            if not rows["input_ids"]:
-                raise UserError(f"SQuAD {split}: no example gave a feature; see the warnings above")
-            features = datasets.Dataset.from_dict(rows)
-            parts[split] = features.add_column("idx", list(range(len(features))))
-            if split != "train":
-                parts[f"{split}_examples"] = raw.select_columns(["id", "context", "answers"])
-            problems[split] = found.as_json()
-        save_cache(parts, self.cached_dir, {"problems.json": json.dumps(problems, indent=1)})
-        self._report(problems)
+    def cache_notes(self) -> dict[str, str]:
+        return {"problems.json": json.dumps(self._problems, indent=1)}
 
-    def _report(self, problems: dict[str, dict[str, list[str]]]) -> None:
-        for split, by_kind in problems.items():
+    def on_encoded(self, cached_dir: Path) -> None:
+        for split, by_kind in json.loads((cached_dir / "problems.json").read_text()).items():
             for line in Problems(defaultdict(list, by_kind)).lines(f"SQuAD {split}"):
                 log.warning(line)
 
@@ -419,29 +382,15 @@ class SquadDataModule(FineTuningDataModule):
             null_score_diff_threshold=self.null_score_diff_threshold,
         )
 
-    # -- loaders ---------------------------------------------------------------------------------------------
+    def evaluator(self) -> SquadAnswers:
+        return self.validation_answers
 
-    def _loader(self, split: str, train: bool = False) -> DataLoader:
-        assert self.datasets is not None, "call setup() first"
-        fields = ("start_positions", "end_positions") if train else ("idx",)
-        dataset = self.datasets[split].select_columns(["input_ids", "token_type_ids", *fields])
-        collator = PaddingCollator(
-            self.tokenizer.pad_id, {f: (f, torch.long) for f in fields}, pad_to_multiple_of=self.pad_to_multiple_of
-        )
-        return self.loader(dataset, collator, train)
+    def prediction_writer(self) -> SquadAnswers:
+        return self.validation_answers
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", train=True)
+    def loader_columns(self, train: bool) -> list[str]:
+        return ["input_ids", "token_type_ids", "start_positions", "end_positions", *(() if train else ("idx",))]
 
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("validation")
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("validation")
-
-    # -- predictions -----------------------------------------------------------------------------------------
-
-    def write_predictions(self, predictions: list[dict[int, np.ndarray]], out_dir: Path) -> list[Path]:
-        """predictions.json, nbest_predictions.json, null_odds.json (v2.0) and eval.json for the dev set."""
-        (logits,) = predictions
-        return self.validation_answers.write(logits, out_dir)
+    def collator(self, train: bool) -> PaddingCollator:
+        fields = ("start_positions", "end_positions", *(() if train else ("idx",)))
+        return PaddingCollator(self.tokenizer.pad_id, {f: (f, torch.long) for f in fields}, self.pad_to_multiple_of)

@@ -15,6 +15,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from lightbert.errors import UserError
+from lightbert.files import replace_atomically, write_atomically
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 SUBWORD_PREFIX = "##"
@@ -113,16 +114,11 @@ class BertTokenizer:
         """The vocabulary as a BERT vocab.txt: one token per line, in id order."""
         path = Path(path)
         vocab = sorted(self.backend.get_vocab().items(), key=lambda item: item[1])
-        path.write_text("".join(token + "\n" for token, _ in vocab), encoding="utf-8")
-        return path
+        return write_atomically(path, "".join(token + "\n" for token, _ in vocab))
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        self.backend.save(str(tmp))
-        tmp.replace(path)  # atomic: a crash never leaves a half-written tokenizer.json
-        return path
+        # atomic: a crash never leaves a half-written tokenizer.json
+        return replace_atomically(Path(path), lambda tmp: self.backend.save(str(tmp)))
 
 
 def iter_sentences(documents: Iterable[list[str]]) -> Iterator[str]:

@@ -1,23 +1,86 @@
-"""What every task's LightningModule shares: the encoder's config, the optimiser with its schedule, and gradient
-clipping that holds for every precision and strategy."""
+"""What every task's LightningModule shares: the encoder's config, the optimiser with its schedule, gradient
+clipping that holds for every precision and strategy, and one rule for the training and validation loss.
+
+A fine-tuning task supplies `loss(outputs, batch)`, `update_metrics`, `log_metrics` and `prediction`; this class
+runs the steps. The validation loss of every task is a `MeanMetric` over the split's examples, gathered from every
+device by torchmetrics: exact whatever the batch sizes and the number of devices.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import lightning as L
+import torch
 from torch.optim import Optimizer
+from torchmetrics import MeanMetric
 
 from lightbert.model import BertConfig
 from lightbert.optim import OptimConfig, build_optimizer, clip_gradients
 
 
 class TaskModule(L.LightningModule):
-    """Base of the task modules. Subclasses call `save_hyperparameters()` and build `self.model` (the encoder with
-    the task's head); arguments stay plain containers so checkpoints load with `torch.load(weights_only=True)`."""
+    """Base of the task modules. Subclasses build `self.model` (the encoder with the task's head); arguments stay
+    plain containers so checkpoints load with `torch.load(weights_only=True)` and `load_from_checkpoint`."""
 
-    def __init__(self, model: dict, optim: dict):
+    def __init__(self, model: dict, optim: dict, validation_tags: tuple[str, ...] = ("",)):
         super().__init__()
+        # Called here, it records the subclass's arguments too (Lightning reads every __init__ frame of `self`).
+        self.save_hyperparameters(ignore=["validation_tags"])
         self.config = BertConfig.from_dict(model)
         self.optim_config = OptimConfig(**optim)
+        # One validation set each ('' for the only one; MNLI's 'm' and 'mm'): logged as val/loss, val/loss_m, ...
+        self.validation_tags = validation_tags
+        self.val_losses = torch.nn.ModuleList(MeanMetric() for _ in validation_tags)
+        # Returns what scores validation outputs when that needs the data (SQuAD's answers): the entry point hands
+        # over the DataModule's `evaluator`, which builds it from the encoded splits once they are set up.
+        self.evaluator: Callable[[], Any] | None = None
+
+    def forward(self, batch: dict) -> Any:
+        return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+
+    # -- what a task supplies --------------------------------------------------------------------------------
+
+    def loss(self, outputs: Any, batch: dict) -> torch.Tensor:
+        raise NotImplementedError
+
+    def update_metrics(self, outputs: Any, batch: dict, dataloader_idx: int) -> None:
+        """Adds a validation batch to the task's metrics."""
+
+    def log_metrics(self) -> None:
+        """Logs (and resets) the task's validation metrics at the end of validation."""
+
+    def prediction(self, outputs: Any, batch: dict) -> torch.Tensor:
+        """One row per example: what is written to the prediction files."""
+        raise NotImplementedError
+
+    # -- the steps -----------------------------------------------------------------------------------------------
+
+    def metric_name(self, name: str, dataloader_idx: int = 0) -> str:
+        tag = self.validation_tags[dataloader_idx]
+        return f"val/{name}{'_' + tag if tag else ''}"
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self.loss(self(batch), batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        outputs = self(batch)
+        self.val_losses[dataloader_idx].update(self.loss(outputs, batch), batch["input_ids"].shape[0])
+        self.update_metrics(outputs, batch, dataloader_idx)
+
+    def on_validation_epoch_end(self) -> None:
+        for dataloader_idx, loss in enumerate(self.val_losses):
+            self.log(self.metric_name("loss", dataloader_idx), loss.compute())
+            loss.reset()
+        self.log_metrics()
+
+    def predict_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
+        return {"idx": batch["idx"], "prediction": self.prediction(self(batch), batch)}
+
+    # -- optimisation ------------------------------------------------------------------------------------------
 
     def configure_optimizers(self) -> dict:
         # Only what trains: a frozen encoder's parameters have requires_grad=False and stay out of the optimiser.

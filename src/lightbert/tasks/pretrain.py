@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
-from lightbert.data.masking import IGNORE_INDEX
+from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.model import BertForPreTraining
 from lightbert.tasks.base import TaskModule
 
@@ -20,12 +20,11 @@ class PreTrainingModule(TaskModule):
 
     def __init__(self, model: dict, optim: dict, sparse_mlm_head: bool = True):
         super().__init__(model, optim)
-        self.save_hyperparameters()
         self.sparse_mlm_head = sparse_mlm_head
         self.model = BertForPreTraining(self.config)
-        # Validation aggregates: exact over the whole split and across devices (torchmetrics syncs them).
+        # Validation aggregates besides the loss (the base's): exact over the split and across devices.
         self.val_sums = torch.nn.ModuleDict(
-            {name: MeanMetric() for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
+            {name: MeanMetric() for name in ("mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
         )
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,9 +58,13 @@ class PreTrainingModule(TaskModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         out = self._step(batch)
         batch_size = batch["input_ids"].shape[0]
+        self.val_losses[0].update(out["loss"], batch_size)
         # MLM numbers are per predicted token, NSP numbers per sequence: weight each accordingly.
         weights = {"mlm_loss": out["num_predictions"], "mlm_accuracy": out["num_predictions"]}
         for name, metric in self.val_sums.items():
             metric.update(out[name], weights.get(name, batch_size))
+
+    def log_metrics(self) -> None:
         for name, metric in self.val_sums.items():
-            self.log(f"val/{name}", metric, prog_bar=name == "loss", on_step=False, on_epoch=True)
+            self.log(f"val/{name}", metric.compute())
+            metric.reset()

@@ -6,7 +6,7 @@ every window to 384 tokens and lets the softmax run over the padding, padding po
 softmax: the loss does not depend on how a batch is padded.
 
 Validation collects each window's logits (from every device), turns them into one answer per question across its
-windows (`lightbert.data.squad_answers`) and logs the official scores: `val/exact_match` and `val/f1` for v1.1;
+windows (`lightbert.eval.squad_answers`) and logs the official scores: `val/exact_match` and `val/f1` for v1.1;
 `val/exact`, `val/f1`, the HasAns/NoAns breakdown and the null threshold for v2.0.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lightbert.data.batches import gather_dict
+from lightbert.distributed import gather_dict
 from lightbert.model import BertForQuestionAnswering
 from lightbert.tasks.base import TaskModule
 
@@ -32,44 +32,37 @@ def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, batch: dict[
 
 
 class QuestionAnsweringModule(TaskModule):
-    """Plain arguments (`save_hyperparameters` keeps plain containers; `load_from_checkpoint` just works)."""
+    """Validation needs the dev set's examples to turn window logits into answers: the entry point hands the
+    DataModule's `evaluator` (a `SquadAnswers`) to `self.evaluator`."""
 
     def __init__(self, model: dict, optim: dict):
         super().__init__(model, optim)
-        self.save_hyperparameters()
         self.model = BertForQuestionAnswering(self.config)
         self._val_logits: dict[int, np.ndarray] = {}
 
-    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    def loss(self, outputs: tuple[torch.Tensor, torch.Tensor], batch: dict) -> torch.Tensor:
+        return span_loss(*outputs, batch)
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        start_logits, end_logits = self(batch)
-        loss = span_loss(start_logits, end_logits, batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
-        return loss
+    def prediction(self, outputs: tuple[torch.Tensor, torch.Tensor], batch: dict) -> torch.Tensor:
+        return torch.stack(outputs, dim=-1).float()  # (B, T, 2): each window's start and end logits
 
-    def _window_logits(self, batch: dict) -> torch.Tensor:
-        start_logits, end_logits = self(batch)
-        return torch.stack([start_logits, end_logits], dim=-1).float()  # (B, T, 2)
-
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        logits = self._window_logits(batch).cpu().numpy()
+    def update_metrics(self, outputs: tuple[torch.Tensor, torch.Tensor], batch: dict, dataloader_idx: int) -> None:
+        logits = self.prediction(outputs, batch).cpu().numpy()
         lengths = batch["attention_mask"].sum(-1).tolist()
         for idx, row, length in zip(batch["idx"].tolist(), logits, lengths, strict=True):
             self._val_logits[idx] = row[:length].copy()  # a copy: pickling a view would pickle the whole batch
 
-    def on_validation_epoch_end(self) -> None:
+    def log_metrics(self) -> None:
         logits = gather_dict(self._val_logits)  # each device saw a share of the windows
         self._val_logits = {}
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if datamodule is None or not hasattr(datamodule, "validation_answers"):
-            raise RuntimeError("QuestionAnsweringModule validates with a SquadDataModule: pass it as datamodule=")
+        answers = self.evaluator() if self.evaluator is not None else None
+        if answers is None:
+            raise RuntimeError(
+                "QuestionAnsweringModule scores validation with SQuAD's answers: set module.evaluator = "
+                "datamodule.evaluator (lightbert.train does) before fitting"
+            )
         # Every device holds all logits and scores them identically, so the values need no further syncing.
-        scores, _, _ = datamodule.validation_answers.score(logits)
+        scores, _, _ = answers.score(logits)
         for name, value in scores.items():
             if not name.endswith("total"):
                 self.log(f"val/{name}", float(value), prog_bar=name in ("exact_match", "exact", "f1"))
-
-    def predict_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor]:
-        return {"idx": batch["idx"], "prediction": self._window_logits(batch)}

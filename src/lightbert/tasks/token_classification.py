@@ -15,15 +15,14 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from lightbert.data.encoding import IGNORE_INDEX
+from lightbert.eval.ner import EntityF1
 from lightbert.model import BertForTokenClassification
 from lightbert.model.feature_based import FeatureBasedTagger
-from lightbert.ner_eval import EntityF1
 from lightbert.tasks.base import TaskModule
 
 
 class TokenClassificationModule(TaskModule):
-    """Plain arguments (`save_hyperparameters` keeps plain containers; `load_from_checkpoint` just works)."""
-
     def __init__(
         self,
         model: dict,
@@ -34,7 +33,6 @@ class TokenClassificationModule(TaskModule):
         lstm_layers: int = 2,
     ):
         super().__init__(model, optim)
-        self.save_hyperparameters()
         self.label_names = list(label_names)
         if features is None:
             self.model = BertForTokenClassification(self.config, len(self.label_names))
@@ -43,30 +41,19 @@ class TokenClassificationModule(TaskModule):
         self.outside = self.label_names.index("O")
         self.val_f1 = EntityF1(self.label_names)
 
-    def forward(self, batch: dict) -> torch.Tensor:
-        return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    def loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX)
 
-    def word_predictions(self, logits: torch.Tensor, word_starts: torch.Tensor) -> torch.Tensor:
+    def prediction(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         """(B, W) label of each word, read at its first sub-token; "O" for a word that was cut off."""
+        word_starts = batch["word_starts"]
         predicted = logits.argmax(-1).gather(1, word_starts.clamp(min=0))
         return predicted.masked_fill(word_starts < 0, self.outside)
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        logits = self(batch)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
-        return loss
+    def update_metrics(self, logits: torch.Tensor, batch: dict, dataloader_idx: int) -> None:
+        self.val_f1.update(self.prediction(logits, batch), batch["word_labels"])
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        logits = self(batch)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
-        self.log("val/loss", loss, batch_size=batch["input_ids"].shape[0], sync_dist=True)
-        self.val_f1.update(self.word_predictions(logits, batch["word_starts"]), batch["word_labels"])
-
-    def on_validation_epoch_end(self) -> None:
+    def log_metrics(self) -> None:
         for name, value in self.val_f1.compute().items():  # compute() sums the counts of every device
             self.log(f"val/{name}", value, prog_bar=name == "f1")
         self.val_f1.reset()
-
-    def predict_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
-        return {"idx": batch["idx"], "prediction": self.word_predictions(self(batch), batch["word_starts"])}

@@ -15,10 +15,18 @@ result is the same however the sentences were split.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
+import datasets
 import torch
 from torchmetrics import Metric
+
+from lightbert.data.encoding import IGNORE_INDEX
+from lightbert.eval import Predictions
+from lightbert.files import write_atomically
 
 Entity = tuple[str, int, int]  # (type, first word, last word), inclusive
 
@@ -96,7 +104,7 @@ class EntityF1(Metric):
 
     full_state_update = False
 
-    def __init__(self, label_names: Sequence[str], ignore_index: int = -100):
+    def __init__(self, label_names: Sequence[str], ignore_index: int = IGNORE_INDEX):
         super().__init__()
         self.label_names = list(label_names)
         self.types = entity_types(label_names)
@@ -127,3 +135,30 @@ class EntityF1(Metric):
         for i, kind in enumerate(self.types):
             scores[f"f1_{kind}"] = prf(self.correct[i].item(), self.predicted[i].item(), self.gold[i].item())[2]
         return {name: torch.tensor(value) for name, value in scores.items()}
+
+
+@dataclass
+class ConllevalFiles:
+    """NER's `PredictionWriter`: per prediction split `<split>.txt` in conlleval's input format (word, gold tag,
+    predicted tag; a blank line between sentences) and eval.json with the entity-level scores of every split.
+
+    `data[split]` holds each sentence's `idx`, `tokens` (its words) and `word_labels` (gold label indices).
+    """
+
+    label_names: Sequence[str]
+    data: dict[str, datasets.Dataset]
+
+    def write(self, predictions: Predictions, out_dir: Path) -> list[Path]:
+        written, scores = [], {}
+        for split, by_idx in predictions.items():
+            sentences = self.data[split]
+            gold, predicted, lines = [], [], []
+            for idx, words, labels in zip(sentences["idx"], sentences["tokens"], sentences["word_labels"], strict=True):
+                gold_tags = [self.label_names[i] for i in labels]
+                predicted_tags = [self.label_names[i] for i in by_idx[idx][: len(words)]]
+                gold.append(gold_tags)
+                predicted.append(predicted_tags)
+                lines += [f"{w} {g} {p}" for w, g, p in zip(words, gold_tags, predicted_tags, strict=True)] + [""]
+            written.append(write_atomically(out_dir / f"{split}.txt", "\n".join(lines)))
+            scores[split] = entity_scores(gold, predicted)
+        return [*written, write_atomically(out_dir / "eval.json", json.dumps(scores, indent=2) + "\n")]

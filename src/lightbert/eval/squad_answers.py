@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,9 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from lightbert.squad_eval import best_threshold, evaluate_v1, evaluate_v2, raw_scores_v2
+from lightbert.eval import Predictions
+from lightbert.eval.squad import best_threshold, evaluate_v1, evaluate_v2, raw_scores_v2
+from lightbert.files import write_atomically
 
 NO_CANDIDATE_ODDS = 1e9  # null odds of a question without any valid span: "" whatever the threshold
 
@@ -173,24 +174,19 @@ class SquadAnswers:
         scores["null_threshold"] = threshold
         return scores, answers, predictions
 
-    def write(self, logits: Mapping[int, np.ndarray], out_dir: Path) -> list[Path]:
-        """The official output files, written atomically, and eval.json with the official scores."""
-        scores, answers, predictions = self.score(logits, with_odds=True)
-        files = {
-            "predictions.json": predictions,
-            "nbest_predictions.json": {a.id: a.nbest for a in answers},
-        }
+    def write(self, predictions: Predictions, out_dir: Path) -> list[Path]:
+        """The official output files of the split's logits (`predictions`, keyed by split: this one only),
+        written atomically, and eval.json with the official scores. SQuAD's `PredictionWriter`."""
+        (logits,) = predictions.values()
+        scores, answers, texts = self.score(logits, with_odds=True)
+        files = {"predictions.json": texts, "nbest_predictions.json": {a.id: a.nbest for a in answers}}
         if self.version_2:
             files["null_odds.json"] = {a.id: a.null_odds for a in answers}
         files["eval.json"] = scores
-        out_dir.mkdir(parents=True, exist_ok=True)
-        written = []
-        for name, content in files.items():
-            path = out_dir / name
-            tmp = path.with_name(f".{name}.tmp{os.getpid()}")
-            tmp.write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-            tmp.replace(path)
-            written.append(path)
+        written = [
+            write_atomically(out_dir / name, json.dumps(content, indent=2, ensure_ascii=False) + "\n")
+            for name, content in files.items()
+        ]
         shown = ", ".join(f"{k}={v:.2f}" for k, v in scores.items() if k in ("exact_match", "exact", "f1", "best_f1"))
         print(f"lightbert: SQuAD v{'2.0' if self.version_2 else '1.1'} dev predictions in {out_dir} ({shown})")
         return written

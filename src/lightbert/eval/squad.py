@@ -1,4 +1,4 @@
-"""The official SQuAD scorers, v1.1 and v2.0, as one module: `python -m lightbert.squad_eval DATA.json PRED.json`.
+"""The official SQuAD scorers, v1.1 and v2.0, as one module: `python -m lightbert.eval.squad DATA.json PRED.json`.
 
 Same algorithm as the official `evaluate-v1.1.py` and `evaluate-v2.0.py` (Rajpurkar et al.): answers are
 lower-cased, stripped of punctuation, the articles a/an/the and extra whitespace; exact match and token F1
@@ -251,7 +251,7 @@ def score_files(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m lightbert.squad_eval", description="Score SQuAD predictions as the official v1.1/v2.0 scripts."
+        prog="python -m lightbert.eval.squad", description="Score SQuAD predictions as the official v1.1/v2.0 scripts."
     )
     parser.add_argument("data_file", help="official-format data file (dev-v1.1.json, dev-v2.0.json)")
     parser.add_argument("prediction_file", help="predictions.json: question id -> answer text")
