@@ -193,7 +193,7 @@ def read_conlleval(path):
 @pytest.mark.slow
 def test_fine_tuning_on_iob1_conll_files_learns_and_writes_conlleval_predictions(tmp_path, ner_bert):
     files = ner_data_files(tmp_path / "data", fmt="conll", scheme="iob1")
-    cfg = compose_config(ner_overrides(ner_bert, files, "trainer.max_epochs=8", "task.lr=1e-3"), tmp_path / "run")
+    cfg = compose_config(ner_overrides(ner_bert, files, "trainer.max_epochs=8", "optim.lr=1e-3"), tmp_path / "run")
     results = train(cfg)
     assert results["monitor"] == "val/f1"
     assert results["best_score"] > 0.6  # from 0: the tags depend on the words (measured: 0.96)

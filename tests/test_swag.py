@@ -84,7 +84,7 @@ def test_swag_fine_tuning_on_local_csv_files_learns(tmp_path, swag_bert):
         "logger=csv",
         "trainer.max_epochs=8",
         "trainer.max_steps=-1",
-        "task.lr=1e-3",
+        "optim.lr=1e-3",
         *(f"task.data_files.{k}={v}" for k, v in files.items()),
     ]
     results = train(compose_config(overrides, tmp_path / "run"))

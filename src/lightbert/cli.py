@@ -1,8 +1,8 @@
 """Friendlier command-line errors than Hydra's for the commonest mistakes: a misspelled config key or option.
 
-Hydra rejects `trainer.max_stepz=10` with "Key 'max_stepz' is not in struct". Before Hydra runs, this
-composes the config the same way and, for a key that does not exist, names the valid keys at that level
-and the closest match. Anything it cannot judge (sweeps, `+`/`~` overrides, hydra.* keys, a config that
+Hydra rejects a misspelled key (`max_stepz` for `max_steps`) with "Key 'max_stepz' is not in struct". Before
+Hydra runs, this composes the config the same way and, for a key that does not exist, names the valid keys at
+that level and the closest match. Anything it cannot judge (sweeps, `+`/`~` overrides, hydra.* keys, a config that
 does not compose) is left to Hydra.
 """
 

@@ -4,6 +4,8 @@ Raising `UserError` means "print this one message and stop": the entry point sho
 traceback. Anything else is a bug in lightbert and keeps its traceback.
 """
 
+from __future__ import annotations
+
 
 class UserError(Exception):
     """A mistake in the user's input or config, with a message that says what to do."""
@@ -21,6 +23,11 @@ class ParameterError(ConfigError):
     def __init__(self, template: str, *parameters: str):
         self.template, self.parameters = template, parameters
         super().__init__(template.format(*parameters))
+
+    @classmethod
+    def about(cls, parameter: str, error: Exception) -> ParameterError:
+        """`error`'s message, said of `parameter` (e.g. a tokenizer file that does not exist)."""
+        return cls("{0}: " + str(error).replace("{", "{{").replace("}", "}}"), parameter)
 
     def naming(self, keys: dict[str, str]) -> ConfigError:
         """The same error with each parameter named by its key in `keys` (parameter -> config key)."""

@@ -6,11 +6,15 @@ import hashlib
 import inspect
 import netrc
 import os
+import sys
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
 
 from lightbert.errors import UserError
 
@@ -77,3 +81,22 @@ def wandb_logger(
     if logger._wandb_init.get("anonymous") is None:
         logger._wandb_init.pop("anonymous", None)
     return logger
+
+
+def finish_wandb() -> None:
+    """Ends the W&B run, if one was started (also after a failed run: its state is uploaded, not left open)."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and wandb.run is not None:
+        wandb.finish()
+
+
+@rank_zero_only
+def summarise_in_wandb(trainer: L.Trainer, results: dict[str, Any]) -> None:
+    """The run's headline numbers in the W&B summary: what the runs table and a sweep's parallel-coordinates
+    chart show. `best/<monitor>` is the best validation value (the checkpoint kept), not the last one."""
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger):
+            summary = {"global_step": results["global_step"], "seconds": results["seconds"]}
+            if results["monitor"] and results["best_score"] is not None:
+                summary[f"best/{results['monitor']}"] = results["best_score"]
+            logger.experiment.summary.update(summary)

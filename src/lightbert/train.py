@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import sys
+import re
 import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,31 +19,56 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
-from lightbert import RESULTS_FILE
 from lightbert.checkpointing import AtomicCheckpointIO
 from lightbert.cli import CONF_DIR
 from lightbert.console import quiet_lightning_tips
 from lightbert.distributed import gather_dict
-from lightbert.errors import ConfigError, UserError
+from lightbert.errors import ConfigError, ParameterError, UserError
 from lightbert.files import write_atomically
 from lightbert.interop import Pretrained, load_into, load_pretrained
+from lightbert.loggers import finish_wandb, summarise_in_wandb
 from lightbert.model import BertConfig, BertModel
 from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
+from lightbert.phases import phases as recipe_phases
+from lightbert.run_dir import LAST_CHECKPOINT, check_output_dir, save_tokenizer, write_results
+from lightbert.run_dir import results as run_results
 
 log = logging.getLogger(__name__)
 
 
+def config_keys(node: DictConfig) -> dict[str, str]:
+    """Each parameter of a node that builds an object (e.g. `task.datamodule`) -> the key a user sets for it: the
+    key it interpolates (`max_seq_length: ${task.max_seq_length}` -> task.max_seq_length), else its own."""
+    path = node._get_full_key(None)
+    keys = {}
+    for name, value in OmegaConf.to_container(node, resolve=False).items():
+        match = re.fullmatch(r"\$\{([\w.]+)\}", value) if isinstance(value, str) else None
+        keys[str(name)] = match.group(1) if match else f"{path}.{name}"
+    return keys
+
+
+@contextmanager
+def parameters_named_by(node: DictConfig) -> Iterator[None]:
+    """A `ParameterError` raised while building (or first using) the object of `node` names config keys."""
+    try:
+        yield
+    except ParameterError as error:
+        raise error.naming(config_keys(node)) from None
+
+
 def _instantiate(node: Any, **kwargs: Any) -> Any:
-    """`hydra.utils.instantiate`, letting a `UserError` raised by the target through unwrapped."""
+    """`hydra.utils.instantiate`, letting a `UserError` raised by the target through unwrapped, with the config
+    keys of the parameters a `ParameterError` names."""
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as error:
         cause = error.__cause__
+        if isinstance(cause, ParameterError) and isinstance(node, DictConfig):
+            raise cause.naming(config_keys(node)) from None
         if isinstance(cause, UserError):
             raise cause from None
         raise
@@ -51,30 +76,6 @@ def _instantiate(node: Any, **kwargs: Any) -> Any:
         raise UserError(
             f"{error.full_key} is required: set it on the command line, e.g. {error.full_key}=..."
         ) from None
-
-
-LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
-
-
-def _check_output_dir(output_dir: Path, resume: bool) -> Path | None:
-    """The checkpoint to resume from, if any. Nothing a user saved is ever lost: a finished run's directory is
-    not trained into again, and an unfinished one only to continue it."""
-    if (output_dir / RESULTS_FILE).exists():
-        raise UserError(
-            f"{output_dir} already holds a finished run ({RESULTS_FILE}); choose another directory "
-            "with hydra.run.dir=... or leave it to the default, which is new for every run"
-        )
-    last = output_dir / LAST_CHECKPOINT
-    if resume:
-        if last.is_file():
-            return last
-        log.info(f"resume=true and no {last} yet: starting from the beginning")
-    elif last.is_file():
-        raise UserError(
-            f"{output_dir} holds an unfinished run ({LAST_CHECKPOINT}); add resume=true to continue it, "
-            "or choose another directory with hydra.run.dir=..."
-        )
-    return None
 
 
 def _check_devices(cfg: DictConfig) -> None:
@@ -97,14 +98,6 @@ def _check_devices(cfg: DictConfig) -> None:
         )
 
 
-def _explicit_model_overrides() -> list[str]:
-    """The command line's `model=...` / `model.x=...` overrides (empty outside a Hydra run)."""
-    if not HydraConfig.initialized():
-        return []
-    overrides = HydraConfig.get().overrides.task
-    return [o for o in overrides if o.lstrip("+~").startswith(("model=", "model."))]
-
-
 def _checked_model_config(cfg: DictConfig, pretrained: Pretrained | None) -> dict:
     """The architecture as a plain dict, validated before any data work so a bad size fails at once.
 
@@ -113,7 +106,8 @@ def _checked_model_config(cfg: DictConfig, pretrained: Pretrained | None) -> dic
     """
     model = OmegaConf.to_container(cfg.model, resolve=True)
     if pretrained is not None:
-        explicit = _explicit_model_overrides()
+        # The command line's model=... / model.x=... overrides (cfg.overrides: the command line).
+        explicit = [o for o in cfg.get("overrides") or [] if o.lstrip("+~").startswith(("model=", "model."))]
         if explicit:
             # model=<size> asks for every size; model.<key>=... for that key only.
             keys = [o.lstrip("+~").split("=", 1)[0] for o in explicit]
@@ -159,12 +153,6 @@ def compose_config(overrides: list[str], output_dir: str | Path, conf_dir: Path 
     return cfg
 
 
-def _finish_wandb() -> None:
-    wandb = sys.modules.get("wandb")
-    if wandb is not None and wandb.run is not None:
-        wandb.finish()
-
-
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train and validate as `cfg` says; write `results.json` in the run directory and return its content."""
     started = time.time()
@@ -173,7 +161,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")  # Lightning internals vs newer torch
     output_dir = Path(cfg.paths.output_dir)
     log.info(f"run directory: {output_dir}")
-    resume_from = _check_output_dir(output_dir, bool(cfg.get("resume", False)))
+    resume_from = check_output_dir(output_dir, bool(cfg.get("resume", False)))
     _check_devices(cfg)
     quiet_lightning_tips()
     datasets_logging.disable_progress_bar()  # on only around maps worth watching (data.local_files.progress_bars_for)
@@ -189,8 +177,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     try:
         tokenizer_kwargs = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}
         # Partial, then called: objects passed through instantiate() would be turned into configs.
-        datamodule = _instantiate(cfg.task.datamodule, _partial_=True)(**tokenizer_kwargs)
-        tokenizer = datamodule.tokenizer
+        with parameters_named_by(cfg.task.datamodule):
+            datamodule = _instantiate(cfg.task.datamodule, _partial_=True)(**tokenizer_kwargs)
+            tokenizer = datamodule.tokenizer
         module = _instantiate(
             cfg.task.module,
             model=_with_vocabulary(model_config, tokenizer, pretrained),
@@ -204,9 +193,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         _apply_speed_switches(module, cfg.get("speed") or {})
         loggers = [_instantiate(c) for c in (cfg.get("logger") or {}).values()]
         for logger in loggers:  # the resolved config, and the command line that made it
-            logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "overrides": _overrides()})
-        _save_tokenizer(tokenizer, output_dir)
-        phases = _phases(cfg)
+            logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        save_tokenizer(tokenizer, output_dir)
+        phases = recipe_phases(cfg)
         # mmap: the step count without reading BERT_LARGE's weights and optimizer state into memory
         done = torch.load(resume_from, mmap=True, weights_only=True)["global_step"] if resume_from else 0
         for number, phase in enumerate(phases, start=1):
@@ -216,7 +205,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 steps = f"steps {phase.first_step}-{phase.end_step}"
                 log.info(f"phase {number}/{len(phases)}: {steps}, {phase.datamodule}")
                 phase_kwargs = {"tokenizer": tokenizer, "first_step": phase.first_step}
-                datamodule = _instantiate(cfg.task.datamodule, **phase.datamodule, _partial_=True)(**phase_kwargs)
+                with parameters_named_by(cfg.task.datamodule):
+                    datamodule = _instantiate(cfg.task.datamodule, **phase.datamodule, _partial_=True)(**phase_kwargs)
             # Fresh callbacks for each phase: their state comes back from the checkpoint the phase starts from.
             callbacks = [_instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
             trainer: L.Trainer = _instantiate(
@@ -228,14 +218,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             )
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
             resume_from = output_dir / LAST_CHECKPOINT  # the next phase starts from this one's weights and optimizer
-        results = _results(trainer, output_dir, time.time() - started)
+        results = run_results(trainer, output_dir, time.time() - started)
         results["predictions"] = _write_test_predictions(trainer, module, datamodule, output_dir)
-        _write_results(results, output_dir)
-        _summarise_in_wandb(trainer, results)
+        write_results(results, output_dir)
+        summarise_in_wandb(trainer, results)
         _end_distributed()
         return results
     finally:
-        _finish_wandb()
+        finish_wandb()
 
 
 def _end_distributed() -> None:
@@ -308,54 +298,6 @@ def _apply_speed_switches(module: L.LightningModule, speed: DictConfig | dict) -
         module.model.compile()  # in place, so parameter names and checkpoints stay those of the plain model
 
 
-@dataclass(frozen=True)
-class Phase:
-    first_step: int
-    end_step: int
-    datamodule: dict  # task.datamodule keys this phase changes, e.g. max_seq_length
-
-
-def _phases(cfg: DictConfig) -> list[Phase]:
-    """task.phases (a recipe's, e.g. 90% of the steps at 128 tokens, then 512) as step ranges; one phase without."""
-    node = cfg.task.get("phases")
-    phases = OmegaConf.to_container(node, resolve=True) if node else []
-    if not phases:
-        return [Phase(0, int(cfg.trainer.max_steps), {})]
-    total, out, first = int(cfg.trainer.max_steps), [], 0
-    if total <= 0:
-        raise ConfigError("task.phases need trainer.max_steps (the whole run's steps), e.g. trainer.max_steps=1000000")
-    for number, phase in enumerate(phases, start=1):
-        if set(phase) != {"until", "datamodule"} or not 0 < phase["until"] <= 1:
-            raise ConfigError(
-                f"task.phases[{number - 1}] must have `until` (a fraction of trainer.max_steps in (0, 1]) and "
-                f"`datamodule` (the task.datamodule keys it changes), got {phase}"
-            )
-        end = round(phase["until"] * total)
-        if end <= first:
-            raise ConfigError(f"task.phases[{number - 1}] ends at step {end}, not after the previous one ({first})")
-        out.append(Phase(first, end, dict(phase["datamodule"])))
-        first = end
-    if first != total:
-        raise ConfigError(f"the last of task.phases must run until 1.0 (trainer.max_steps), not step {first}")
-    return out
-
-
-def _overrides() -> list[str]:
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
-@rank_zero_only
-def _summarise_in_wandb(trainer: L.Trainer, results: dict[str, Any]) -> None:
-    """The run's headline numbers in the W&B summary: what the runs table and a sweep's parallel-coordinates
-    chart show. `best/<monitor>` is the best validation value (the checkpoint kept), not the last one."""
-    for logger in trainer.loggers:
-        if isinstance(logger, WandbLogger):
-            summary = {"global_step": results["global_step"], "seconds": results["seconds"]}
-            if results["monitor"] and results["best_score"] is not None:
-                summary[f"best/{results['monitor']}"] = results["best_score"]
-            logger.experiment.summary.update(summary)
-
-
 def _with_vocabulary(model_config: dict, tokenizer, pretrained: Pretrained | None) -> dict:
     """The size files leave the vocabulary to the tokenizer; a checkpoint brings its own embedding size."""
     if pretrained is None:
@@ -396,45 +338,3 @@ def _write_test_predictions(trainer: L.Trainer, module, datamodule, output_dir: 
         return []
     written = datamodule.prediction_writer().write(predictions, output_dir / "predictions")
     return [str(p) for p in written]
-
-
-@rank_zero_only
-def _save_tokenizer(tokenizer, output_dir: Path) -> None:
-    # Next to the checkpoints, so a run directory is enough to load the model again.
-    tokenizer.save(output_dir / "tokenizer.json")
-
-
-def _results(trainer: L.Trainer, output_dir: Path, seconds: float) -> dict[str, Any]:
-    checkpoints = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
-    checkpoint = next((c for c in checkpoints if c.monitor), None)  # the best by the task's monitor
-    metrics = {name: float(value) for name, value in sorted(trainer.callback_metrics.items())}
-    best = checkpoint.best_model_score if checkpoint is not None else None
-    return {
-        "metrics": metrics,
-        "monitor": checkpoint.monitor if checkpoint else None,
-        "best_score": float(best) if best is not None else None,
-        "global_step": trainer.global_step,
-        "best_checkpoint": (checkpoint.best_model_path or None) if checkpoint else None,  # None: no validation ran
-        "last_checkpoint": str(output_dir / LAST_CHECKPOINT) if (output_dir / LAST_CHECKPOINT).is_file() else None,
-        "tokenizer": str(output_dir / "tokenizer.json"),
-        "output_dir": str(output_dir),
-        "seconds": round(seconds, 1),
-    }
-
-
-@rank_zero_only
-def _write_results(results: dict[str, Any], output_dir: Path) -> None:
-    write_atomically(output_dir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
-    metrics = results["metrics"]
-    shown = [f"{k}={v:.4f}" for k, v in metrics.items() if k.startswith("val/")][:6]
-    if results["monitor"] and results["best_score"] is not None:
-        shown.append(f"best {results['monitor']}={results['best_score']:.4f}")
-    if not shown:
-        shown = ["no validation ran: raise trainer.max_steps or lower trainer.val_check_interval"]
-    outputs = [RESULTS_FILE, "metrics.csv", "checkpoints/", "tokenizer.json"]
-    if results.get("predictions"):
-        outputs.append("predictions/")
-    print(
-        f"lightbert: finished {results['global_step']} steps in {results['seconds']:.0f}s ({', '.join(shown)}). "
-        f"Outputs in {output_dir}: {', '.join(outputs)}"
-    )

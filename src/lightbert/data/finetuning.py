@@ -85,7 +85,12 @@ class FineTuningDataModule(L.LightningDataModule):
 
     @cached_property
     def tokenizer(self) -> BertTokenizer:
-        return self._tokenizer or load_tokenizer(self.tokenizer_path)
+        if self._tokenizer is not None:
+            return self._tokenizer
+        try:
+            return load_tokenizer(self.tokenizer_path)
+        except UserError as error:
+            raise ParameterError.about("tokenizer_path", error) from None
 
     # -- splits ------------------------------------------------------------------------------------------------
 

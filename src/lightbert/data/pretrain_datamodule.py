@@ -27,7 +27,7 @@ from lightbert.data.resumable import SeededExamples, StepSampler
 from lightbert.data.streaming import StreamingExamples, held_out_examples
 from lightbert.data.tokenizer import BertTokenizer, iter_sentences, load_tokenizer, train_wordpiece
 from lightbert.distributed import is_distributed
-from lightbert.errors import UserError
+from lightbert.errors import ParameterError, UserError
 from lightbert.files import publish_directory
 
 Corpus = TextCorpus | HFCorpus | DemoCorpus
@@ -76,11 +76,11 @@ class PretrainDataModule(L.LightningDataModule):
     ):
         super().__init__()
         if max_seq_length < 8:
-            raise UserError(f"task.max_seq_length must be at least 8, got {max_seq_length}")
+            raise ParameterError(f"{{0}} must be at least 8, got {max_seq_length}", "max_seq_length")
         if not 0 < masked_lm_prob < 1:
-            raise UserError(f"task.masked_lm_prob must be in (0, 1), got {masked_lm_prob}")
+            raise ParameterError(f"{{0}} must be in (0, 1), got {masked_lm_prob}", "masked_lm_prob")
         if not 0 < validation_fraction < 1:
-            raise UserError(f"task.validation_fraction must be in (0, 1), got {validation_fraction}")
+            raise ParameterError(f"{{0}} must be in (0, 1), got {validation_fraction}", "validation_fraction")
         self.corpus = corpus
         self.cache_dir = Path(cache_dir).expanduser()
         self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
@@ -107,7 +107,10 @@ class PretrainDataModule(L.LightningDataModule):
         if self._tokenizer is not None:  # from init_from's checkpoint
             return self._tokenizer
         if self.tokenizer_path:
-            return load_tokenizer(self.tokenizer_path, lowercase=self.lowercase)
+            try:
+                return load_tokenizer(self.tokenizer_path, lowercase=self.lowercase)
+            except UserError as error:
+                raise ParameterError.about("tokenizer_path", error) from None
         # Streaming trains on the first tokenizer_documents documents of the stream; the cached path on all.
         sample = self.tokenizer_documents if self.streaming else None
         key = digest([self.corpus.fingerprint, self.vocab_size, self.lowercase, *([sample] if sample else [])])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from lightbert.errors import UserError
+from lightbert.errors import ParameterError, UserError
 from lightbert.files import replace_atomically, write_atomically
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -35,7 +35,8 @@ def _bert_pipeline(model: models.Model, lowercase: bool) -> Tokenizer:
 def train_wordpiece(sentences: Iterable[str], vocab_size: int = 30522, lowercase: bool = True) -> BertTokenizer:
     """Learn a WordPiece vocabulary of at most `vocab_size` entries (fewer if the corpus is small)."""
     if vocab_size <= len(SPECIAL_TOKENS):
-        raise UserError(f"tokenizer.vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
+        must = f"{{0}} must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}"
+        raise ParameterError(must, "vocab_size")
     tokenizer = _bert_pipeline(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100), lowercase)
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
@@ -59,9 +60,9 @@ def load_tokenizer(path: str | Path, lowercase: bool = True) -> BertTokenizer:
                 path = path / name
                 break
         else:
-            raise UserError(f"no tokenizer.json or vocab.txt in {path}; point tokenizer.path at one of them")
+            raise UserError(f"no tokenizer.json or vocab.txt in {path}; give one of them or their directory")
     if not path.is_file():
-        raise UserError(f"tokenizer file {path} does not exist; set tokenizer.path to a tokenizer.json or vocab.txt")
+        raise UserError(f"tokenizer file {path} does not exist; give a tokenizer.json, a vocab.txt or their directory")
     try:
         if path.suffix == ".json":
             tokenizer = Tokenizer.from_file(str(path))

@@ -56,7 +56,10 @@ class BertConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)!r}")
         if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ConfigError(f"model.pad_token_id ({self.pad_token_id}) must be a token id below vocab_size")
+            raise ConfigError(
+                f"the padding token id ({self.pad_token_id}) must be below the vocabulary size ({self.vocab_size}): "
+                "the tokenizer and the model's vocabulary disagree"
+            )
 
     @property
     def head_size(self) -> int:
