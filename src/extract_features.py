@@ -1,6 +1,6 @@
 """Contextual embeddings: `python src/extract_features.py init_from=... input_file=... output_file=...` (see README).
 
-Thin on purpose: Hydra composes conf/extract_features.yaml, `lightbert.features.extract_to_file` does the work.
+Thin on purpose: Hydra composes conf/extract_features.yaml, `lightbert.embeddings.extract_to_file` does the work.
 """
 
 import sys
@@ -14,7 +14,7 @@ from lightbert.errors import UserError
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="extract_features")
 def main(cfg: DictConfig) -> None:
-    from lightbert.features import extract_to_file  # imported here so that --help and --cfg stay fast
+    from lightbert.embeddings import extract_to_file  # imported here so that --help and --cfg stay fast
 
     try:
         path, count = extract_to_file(cfg)

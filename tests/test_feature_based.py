@@ -18,8 +18,8 @@ from test_interop import write_hf_bert
 from test_ner import NER_WORDS
 
 from lightbert.data.conll import CONLL2003_LABELS, ConllDataModule
+from lightbert.embeddings import extract_to_file
 from lightbert.errors import ConfigError, UserError
-from lightbert.features import extract_to_file
 from lightbert.interop import load_into, load_pretrained
 from lightbert.model import BertConfig
 from lightbert.model.feature_based import FeatureBasedTagger, layer_combinations
@@ -48,7 +48,7 @@ def test_each_layer_combination_reads_the_hidden_states_it_names(bert4, features
     types = torch.zeros_like(input_ids)
     with torch.no_grad():
         _, _, hidden = model.bert(input_ids, types, mask, output_hidden_states=True)
-        got = model.features(input_ids, types, mask)
+        got = model.combined_layers(input_ids, types, mask)
     expected = {
         "embeddings": hidden[0],
         "second_to_last": hidden[-2],

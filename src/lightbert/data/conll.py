@@ -73,8 +73,8 @@ def read_conll_text(file: Path, where: str) -> datasets.Dataset:
 def tag_names(raw: datasets.Dataset, label_names: Sequence[str], where: str) -> list[list[str]]:
     """Every sentence's tags as strings, checked against the label set. Indices are read through the data's own
     class names when it has them (the hub's ClassLabel), else through `label_names`."""
-    feature = raw.features["ner_tags"]
-    inner = getattr(feature, "feature", None)
+    column_type = raw.features["ner_tags"]  # the Arrow schema's type of the column
+    inner = getattr(column_type, "feature", None)
     own_names = getattr(inner, "names", None)
     names = list(own_names or label_names)
     known = set(label_names)

@@ -56,12 +56,12 @@ def _top(logits: np.ndarray, k: int) -> np.ndarray:
 
 
 class SquadAnswers:
-    """Post-processing and scoring of one evaluated split, given its examples and its evaluation features."""
+    """Post-processing and scoring of one evaluated split, given its examples and their evaluation windows."""
 
     def __init__(
         self,
         examples: datasets.Dataset,
-        features: datasets.Dataset,
+        windows: datasets.Dataset,
         version_2: bool,
         n_best_size: int = 20,
         max_answer_length: int = 30,
@@ -73,7 +73,7 @@ class SquadAnswers:
         self.version_2 = version_2
         self.n_best_size, self.max_answer_length = n_best_size, max_answer_length
         self.null_score_diff_threshold = null_score_diff_threshold
-        columns = features.select_columns(["example_idx", "offsets", "max_context"]).with_format("numpy")
+        columns = windows.select_columns(["example_idx", "offsets", "max_context"]).with_format("numpy")
         self.windows = [
             Window(int(row["example_idx"]), np.asarray(row["offsets"]).reshape(-1, 2), row["max_context"].astype(bool))
             for row in columns

@@ -74,13 +74,13 @@ class FeatureBasedTagger(nn.Module):
         self,
         config: BertConfig,
         num_labels: int,
-        features: str = "concat_last_four",
+        combination: str = "concat_last_four",
         lstm_hidden_size: int = 768,
         lstm_layers: int = 2,
     ):
         super().__init__()
         self.config = config
-        self.combination = layer_combination(features, config.num_hidden_layers)
+        self.combination = layer_combination(combination, config.num_hidden_layers)
         self.bert = BertModel(config, add_pooling_layer=False)
         self.bert.requires_grad_(False).eval()  # and kept in eval mode by train() below
         width = len(self.combination.layers) if self.combination.combine == "concat" else 1
@@ -103,7 +103,7 @@ class FeatureBasedTagger(nn.Module):
         self.bert.eval()  # fixed features: no dropout in the encoder, ever
         return self
 
-    def features(
+    def combined_layers(
         self,
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
@@ -127,7 +127,7 @@ class FeatureBasedTagger(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = self.dropout(self.features(input_ids, token_type_ids, attention_mask))
+        x = self.dropout(self.combined_layers(input_ids, token_type_ids, attention_mask))
         length = input_ids.shape[1]
         if attention_mask is not None:  # the LSTM reads each sentence's real tokens only, not its padding
             lengths = attention_mask.sum(-1).cpu()

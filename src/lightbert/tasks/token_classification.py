@@ -1,7 +1,7 @@
 """Token classification: CoNLL-2003 NER, by fine-tuning (paper §5.3) or from fixed features (Table 7).
 
 Fine-tuning: the shared encoder plus one linear layer over the label set, every parameter trained.
-Feature-based (`features=` one of `lightbert.model.feature_based.layer_combinations`): the encoder frozen, its
+Feature-based (`layer_combination=` one of `lightbert.model.feature_based.layer_combinations`): the encoder frozen, its
 layers combined and fed to a two-layer BiLSTM; only the BiLSTM, the layer weights and the classifier train.
 
 Either way the loss is the cross-entropy on each word's first sub-token, and validation logs entity-level
@@ -28,16 +28,18 @@ class TokenClassificationModule(TaskModule):
         model: dict,
         optim: dict,
         label_names: Sequence[str],
-        features: str | None = None,
+        layer_combination: str | None = None,
         lstm_hidden_size: int = 768,
         lstm_layers: int = 2,
     ):
         super().__init__(model, optim)
         self.label_names = list(label_names)
-        if features is None:
+        if layer_combination is None:
             self.model = BertForTokenClassification(self.config, len(self.label_names))
         else:
-            self.model = FeatureBasedTagger(self.config, len(self.label_names), features, lstm_hidden_size, lstm_layers)
+            self.model = FeatureBasedTagger(
+                self.config, len(self.label_names), layer_combination, lstm_hidden_size, lstm_layers
+            )
         self.outside = self.label_names.index("O")
         self.val_f1 = EntityF1(self.label_names)
 
