@@ -1,22 +1,32 @@
-"""The pre-training DataModule: corpus -> WordPiece tokenizer -> sentence-pair examples (cached) -> masked batches.
+"""The pre-training DataModule: corpus -> WordPiece tokenizer -> sentence-pair examples -> masked batches.
 
-Expensive work happens once: the tokenizer is trained (or loaded) when first asked for, and the examples are
-built in `prepare_data` (local rank 0 of each node) through `datasets.map` and saved under the cache directory,
-keyed by everything they depend on. `setup` only loads them. Masking happens in the collator, per batch.
+The examples come from one of two sources, chosen by `streaming`:
+
+- `CachedExamples` (the default): built once in `prepare_data` (local rank 0 of each node) from the whole corpus
+  through `datasets.map` and saved under the cache directory, keyed by everything they depend on; `setup` only
+  loads them. `dupe_factor` pairings per document, `validation_fraction` of the documents held out.
+- `StreamedExamples`: made on the fly from the corpus read as a stream, for corpora larger than the disk cache
+  (`lightbert.data.streaming` says how it differs); the first `validation_documents` are held out.
+
+Either way the tokenizer is trained (or loaded) once when first asked for, and masking happens in the collator,
+per batch.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from itertools import islice
 from pathlib import Path
+from typing import NamedTuple
 
 import datasets
 import lightning as L
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.corpus import DemoCorpus, HFCorpus, TextCorpus, digest
@@ -47,7 +57,176 @@ def _tokenize_documents(batch: dict, tokenizer: BertTokenizer) -> dict:
     return {"sentence_ids": out}
 
 
+@dataclass
+class CachedExamples:
+    """Examples built once from the whole corpus and cached; shuffled by `StepSampler`, resumable by step."""
+
+    corpus: Corpus
+    cache_dir: Path
+    max_seq_length: int
+    short_seq_prob: float
+    seed: int
+    dupe_factor: int = 10
+    validation_fraction: float = 0.05
+    preprocessing_workers: int = 1
+    datasets: datasets.DatasetDict | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.validation_fraction < 1:
+            raise ParameterError(f"{{0}} must be in (0, 1), got {self.validation_fraction}", "validation_fraction")
+
+    def tokenizer_sample(self) -> tuple[Callable[[], Iterable[list[str]]], list]:
+        """The documents a new vocabulary is trained on (all of them), and what else its cache key needs."""
+        return lambda: self.documents["sentences"], []
+
+    @cached_property
+    def documents(self) -> datasets.Dataset:
+        """The corpus as a dataset of documents; loaded once, shared by tokenizer training and example creation."""
+        return self.corpus.load(self.cache_dir, num_proc=self.preprocessing_workers)
+
+    def examples_dir(self, tokenizer: BertTokenizer) -> Path:
+        key = digest(
+            [
+                EXAMPLES_VERSION,
+                self.corpus.fingerprint,
+                hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest(),
+                self.max_seq_length,
+                self.short_seq_prob,
+                self.dupe_factor,
+                self.validation_fraction,
+                self.seed,
+            ]
+        )
+        return self.cache_dir / "examples" / key
+
+    def prepare(self, tokenizer: BertTokenizer) -> None:
+        examples_dir = self.examples_dir(tokenizer)
+        if (examples_dir / "dataset_dict.json").is_file():
+            return
+        documents = self.documents
+        with progress_bars_for(len(documents)):
+            documents = documents.map(
+                _tokenize_documents,
+                batched=True,
+                remove_columns=documents.column_names,
+                fn_kwargs={"tokenizer": tokenizer},
+                features=datasets.Features(
+                    {"sentence_ids": datasets.Sequence(datasets.Sequence(datasets.Value("int32")))}
+                ),
+                num_proc=self._num_proc(len(documents)),
+                load_from_cache_file=False,  # cached as a whole below, under a key datasets' hash can't compute
+                desc="Tokenizing sentences",
+            )
+        if len(documents) < 2:
+            raise UserError(
+                f"the corpus has {len(documents)} usable document(s) (documents with at least one sentence that "
+                "has text); pre-training needs at least 2, for next-sentence pairs and a validation split. "
+                "In corpus=text files, separate documents with a blank line"
+            )
+        num_validation = min(len(documents) - 1, max(1, round(self.validation_fraction * len(documents))))
+        splits = documents.train_test_split(test_size=num_validation, seed=self.seed)
+        pairing = {name: getattr(self, name) for name in ("max_seq_length", "short_seq_prob", "dupe_factor", "seed")}
+        examples = datasets.DatasetDict(
+            {
+                name: create_pretraining_examples(
+                    split,
+                    **pairing,
+                    cls_id=tokenizer.cls_id,
+                    sep_id=tokenizer.sep_id,
+                    num_proc=self._num_proc(len(split)),
+                )
+                for name, split in (("train", splits["train"]), ("validation", splits["test"]))
+            }
+        )
+        publish_directory(examples_dir, lambda tmp: examples.save_to_disk(str(tmp)))
+        documents.cleanup_cache_files()  # the intermediate maps; the saved examples are all that is needed
+
+    def _num_proc(self, num_rows: int) -> int | None:
+        # Forking workers costs about a second per map: worth it from a few MB of text (~1000 documents) on.
+        workers = min(self.preprocessing_workers, num_rows // 1000)
+        return workers if workers > 1 else None
+
+    def setup(self, tokenizer: BertTokenizer) -> None:
+        if self.datasets is None:
+            self.datasets = datasets.load_from_disk(str(self.examples_dir(tokenizer)))
+
+    def train(self, tokenizer: BertTokenizer, batch_size: int, position: Position) -> tuple[Dataset, Sampler]:
+        assert self.datasets is not None, "call setup() first"
+        train = self.datasets["train"]
+        sampler = StepSampler(len(train), batch_size, self.seed, *position)
+        return SeededExamples(train, self.seed), sampler
+
+    def validation(self) -> Sequence[dict]:
+        assert self.datasets is not None, "call setup() first"
+        return self.datasets["validation"]
+
+
+@dataclass
+class StreamedExamples:
+    """Examples made on the fly from the corpus read as a stream; every device and DataLoader worker takes its
+    own documents. Nothing is tokenised into the cache."""
+
+    corpus: Corpus
+    cache_dir: Path
+    max_seq_length: int
+    short_seq_prob: float
+    seed: int
+    validation_documents: int = 1000  # the first documents of the stream, held out
+    tokenizer_documents: int = 100000  # the documents a new vocabulary is trained on
+    shuffle_buffer: int = 10000  # examples shuffled together
+    validation_examples: list[dict] | None = None
+
+    def stream(self):
+        """The corpus's documents, read one at a time."""
+        return self.corpus.stream(self.cache_dir)
+
+    def tokenizer_sample(self) -> tuple[Callable[[], Iterable[list[str]]], list]:
+        return lambda: islice(self.stream(), self.tokenizer_documents), [self.tokenizer_documents]
+
+    def prepare(self, tokenizer: BertTokenizer) -> None:
+        """Nothing to build ahead: the tokenizer, trained and cached once per node, is all."""
+
+    def setup(self, tokenizer: BertTokenizer) -> None:
+        if self.validation_examples is None:
+            documents = islice(self.stream(), self.validation_documents)
+            self.validation_examples = held_out_examples(
+                documents, tokenizer, self.max_seq_length, self.short_seq_prob, self.seed
+            )
+
+    def train(self, tokenizer: BertTokenizer, batch_size: int, position: Position) -> tuple[Dataset, None]:
+        rank, world_size, accumulate, steps_done = position
+        examples = StreamingExamples(
+            self.stream,
+            tokenizer,
+            self.max_seq_length,
+            self.short_seq_prob,
+            self.seed,
+            batch_size,
+            skip_documents=self.validation_documents,
+            rank=rank,
+            world_size=world_size,
+            start_batch=steps_done * accumulate,
+            shuffle_buffer=self.shuffle_buffer,
+        )
+        return examples, None
+
+    def validation(self) -> Sequence[dict]:
+        assert self.validation_examples is not None, "call setup() first"
+        return self.validation_examples
+
+
+class Position(NamedTuple):
+    """Where a run stands: its rank, world size, batches accumulated per step and steps this data has given."""
+
+    rank: int
+    world_size: int
+    accumulate: int
+    steps_done: int
+
+
 class PretrainDataModule(L.LightningDataModule):
+    """The tokenizer, one example source (`streaming` picks which; each takes its own settings) and masked batches."""
+
     def __init__(
         self,
         corpus: Corpus,
@@ -61,15 +240,17 @@ class PretrainDataModule(L.LightningDataModule):
         masked_lm_prob: float = 0.15,
         short_seq_prob: float = 0.1,
         whole_word_masking: bool = False,
-        dupe_factor: int = 10,
-        validation_fraction: float = 0.05,
         batch_size: int = 32,
         num_workers: int = 2,
-        preprocessing_workers: int | None = None,
         pad_to_multiple_of: int | None = 8,
         seed: int = 12345,
         first_step: int = 0,
         streaming: bool = False,
+        # CachedExamples' settings
+        dupe_factor: int = 10,
+        validation_fraction: float = 0.05,
+        preprocessing_workers: int | None = None,
+        # StreamedExamples' settings
         validation_documents: int = 1000,
         tokenizer_documents: int = 100000,
         shuffle_buffer: int = 10000,
@@ -79,25 +260,29 @@ class PretrainDataModule(L.LightningDataModule):
             raise ParameterError(f"{{0}} must be at least 8, got {max_seq_length}", "max_seq_length")
         if not 0 < masked_lm_prob < 1:
             raise ParameterError(f"{{0}} must be in (0, 1), got {masked_lm_prob}", "masked_lm_prob")
-        if not 0 < validation_fraction < 1:
-            raise ParameterError(f"{{0}} must be in (0, 1), got {validation_fraction}", "validation_fraction")
         self.corpus = corpus
         self.cache_dir = Path(cache_dir).expanduser()
         self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
         self.vocab_size, self.lowercase = vocab_size, lowercase
-        self.max_seq_length, self.short_seq_prob, self.dupe_factor = max_seq_length, short_seq_prob, dupe_factor
+        self.max_seq_length = max_seq_length
         self.max_predictions_per_seq, self.masked_lm_prob = max_predictions_per_seq, masked_lm_prob
         self.whole_word_masking = whole_word_masking
-        self.validation_fraction = validation_fraction
         self.batch_size, self.num_workers = batch_size, num_workers
-        self.preprocessing_workers = preprocessing_workers or min(8, os.cpu_count() or 1)
         self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
         self.first_step = first_step  # the global step this data starts at (a recipe's later phase)
-        # Streaming (lightbert.data.streaming): examples made on the fly, nothing tokenized into the cache.
-        self.streaming, self.validation_documents = streaming, validation_documents
-        self.tokenizer_documents, self.shuffle_buffer = tokenizer_documents, shuffle_buffer
-        self.validation_examples: list[dict] | None = None
-        self.datasets: datasets.DatasetDict | None = None
+        shared = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "seed": seed}
+        self.examples: CachedExamples | StreamedExamples
+        if streaming:
+            self.examples = StreamedExamples(
+                corpus, self.cache_dir, **shared, validation_documents=validation_documents,
+                tokenizer_documents=tokenizer_documents, shuffle_buffer=shuffle_buffer,
+            )  # fmt: skip
+        else:
+            workers = preprocessing_workers or min(8, os.cpu_count() or 1)
+            self.examples = CachedExamples(
+                corpus, self.cache_dir, **shared, dupe_factor=dupe_factor,
+                validation_fraction=validation_fraction, preprocessing_workers=workers,
+            )  # fmt: skip
 
     # -- tokenizer ---------------------------------------------------------------------------------------
 
@@ -111,105 +296,36 @@ class PretrainDataModule(L.LightningDataModule):
                 return load_tokenizer(self.tokenizer_path, lowercase=self.lowercase)
             except UserError as error:
                 raise ParameterError.about("tokenizer_path", error) from None
-        # Streaming trains on the first tokenizer_documents documents of the stream; the cached path on all.
-        sample = self.tokenizer_documents if self.streaming else None
-        key = digest([self.corpus.fingerprint, self.vocab_size, self.lowercase, *([sample] if sample else [])])
+        documents, sample = self.examples.tokenizer_sample()
+        key = digest([self.corpus.fingerprint, self.vocab_size, self.lowercase, *sample])
         path = self.cache_dir / "tokenizers" / key / "tokenizer.json"
         if not path.is_file():
-            documents = islice(self.stream(), sample) if sample else self.documents["sentences"]
-            tokenizer = train_wordpiece(iter_sentences(documents), vocab_size=self.vocab_size, lowercase=self.lowercase)
+            tokenizer = train_wordpiece(
+                iter_sentences(documents()), vocab_size=self.vocab_size, lowercase=self.lowercase
+            )
             tokenizer.save(path)
         return load_tokenizer(path)
 
-    def stream(self):
-        """The corpus's documents, read one at a time."""
-        return self.corpus.stream(self.cache_dir)
-
     # -- examples ----------------------------------------------------------------------------------------
 
-    @cached_property
+    @property
     def examples_dir(self) -> Path:
-        key = digest(
-            [
-                EXAMPLES_VERSION,
-                self.corpus.fingerprint,
-                hashlib.sha256(self.tokenizer.backend.to_str().encode()).hexdigest(),
-                self.max_seq_length,
-                self.short_seq_prob,
-                self.dupe_factor,
-                self.validation_fraction,
-                self.seed,
-            ]
-        )
-        return self.cache_dir / "examples" / key
+        """Where the cached examples are (CachedExamples only)."""
+        return self.examples.examples_dir(self.tokenizer)
 
-    @cached_property
+    @property
     def documents(self) -> datasets.Dataset:
-        """The corpus as a dataset of documents; loaded once, shared by tokenizer training and example creation."""
-        return self.corpus.load(self.cache_dir, num_proc=self.preprocessing_workers)
+        return self.examples.documents
+
+    @property
+    def datasets(self) -> datasets.DatasetDict | None:
+        return self.examples.datasets
 
     def prepare_data(self) -> None:
-        if self.streaming:
-            self.tokenizer  # noqa: B018 (trained and cached once per node, before the devices read it)
-            return
-        if (self.examples_dir / "dataset_dict.json").is_file():
-            return
-        documents = self.documents
-        tokenizer = self.tokenizer
-        num_proc = self._num_proc(len(documents))
-        with progress_bars_for(len(documents)):
-            documents = documents.map(
-                _tokenize_documents,
-                batched=True,
-                remove_columns=documents.column_names,
-                fn_kwargs={"tokenizer": tokenizer},
-                features=datasets.Features(
-                    {"sentence_ids": datasets.Sequence(datasets.Sequence(datasets.Value("int32")))}
-                ),
-                num_proc=num_proc,
-                load_from_cache_file=False,  # cached as a whole below, under a key datasets' hash can't compute
-                desc="Tokenizing sentences",
-            )
-        if len(documents) < 2:
-            raise UserError(
-                f"the corpus has {len(documents)} usable document(s) (documents with at least one sentence that "
-                "has text); pre-training needs at least 2, for next-sentence pairs and a validation split. "
-                "In corpus=text files, separate documents with a blank line"
-            )
-        num_validation = min(len(documents) - 1, max(1, round(self.validation_fraction * len(documents))))
-        splits = documents.train_test_split(test_size=num_validation, seed=self.seed)
-        examples = datasets.DatasetDict(
-            {
-                name: create_pretraining_examples(
-                    split,
-                    max_seq_length=self.max_seq_length,
-                    short_seq_prob=self.short_seq_prob,
-                    dupe_factor=self.dupe_factor,
-                    seed=self.seed,
-                    cls_id=tokenizer.cls_id,
-                    sep_id=tokenizer.sep_id,
-                    num_proc=self._num_proc(len(split)),
-                )
-                for name, split in (("train", splits["train"]), ("validation", splits["test"]))
-            }
-        )
-        publish_directory(self.examples_dir, lambda tmp: examples.save_to_disk(str(tmp)))
-        documents.cleanup_cache_files()  # the intermediate maps; the saved examples are all that is needed
-
-    def _num_proc(self, num_rows: int) -> int | None:
-        # Forking workers costs about a second per map: worth it from a few MB of text (~1000 documents) on.
-        workers = min(self.preprocessing_workers, num_rows // 1000)
-        return workers if workers > 1 else None
+        self.examples.prepare(self.tokenizer)
 
     def setup(self, stage: str | None = None) -> None:
-        if self.streaming:
-            if self.validation_examples is None:
-                documents = islice(self.stream(), self.validation_documents)
-                self.validation_examples = held_out_examples(
-                    documents, self.tokenizer, self.max_seq_length, self.short_seq_prob, self.seed
-                )
-        elif self.datasets is None:
-            self.datasets = datasets.load_from_disk(str(self.examples_dir))
+        self.examples.setup(self.tokenizer)
 
     # -- batches -----------------------------------------------------------------------------------------
 
@@ -228,56 +344,31 @@ class PretrainDataModule(L.LightningDataModule):
             generator=generator,
         )
 
-    def _loader(self, dataset, sampler, collator: MaskingCollator) -> DataLoader:
+    def _loader(self, dataset, sampler) -> DataLoader:
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
-            collate_fn=collator,
+            collate_fn=self.collator(),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
             generator=torch.Generator().manual_seed(self.seed),  # worker seeds never draw from the global RNG
         )
 
-    def _position(self) -> tuple[int, int, int, int]:
-        """(rank, world size, accumulated batches per step, steps this data has already given) of the run."""
+    def _position(self) -> Position:
         trainer = self.trainer
         if trainer is None:  # used outside a Trainer, e.g. in a notebook
-            return 0, 1, 1, 0
+            return Position(0, 1, 1, 0)
         steps_done = max(0, trainer.global_step - self.first_step)
-        return trainer.global_rank, trainer.world_size, trainer.accumulate_grad_batches, steps_done
+        return Position(trainer.global_rank, trainer.world_size, trainer.accumulate_grad_batches, steps_done)
 
     def train_dataloader(self) -> DataLoader:
         """Batches in `StepSampler`'s order (or the stream's), from the step a resumed run left off at."""
-        rank, world_size, accumulate, steps_done = self._position()
-        if self.streaming:
-            examples = StreamingExamples(
-                self.stream,
-                self.tokenizer,
-                self.max_seq_length,
-                self.short_seq_prob,
-                self.seed,
-                self.batch_size,
-                skip_documents=self.validation_documents,
-                rank=rank,
-                world_size=world_size,
-                start_batch=steps_done * accumulate,
-                shuffle_buffer=self.shuffle_buffer,
-            )
-            return self._loader(examples, None, self.collator())
-        assert self.datasets is not None, "call setup() first"
-        train = self.datasets["train"]
-        sampler = StepSampler(len(train), self.batch_size, self.seed, rank, world_size, accumulate, steps_done)
-        return self._loader(SeededExamples(train, self.seed), sampler, self.collator())
+        return self._loader(*self.examples.train(self.tokenizer, self.batch_size, self._position()))
 
     def val_dataloader(self) -> DataLoader:
         # The same masks at every validation and on any number of devices, so validation metrics compare.
-        if self.streaming:
-            assert self.validation_examples is not None, "call setup() first"
-            validation = SeededExamples(self.validation_examples, self.seed, epoch="validation")
-        else:
-            assert self.datasets is not None, "call setup() first"
-            validation = SeededExamples(self.datasets["validation"], self.seed, epoch="validation")
+        validation = SeededExamples(self.examples.validation(), self.seed, epoch="validation")
         sampler = UnpaddedDistributedSampler(validation) if is_distributed() else None
-        return self._loader(validation, sampler, self.collator())
+        return self._loader(validation, sampler)
