@@ -189,7 +189,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if pretrained is not None:
             load_into(module.model, pretrained)
         # Scoring that needs the data (SQuAD's answers): the module calls it once the data is set up.
-        module.evaluator = getattr(datamodule, "evaluator", None)
+        module.evaluator = datamodule.evaluator
         _apply_speed_switches(module, cfg.get("speed") or {})
         loggers = [_instantiate(c) for c in (cfg.get("logger") or {}).values()]
         for logger in loggers:  # the resolved config, and the command line that made it
@@ -317,7 +317,7 @@ def _write_test_predictions(trainer: L.Trainer, module, datamodule, output_dir: 
     Each prediction is one example's row of the batch's "prediction" (a class, a score, or a QA window's logits),
     as a numpy array so that gathering from other devices pickles just that row.
     """
-    splits = getattr(datamodule, "predict_splits", ())
+    splits = datamodule.predict_splits
     if not splits or datamodule.prediction_writer() is None:
         return []
     checkpoint = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)

@@ -227,6 +227,14 @@ class Position(NamedTuple):
 class PretrainDataModule(L.LightningDataModule):
     """The tokenizer, one example source (`streaming` picks which; each takes its own settings) and masked batches."""
 
+    predict_splits: tuple[str, ...] = ()  # pre-training predicts nothing after training
+
+    def prediction_writer(self) -> None:
+        return None
+
+    def evaluator(self) -> None:
+        return None
+
     def __init__(
         self,
         corpus: Corpus,
