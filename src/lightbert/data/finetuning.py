@@ -66,7 +66,7 @@ class FineTuningDataModule(L.LightningDataModule):
         pad_to_multiple_of: int | None = 8,
     ):
         super().__init__()
-        require_tokenizer(tokenizer, tokenizer_path, self.name)
+        require_tokenizer(tokenizer, tokenizer_path, self.task_option)
         if max_seq_length < self.min_seq_length:
             raise ParameterError(
                 f"{{0}} must be at least {self.min_seq_length}, got {max_seq_length}", "max_seq_length"
@@ -82,6 +82,11 @@ class FineTuningDataModule(L.LightningDataModule):
         check_data_files(
             self.data_files, self.fit_splits, (*self.fit_splits, *self.test_splits), self.name, self.file_formats
         )
+
+    @property
+    def task_option(self) -> str:
+        """The task= option that selects this task (GLUE's are glue/<name>)."""
+        return self.name
 
     @cached_property
     def tokenizer(self) -> BertTokenizer:

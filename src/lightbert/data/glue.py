@@ -170,6 +170,10 @@ class GlueDataModule(FineTuningDataModule):
         self.preprocessing_workers = preprocessing_workers or min(8, os.cpu_count() or 1)
         super().__init__(**shared)
 
+    @property
+    def task_option(self) -> str:
+        return f"glue/{self.name}"
+
     def hub_source(self, split: str) -> tuple[str | None, str]:
         return ("ax", "test") if split == "ax" else (self.spec.name, split)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lightbert.errors import UserError
+from lightbert.files import write_atomically
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCTUATION = frozenset(string.punctuation)
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(scores, indent=2)
     print(text)
     if args.out_file:
-        Path(args.out_file).write_text(text + "\n", encoding="utf-8")
+        write_atomically(Path(args.out_file), text + "\n")
     return 0
 
 
