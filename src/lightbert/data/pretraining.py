@@ -25,13 +25,22 @@ IS_NEXT, NOT_NEXT = 0, 1  # Hugging Face's convention for `next_sentence_label`
 
 
 def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random) -> None:
-    """Trim the longer side, one token at a time from its front or back at random, until the pair fits."""
-    while len(tokens_a) + len(tokens_b) > max_num_tokens:
-        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+    """Trim the longer side, one token at a time from its front or back at random, until the pair fits.
+
+    The reference's draws, one per token cut, with each cut O(1) (the ends move; the lists are cut once at the end):
+    a sentence of millions of tokens costs time linear in its length, not quadratic.
+    """
+    ends = [[0, len(tokens_a)], [0, len(tokens_b)]]  # [first, past-last] of what is kept, for a and b
+    kept = [len(tokens_a), len(tokens_b)]
+    while kept[0] + kept[1] > max_num_tokens:
+        longer = 0 if kept[0] > kept[1] else 1
         if rng.random() < 0.5:
-            del longer[0]
+            ends[longer][0] += 1
         else:
-            longer.pop()
+            ends[longer][1] -= 1
+        kept[longer] -= 1
+    tokens_a[:] = tokens_a[ends[0][0] : ends[0][1]]
+    tokens_b[:] = tokens_b[ends[1][0] : ends[1][1]]
 
 
 def create_instances_from_document(

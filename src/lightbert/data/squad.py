@@ -130,10 +130,18 @@ def max_context_flags(windows: list[tuple[int, int]], index: int) -> list[bool]:
     window wins a tie. An answer may only start at such a token, so each token is judged in one window.
     """
     start, length = windows[index]
+    # Only the neighbours that overlap this window can hold its tokens (window ends only grow): a long context's
+    # thousands of windows cost linear time, not quadratic.
+    first, last = index, index
+    while first > 0 and sum(windows[first - 1]) > start:
+        first -= 1
+    while last + 1 < len(windows) and windows[last + 1][0] < start + length:
+        last += 1
     flags = []
     for position in range(start, start + length):
         best_score, best = None, None
-        for i, (s, n) in enumerate(windows):
+        for i in range(first, last + 1):
+            s, n = windows[i]
             if not s <= position < s + n:
                 continue
             score = min(position - s, s + n - 1 - position) + 0.01 * n
@@ -225,22 +233,23 @@ def make_windows(
             if len(query) > windowing.max_query_length:
                 problems.add("question_truncated", example_id)
                 query = query[: windowing.max_query_length]
-            doc = encoded[context]
-            if not doc.ids:
+            # Read once: each access to an Encoding's ids or offsets builds a new list of the whole context.
+            doc_ids, doc_offsets = encoded[context].ids, encoded[context].offsets
+            if not doc_ids:
                 problems.add("empty_context", example_id)
                 continue
             # Evaluation keeps every question: its answer's problems are not training's to report.
             span = _answer_tokens(
-                context, answers, doc.offsets, example_id, problems if training else Problems(), version_2
+                context, answers, doc_offsets, example_id, problems if training else Problems(), version_2
             )
             if span is False:
                 if training:
                     continue
                 span = None
             max_tokens = windowing.max_seq_length - len(query) - 3
-            windows = doc_windows(len(doc.ids), max_tokens, windowing.doc_stride)
+            windows = doc_windows(len(doc_ids), max_tokens, windowing.doc_stride)
             for w, (start, length) in enumerate(windows):
-                ids, types = encode_pair(query, doc.ids[start : start + length], tokenizer.cls_id, tokenizer.sep_id)
+                ids, types = encode_pair(query, doc_ids[start : start + length], tokenizer.cls_id, tokenizer.sep_id)
                 rows["input_ids"].append(ids)
                 rows["token_type_ids"].append(types)
                 context_start = len(query) + 2  # [CLS] question [SEP]
@@ -253,7 +262,7 @@ def make_windows(
                 if not training:
                     outside = [(-1, -1)] * context_start
                     rows["example_idx"].append(first_index + k)
-                    rows["offsets"].append([*outside, *doc.offsets[start : start + length], (-1, -1)])
+                    rows["offsets"].append([*outside, *doc_offsets[start : start + length], (-1, -1)])
                     flags = max_context_flags(windows, w)
                     rows["max_context"].append([False] * context_start + flags + [False])
     return rows, problems

@@ -1,0 +1,114 @@
+"""Inputs of millions of tokens cost time linear in their length: the two that hung for over 9 minutes finish.
+
+Each runs in a child process with a generous time limit, so that a regression fails the test instead of hanging
+the suite (the limit is a guard, not a measurement: both take about a second here).
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from lightbert.data.encoding import truncate_pair
+from lightbert.data.pretraining import truncate_seq_pair
+from lightbert.data.squad import doc_windows, max_context_flags
+
+GUARD_SECONDS = 120
+
+
+def run_child(code: str) -> str:
+    run = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=GUARD_SECONDS
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
+def test_a_corpus_with_a_sentence_of_a_million_tokens_makes_its_pairs():
+    out = run_child(
+        """
+        import datasets
+        from lightbert.data.pretraining import create_pretraining_examples
+        documents = [[[5 + (i % 50) for i in range(8)] for _ in range(6)] for _ in range(150)]
+        documents[7] = [[5 + (i % 50) for i in range(1_200_000)]]  # one line of ~4.7 MB of text
+        examples = create_pretraining_examples(
+            datasets.Dataset.from_dict({"sentence_ids": documents}), max_seq_length=128, short_seq_prob=0.1,
+            dupe_factor=2, seed=0, cls_id=2, sep_id=3,
+        )
+        print(len(examples), max(len(ids) for ids in examples["input_ids"]))
+        """
+    )
+    count, longest = map(int, out.split())
+    assert count > 150 and longest <= 128
+
+
+def test_a_squad_context_of_two_megabytes_gives_its_windows(tmp_path):
+    out = run_child(
+        """
+        import datasets
+        from lightbert.data.squad import Windowing, make_windows
+        from lightbert.data.tokenizer import train_wordpiece
+        tokenizer = train_wordpiece(["the river is blue and the sky is grey"] * 50, vocab_size=60)
+        context = "the river is blue and the sky is grey. " * 46_000  # 1.8 MB
+        answer_start = context.index("blue", len(context) // 2)
+        raw = datasets.Dataset.from_dict({
+            "id": ["q"], "context": [context], "question": ["what colour is the river?"],
+            "answers": [{"text": ["blue"], "answer_start": [answer_start]}],
+        })
+        for training in (True, False):
+            rows, problems = make_windows(raw, tokenizer, Windowing(384, 128, 64), training, version_2=False)
+            print(len(rows["input_ids"]), sum(1 for s in rows["start_positions"] if s > 0))
+        """
+    )
+    (train_windows, train_answers), (eval_windows, eval_answers) = (map(int, line.split()) for line in out.splitlines())
+    assert train_windows == eval_windows > 1000 and train_answers >= 1 and eval_answers >= 1
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fast_cuts_equal_the_reference_one_token_at_a_time(seed):
+    """The linear-time cuts give exactly what cutting one token at a time gives (and draw the same numbers)."""
+
+    def reference_pair(a, b, max_tokens):
+        a, b = list(a), list(b)
+        while len(a) + len(b) > max_tokens:
+            (a if len(a) > len(b) else b).pop()
+        return a, b
+
+    def reference_seq_pair(a, b, max_tokens, rng):
+        while len(a) + len(b) > max_tokens:
+            longer = a if len(a) > len(b) else b
+            if rng.random() < 0.5:
+                del longer[0]
+            else:
+                longer.pop()
+
+    def reference_flags(windows, index):
+        start, length = windows[index]
+        flags = []
+        for position in range(start, start + length):
+            scores = [
+                (min(position - s, s + n - 1 - position) + 0.01 * n, -i)
+                for i, (s, n) in enumerate(windows)
+                if s <= position < s + n
+            ]
+            flags.append(-max(scores)[1] == index)
+        return flags
+
+    rng = random.Random(seed)
+    for _ in range(500):
+        a, b = list(range(rng.randint(0, 40))), list(range(100, 100 + rng.randint(0, 40)))
+        limit = rng.randint(0, 70)
+        assert truncate_pair(a, b, limit) == reference_pair(a, b, limit)
+        ours, theirs = (list(a), list(b)), (list(a), list(b))
+        ours_rng, theirs_rng = random.Random(seed), random.Random(seed)
+        truncate_seq_pair(*ours, limit, ours_rng)
+        reference_seq_pair(*theirs, limit, theirs_rng)
+        assert ours == theirs and ours_rng.random() == theirs_rng.random()
+    for _ in range(100):
+        windows = doc_windows(rng.randint(1, 200), rng.randint(1, 50), rng.randint(1, 30))
+        for index in range(len(windows)):
+            assert max_context_flags(windows, index) == reference_flags(windows, index)
