@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -124,7 +125,8 @@ def glue_task(name: str) -> GlueTask:
 
 
 def encode_examples(batch: dict, tokenizer: BertTokenizer, text_columns: tuple[str, ...], max_seq_length: int) -> dict:
-    texts = [tokenizer.encode_batch([t or "" for t in batch[column]]) for column in text_columns]
+    # Text is text: a cell that reads as a number is its digits, an empty one an empty sentence.
+    texts = [tokenizer.encode_batch(["" if t is None else str(t) for t in batch[column]]) for column in text_columns]
     second = texts[1] if len(texts) == 2 else [None] * len(texts[0])
     encoded = [
         encode_truncated(a, b, max_seq_length, tokenizer.cls_id, tokenizer.sep_id)
@@ -133,22 +135,27 @@ def encode_examples(batch: dict, tokenizer: BertTokenizer, text_columns: tuple[s
     return {"input_ids": [ids for ids, _ in encoded], "token_type_ids": [types for _, types in encoded]}
 
 
-def label_to_number(label: object, spec: GlueTask, where: str) -> dict:
-    """A label as the model needs it: the class index (given as index or name), or the STS-B score."""
+def label_to_number(label: object, row: int, spec: GlueTask, where: str) -> dict:
+    """A label as the model needs it: the class index (given as index or name), or the STS-B score. `row` (from 0)
+    is named, 1-based, in the message of a bad cell."""
+    if isinstance(label, str) and label.strip().lstrip("-").isdigit():
+        label = int(label)  # a column with an empty cell is read as text
     if spec.is_regression:
         try:
             value = float(label)
         except (TypeError, ValueError):
             value = math.nan
         if not 0.0 <= value <= 5.0:  # NaN fails too
-            raise UserError(f"{where}: label {label!r} is not a similarity score in [0, 5]")
+            raise UserError(f"{where}, row {row + 1}: label {label!r} is not a similarity score in [0, 5]")
         return {"label": value}
     if isinstance(label, str) and label in spec.label_names:
         return {"label": spec.label_names.index(label)}
+    if label is None or label == "":
+        raise UserError(f"{where}, row {row + 1}: the label cell is empty; every {spec.name} training row needs one")
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < spec.num_labels:
         raise UserError(
-            f"{where}: label {label!r} is out of range; {spec.name} labels are 0..{spec.num_labels - 1} "
-            f"or the names {list(spec.label_names)}"
+            f"{where}, row {row + 1}: label {label!r} is out of range; {spec.name} labels are "
+            f"0..{spec.num_labels - 1} or the names {list(spec.label_names)}"
         )
     return {"label": label}
 
@@ -185,10 +192,18 @@ class GlueDataModule(FineTuningDataModule):
         """Labels in range; `idx` added (row number) where a file has none."""
         if "idx" not in raw.column_names:
             raw = raw.add_column("idx", list(range(len(raw))))
+        repeated = [idx for idx, n in Counter(raw["idx"]).items() if n > 1]
+        if repeated:  # predictions are keyed by idx: a repeated one would lose rows
+            raise UserError(f"{where}: the idx column must be unique; these repeat: {repeated[:5]}")
         if "label" not in raw.column_names:
             return raw.add_column("label", [-1] * len(raw))  # unlabelled test data, as on the hub
         if split in self.fit_splits:
-            raw = raw.map(label_to_number, input_columns=["label"], fn_kwargs={"spec": self.spec, "where": where})
+            raw = raw.map(
+                label_to_number,
+                input_columns=["label"],
+                with_indices=True,
+                fn_kwargs={"spec": self.spec, "where": where},
+            )
         return raw
 
     def encode(self, raw: datasets.Dataset, split: str, where: str) -> dict[str, datasets.Dataset]:

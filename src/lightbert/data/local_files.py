@@ -49,6 +49,9 @@ def read_local(file: Path, cache_dir: Path, where: str) -> datasets.Dataset:
     suffix = file.suffix.lower()
     # Task text is full of quotes: read TSV cells verbatim, as the GLUE distribution's own readers do.
     options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if suffix == ".tsv" else {}
+    if suffix in (".csv", ".tsv"):
+        # Text is text: "NA", "null", "None" or "n/a" in a sentence stay words (pandas would make them missing).
+        options |= {"keep_default_na": False, "na_filter": False}
     try:
         return datasets.load_dataset(
             LOCAL_FORMATS[suffix],

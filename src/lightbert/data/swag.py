@@ -26,11 +26,12 @@ COLUMNS = ("sent1", "sent2", *ENDINGS, "label")
 
 def encode_choices(batch: dict, tokenizer: BertTokenizer, max_seq_length: int) -> dict:
     """Per example, NUM_CHOICES (input_ids, token_type_ids) pairs: the context, then sent2 + the ending."""
-    contexts = tokenizer.encode_batch([s or "" for s in batch["sent1"]])
+    contexts = tokenizer.encode_batch(["" if s is None else str(s) for s in batch["sent1"]])
     input_ids, token_type_ids = [], []
     for i, context in enumerate(contexts):
-        starts = batch["sent2"][i] or ""
-        continuations = tokenizer.encode_batch([f"{starts} {batch[e][i] or ''}".strip() for e in ENDINGS])
+        starts = "" if batch["sent2"][i] is None else batch["sent2"][i]
+        endings = ["" if batch[e][i] is None else batch[e][i] for e in ENDINGS]
+        continuations = tokenizer.encode_batch([f"{starts} {ending}".strip() for ending in endings])
         ids, types = [], []
         for continuation in continuations:
             choice_ids, choice_types = encode_truncated(
@@ -41,6 +42,15 @@ def encode_choices(batch: dict, tokenizer: BertTokenizer, max_seq_length: int) -
         input_ids.append(ids)
         token_type_ids.append(types)
     return {"input_ids": input_ids, "token_type_ids": token_type_ids}
+
+
+def choice_label(label: object, row: int, where: str) -> dict:
+    """The right ending's index, 0-3: as a number, or as digits (a column with an empty cell is read as text)."""
+    if (isinstance(label, str) and label.strip().isdigit()) or (isinstance(label, float) and label.is_integer()):
+        label = int(label)
+    if isinstance(label, bool) or label not in range(NUM_CHOICES):
+        raise UserError(f"{where}, row {row + 1}: label must be 0-{NUM_CHOICES - 1}, not {label!r}")
+    return {"label": label}
 
 
 class ChoiceCollator:
@@ -72,10 +82,7 @@ class SwagDataModule(FineTuningDataModule):
         return COLUMNS
 
     def check(self, raw: datasets.Dataset, split: str, where: str) -> datasets.Dataset:
-        bad = [(i, label) for i, label in enumerate(raw["label"]) if label not in range(NUM_CHOICES)]
-        if bad:
-            raise UserError(f"{where}: label must be 0-{NUM_CHOICES - 1}; rows (row, label) {bad[:5]} are not")
-        return raw
+        return raw.map(choice_label, input_columns=["label"], with_indices=True, fn_kwargs={"where": where})
 
     def encode(self, raw: datasets.Dataset, split: str, where: str) -> dict[str, datasets.Dataset]:
         encoded = raw.map(
