@@ -43,7 +43,8 @@ def main(cfg: DictConfig) -> float | None:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             # The sweep goes on with the other jobs; the summary lists this one with its error, and the command
             # exits with 2 at the end (lightbert.sweep.SweepSummary), without a traceback.
-            record_failed_job(Path(HydraConfig.get().runtime.output_dir), error)
+            hydra = HydraConfig.get()
+            record_failed_job(Path(hydra.runtime.output_dir), error, list(hydra.overrides.task))
             return None
         sys.exit(2)
 

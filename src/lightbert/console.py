@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import ClassVar
 
 # Where launchers put a process's global rank (the same variables Lightning's rank_zero_only reads).
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
@@ -34,3 +35,32 @@ def quiet_lightning_tips() -> None:
         target = logging.getLogger(name)
         if not any(isinstance(f, DropAdvertisements) for f in target.filters):
             target.addFilter(DropAdvertisements())
+
+
+class RunLogFile(logging.FileHandler):
+    """train.log, whose records are held in memory until the run's checks have passed (`RunLogFile.start()`): a
+    command that is refused (a finished run's directory, a changed resume) writes nothing into the run directory,
+    whatever a library logged while it started."""
+
+    started: ClassVar[bool] = False
+    _handlers: ClassVar[list[RunLogFile]] = []
+
+    def __init__(self, filename: str, mode: str = "a", encoding: str | None = None, delay: bool = True):
+        super().__init__(filename, mode, encoding, delay=True)
+        self._held: list[logging.LogRecord] = []
+        RunLogFile._handlers.append(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if RunLogFile.started:
+            super().emit(record)
+        else:
+            self._held.append(record)
+
+    @classmethod
+    def start(cls) -> None:
+        """The run's checks have passed: write what was held, and every record from now on."""
+        cls.started = True
+        for handler in cls._handlers:
+            held, handler._held = handler._held, []
+            for record in held:
+                handler.emit(record)

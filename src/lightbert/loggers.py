@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import inspect
 import netrc
@@ -13,10 +14,13 @@ from typing import Any
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
 from lightbert.errors import UserError
+from lightbert.files import open_atomically
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
@@ -100,3 +104,51 @@ def summarise_in_wandb(trainer: L.Trainer, results: dict[str, Any]) -> None:
             if results["monitor"] and results["best_score"] is not None:
                 summary[f"best/{results['monitor']}"] = results["best_score"]
             logger.experiment.summary.update(summary)
+
+
+class HistoryWriter(ExperimentWriter):
+    """Lightning's metrics.csv writer, except that it never deletes what a run directory holds: a resumed run
+    appends to its metrics.csv, after dropping the rows of the steps it will log again (those after the checkpoint
+    it resumes from: the work a kill lost). The file is rewritten only once the run logs its first metrics."""
+
+    def __init__(self, log_dir: str, resumed_step: int | None):
+        self.resumed_step = resumed_step
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        """Lightning's deletes metrics.csv here, before anything has trained."""
+
+    def save(self) -> None:
+        if self.resumed_step is not None and self.metrics and os.path.isfile(self.metrics_file_path):
+            with open(self.metrics_file_path, newline="") as file:
+                reader = csv.DictReader(file)
+                kept = [row for row in reader if _step(row) < self.resumed_step]  # row steps count from 0
+                header = list(reader.fieldnames or [])
+            self.metrics_keys = sorted(set(header) | set(self.metrics_keys))
+            with open_atomically(Path(self.metrics_file_path), newline="") as file:
+                writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
+                writer.writeheader()
+                writer.writerows(kept)
+            self.resumed_step = None  # the history is in place: append from here on
+        super().save()
+
+
+def _step(row: dict) -> float:
+    try:
+        return float(row.get("step") or 0)
+    except ValueError:
+        return 0.0
+
+
+class RunCSVLogger(CSVLogger):
+    """metrics.csv in the run directory, continued by a resumed run (train() sets `resumed_step`)."""
+
+    resumed_step: int | None = None
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> HistoryWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = HistoryWriter(self.log_dir, self.resumed_step)
+        return self._experiment

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
 
 from lightbert import RESULTS_FILE
 from lightbert.errors import UserError
@@ -29,6 +35,11 @@ def check_output_dir(output_dir: Path, resume: bool) -> Path | None:
             "with hydra.run.dir=... or leave it to the default, which is new for every run"
         )
     last = output_dir / LAST_CHECKPOINT
+    if not resume and not last.is_file() and (output_dir / "metrics.csv").is_file():
+        raise UserError(
+            f"{output_dir} holds a metrics.csv from another run, which this one would replace; choose another "
+            "directory with hydra.run.dir=..., or add resume=true to continue that run from its checkpoint"
+        )
     if resume:
         if last.is_file():
             return last
@@ -83,3 +94,76 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
         f"lightbert: finished {results['global_step']} steps in {results['seconds']:.0f}s ({', '.join(shown)}). "
         f"Outputs in {output_dir}: {', '.join(outputs)}"
     )
+
+
+RECORD_DIR = ".hydra"  # where Hydra would write it; lightbert writes it once the run's checks have passed
+# What a resumed run may set differently from the run it continues: where metrics go, what observes the run
+# (callbacks) and how progress is shown. Everything else (data, model, optimiser, length) continues as recorded.
+CHANGEABLE_ON_RESUME = ("resume", "logger", "callbacks", "trainer.enable_progress_bar", "trainer.log_every_n_steps")
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out or {prefix.rstrip("."): {}}
+    return {prefix.rstrip("."): node}
+
+
+def record_run(cfg: DictConfig, output_dir: Path, resuming: bool) -> None:
+    """The run's record in `.hydra/`: the config (as composed, interpolations kept), the command line's overrides
+    and, in a Hydra run, Hydra's own config. A resumed run continues the run as recorded: a setting it changes is
+    refused with the keys named (only `CHANGEABLE_ON_RESUME` may change), and the record is left as it was."""
+    record = output_dir / RECORD_DIR
+    config = OmegaConf.to_container(cfg, resolve=False)
+    if resuming and (record / "config.yaml").is_file():
+        recorded = _flat(OmegaConf.to_container(OmegaConf.load(record / "config.yaml"), resolve=False))
+        now = _flat(config)
+        changed = [
+            key
+            for key in sorted(set(recorded) | set(now))
+            if recorded.get(key) != now.get(key)
+            and not any(key == c or key.startswith(c + ".") for c in CHANGEABLE_ON_RESUME)
+        ]
+        if changed:
+            shown = "; ".join(f"{k}: {recorded.get(k)!r} recorded, {now.get(k)!r} now" for k in changed[:6])
+            raise UserError(
+                f"resume=true continues the run in {output_dir} as recorded in {record / 'config.yaml'}, and this "
+                f"command changes {len(changed)} setting(s): {shown}. Drop those overrides to resume, or start a new "
+                "run in another directory (e.g. with init_from=<this run> to fine-tune from it)"
+            )
+        return
+    if not is_global_zero():
+        return
+    write_atomically(record / "config.yaml", OmegaConf.to_yaml(config))
+    write_atomically(record / "overrides.yaml", OmegaConf.to_yaml(list(cfg.get("overrides") or [])))
+    if HydraConfig.initialized():
+        write_atomically(record / "hydra.yaml", OmegaConf.to_yaml({"hydra": HydraConfig.get()}))
+
+
+def is_global_zero() -> bool:
+    return rank_zero_only.rank == 0
+
+
+@contextmanager
+def locked(output_dir: Path) -> Iterator[None]:
+    """Holds the run directory for this run: a second run started into it at the same time is refused (the lock
+    is on the directory itself, so nothing is written into it, and the system drops it when the process ends,
+    however it ends). Only the first process of a run takes it; the other DDP processes run inside."""
+    if not is_global_zero():
+        yield
+        return
+    output_dir.mkdir(parents=True, exist_ok=True)
+    handle = os.open(output_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(
+                f"another run is training in {output_dir} right now; wait for it to finish, or choose another "
+                "directory with hydra.run.dir=..."
+            ) from None
+        yield
+    finally:
+        os.close(handle)

@@ -210,9 +210,12 @@ def _feature_table(rows: list[dict]) -> list[str]:
     return ["", "## Feature-based approach (paper Table 7)", ""] + _md_table(["Layers", FEATURES_KEY, monitor], table)
 
 
-def record_failed_job(job_dir: Path, error: BaseException) -> None:
-    """Marks a multirun job as failed, with its error: what summary.csv/.md show for it."""
+def record_failed_job(job_dir: Path, error: BaseException, overrides: list[str]) -> None:
+    """Marks a multirun job as failed, with its error and its overrides: what summary.csv/.md show for it (a job
+    refused before it started has no .hydra/ of its own yet)."""
     write_atomically(job_dir / FAILED_FILE, f"{type(error).__name__}: {error}\n")
+    if not (job_dir / ".hydra" / "overrides.yaml").is_file():
+        write_atomically(job_dir / ".hydra" / "overrides.yaml", yaml.safe_dump(list(overrides)))
 
 
 class SweepSummary(Callback):

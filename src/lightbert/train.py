@@ -19,22 +19,21 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from lightbert.checkpointing import AtomicCheckpointIO
 from lightbert.cli import CONF_DIR
-from lightbert.console import quiet_lightning_tips
+from lightbert.console import RunLogFile, quiet_lightning_tips
+from lightbert.data.tokenizer import load_tokenizer
 from lightbert.distributed import gather_dict
 from lightbert.errors import ConfigError, ParameterError, UserError
-from lightbert.files import write_atomically
 from lightbert.interop import Pretrained, load_into, load_pretrained
-from lightbert.loggers import finish_wandb, summarise_in_wandb
+from lightbert.loggers import RunCSVLogger, finish_wandb, summarise_in_wandb
 from lightbert.model import BertConfig, BertModel
 from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
 from lightbert.phases import phases as recipe_phases
-from lightbert.run_dir import LAST_CHECKPOINT, check_output_dir, save_tokenizer, write_results
+from lightbert.run_dir import LAST_CHECKPOINT, check_output_dir, locked, record_run, save_tokenizer, write_results
 from lightbert.run_dir import results as run_results
 
 log = logging.getLogger(__name__)
@@ -154,13 +153,21 @@ def compose_config(overrides: list[str], output_dir: str | Path, conf_dir: Path 
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Train and validate as `cfg` says; write `results.json` in the run directory and return its content."""
+    """Train and validate as `cfg` says; write `results.json` in the run directory and return its content.
+
+    The run directory is the user's record: it is held for this run alone (`locked`), and a command refused by
+    the checks before training writes nothing into it.
+    """
+    output_dir = Path(cfg.paths.output_dir)
+    with locked(output_dir):
+        return _train(cfg, output_dir)
+
+
+def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     started = time.time()
-    # The run directory always holds Hydra's .hydra/ when the CSV logger starts writing there: not a problem.
+    # The run directory holds .hydra/ when the CSV logger starts writing there: not a problem.
     warnings.filterwarnings("ignore", message=".*exists and is not empty.*")
     warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")  # Lightning internals vs newer torch
-    output_dir = Path(cfg.paths.output_dir)
-    log.info(f"run directory: {output_dir}")
     resume_from = check_output_dir(output_dir, bool(cfg.get("resume", False)))
     _check_devices(cfg)
     quiet_lightning_tips()
@@ -172,10 +179,18 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     pretrained = load_pretrained(str(init_from)) if init_from else None
     model_config = _checked_model_config(cfg, pretrained)
     if pretrained is not None:
-        _record_checkpoint_model(cfg, model_config, output_dir)
+        _name_checkpoint_model(cfg, model_config)
+    record_run(cfg, output_dir, resuming=resume_from is not None)
+    RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
+    log.info(f"run directory: {output_dir}")
     log.info(_describe_run(cfg, model_config))
+    # mmap: the step count without reading BERT_LARGE's weights and optimizer state into memory
+    done = torch.load(resume_from, mmap=True, weights_only=True)["global_step"] if resume_from else 0
     try:
         tokenizer_kwargs = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}
+        if resume_from is not None and (output_dir / "tokenizer.json").is_file():
+            # The run's own tokenizer: the ids its checkpoint was trained on, whatever the corpus now holds.
+            tokenizer_kwargs = {"tokenizer": load_tokenizer(output_dir / "tokenizer.json")}
         # Partial, then called: objects passed through instantiate() would be turned into configs.
         with parameters_named_by(cfg.task.datamodule):
             datamodule = _instantiate(cfg.task.datamodule, _partial_=True)(**tokenizer_kwargs)
@@ -193,11 +208,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         _apply_speed_switches(module, cfg.get("speed") or {})
         loggers = [_instantiate(c) for c in (cfg.get("logger") or {}).values()]
         for logger in loggers:  # the resolved config, and the command line that made it
+            if isinstance(logger, RunCSVLogger) and resume_from is not None:
+                logger.resumed_step = done  # metrics.csv continues from the checkpoint's step
             logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-        save_tokenizer(tokenizer, output_dir)
+        if resume_from is None:
+            save_tokenizer(tokenizer, output_dir)
         phases = recipe_phases(cfg)
-        # mmap: the step count without reading BERT_LARGE's weights and optimizer state into memory
-        done = torch.load(resume_from, mmap=True, weights_only=True)["global_step"] if resume_from else 0
         for number, phase in enumerate(phases, start=1):
             if len(phases) > 1:
                 if phase.end_step <= done and number < len(phases):
@@ -249,7 +265,7 @@ def size_name(model: dict, conf_dir: Path = CONF_DIR) -> str:
     return f"L{model['num_hidden_layers']}-H{model['hidden_size']}-A{model['num_attention_heads']}"
 
 
-def _record_checkpoint_model(cfg: DictConfig, model: dict, output_dir: Path) -> None:
+def _name_checkpoint_model(cfg: DictConfig, model: dict) -> None:
     """Under init_from the checkpoint decides the model: the config, the run's name and its W&B tags say the model
     that runs, not the `model=` default (a fine-tune of a bert_tiny checkpoint is not "sst2-bert_mini")."""
     name = size_name(model)
@@ -261,9 +277,6 @@ def _record_checkpoint_model(cfg: DictConfig, model: dict, output_dir: Path) -> 
         wandb = (raw.get("logger") or {}).get("wandb") or {}
         if DEFAULT_MODEL_NAME in (wandb.get("tags") or []):
             cfg.logger.wandb.tags = [name if t == DEFAULT_MODEL_NAME else t for t in wandb["tags"]]
-    hydra_record = output_dir / ".hydra" / "config.yaml"
-    if hydra_record.is_file() and rank_zero_only.rank == 0:  # Hydra wrote the composed config before the run
-        write_atomically(hydra_record, OmegaConf.to_yaml(cfg))
 
 
 def _describe_run(cfg: DictConfig, model: dict) -> str:

@@ -1,0 +1,139 @@
+"""The run directory is the user's record (issue 16 items 1, 2, 4 and 5), checked with real processes: a refused
+command writes nothing, a resume continues the run as recorded (its tokenizer, its settings, its metrics.csv),
+and two runs never share a directory."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, default_sigint, run_train_script, write_bert_corpus
+
+pytestmark = pytest.mark.slow
+
+TESTS = Path(__file__).parent
+BASE = [
+    "model=bert_tiny",
+    "trainer=cpu",
+    "task.batch_size=4",
+    "task.max_seq_length=64",
+    "task.datamodule.vocab_size=400",
+    "task.datamodule.dupe_factor=1",
+    "task.datamodule.num_workers=0",
+    "logger=csv",
+    "corpus=text",
+    "trainer.log_every_n_steps=1",
+    "trainer.val_check_interval=4",
+    "task.checkpoint_every_n_steps=4",
+]
+
+
+def run(*args: str, new_session: bool = False) -> subprocess.CompletedProcess:
+    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])  # the recorder callbacks
+    return run_train_script(*args, start_new_session=new_session, PYTHONPATH=path)
+
+
+def snapshot(directory: Path) -> dict[str, tuple[int, str]]:
+    """Every file under `directory`: its modification time and content hash."""
+    return {
+        str(p.relative_to(directory)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def metric_steps(run_dir: Path) -> list[int]:
+    rows = csv.DictReader((run_dir / "metrics.csv").read_text().splitlines())
+    return [int(row["step"]) for row in rows if row.get("train/loss")]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_bert_corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt", num_documents=10)
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory, corpus) -> tuple[Path, list[str]]:
+    """A run killed (SIGKILL) after step 6, its last checkpoint at step 4: what a crash leaves."""
+    run_dir = tmp_path_factory.mktemp("killed") / "run"
+    args = [*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=10", f"hydra.run.dir={run_dir}"]
+    args.append("+logger.csv.flush_logs_every_n_steps=1")  # rows past the checkpoint reach the disk before the kill
+    killed = run(*args, "+callbacks.kill._target_=loss_recorder.KillAtStep", "+callbacks.kill.step=6", new_session=True)
+    assert killed.returncode == -signal.SIGKILL
+    return run_dir, args
+
+
+def test_a_refused_command_leaves_a_finished_run_as_it_was(tmp_path, corpus):
+    run_dir = tmp_path / "run"
+    args = [*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=2", f"hydra.run.dir={run_dir}"]
+    assert run(*args).returncode == 0
+    before = snapshot(run_dir)
+    assert {".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml", "train.log"} <= set(before)
+    again = run(*args, "optim.lr=1e-3")
+    assert again.returncode == 2 and "already holds a finished run" in again.stderr
+    after = snapshot(run_dir)
+    assert after == before, (run_dir / "train.log").read_text()[-1500:]  # not one byte: not .hydra/, not train.log
+
+
+def test_a_resume_that_changes_settings_is_refused_and_writes_nothing(killed_run, tmp_path):
+    run_dir, args = killed_run
+    before = snapshot(run_dir)
+    other_corpus = write_bert_corpus(tmp_path / "other.txt", num_documents=12, seed=3)
+    for change, key in (("optim.lr=1e-3", "optim.lr"), (f"corpus.paths=[{other_corpus}]", "corpus.paths")):
+        refused = run(*args, "resume=true", change)
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert "resume=true continues the run" in refused.stderr and key in refused.stderr
+        assert snapshot(run_dir) == before
+
+
+def test_a_resume_continues_metrics_csv_and_keeps_the_runs_tokenizer(killed_run):
+    run_dir, args = killed_run
+    tokenizer = (run_dir / "tokenizer.json").read_bytes()
+    assert metric_steps(run_dir)[-1] >= 4  # logged past the checkpoint at step 4 (rows 0-3): those rows are redone
+    resumed = run(*args, "resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = metric_steps(run_dir)
+    assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 9  # one row per step, history kept
+    assert (run_dir / "tokenizer.json").read_bytes() == tokenizer
+
+
+def test_a_fresh_run_into_a_directory_with_a_users_metrics_csv_is_refused(tmp_path, corpus):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.csv").write_text("step,my/metric\n0,1.0\n")
+    before = snapshot(run_dir)
+    refused = run(*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=2", f"hydra.run.dir={run_dir}")
+    assert refused.returncode == 2 and "holds a metrics.csv" in refused.stderr
+    assert snapshot(run_dir) == before
+
+
+def test_two_runs_in_one_directory_the_second_is_refused(tmp_path, corpus):
+    run_dir = tmp_path / "run"
+    args = [*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=100000", f"hydra.run.dir={run_dir}"]
+    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    first = subprocess.Popen(
+        [sys.executable, str(REPO / "src" / "train.py"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+        preexec_fn=default_sigint,
+    )
+    try:
+        deadline = time.time() + 300
+        while not (run_dir / ".hydra" / "config.yaml").is_file():  # the first has passed its checks
+            assert first.poll() is None and time.time() < deadline, "the first run ended before it started"
+            time.sleep(0.2)
+        second = run(*args)
+        assert second.returncode == 2 and "another run is training in" in second.stderr
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=300)
+    assert first.returncode in (0, 130)  # stopped by Ctrl-C with its checkpoint, or finished
