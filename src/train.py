@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from lightbert.cli import answer_completion_query, check_command_line
+from lightbert.cli import answer_completion_query, check_command_line, check_run_directory
 from lightbert.errors import UserError
 from lightbert.sweep import record_failed_job
 
@@ -52,4 +52,5 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     answer_completion_query(sys.argv[1:])
     check_command_line(sys.argv[1:])
+    check_run_directory(sys.argv[1:])
     main()

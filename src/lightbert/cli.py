@@ -9,6 +9,7 @@ does not compose) is left to Hydra.
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from pathlib import Path
 
@@ -122,3 +123,31 @@ def answer_completion_query(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
     if options is not None:
         print(" ".join(options))
         sys.exit(0)
+
+
+def check_run_directory(argv: list[str], cwd: Path | None = None) -> None:
+    """Exit with one message when the run directory cannot be made: Hydra would make it before lightbert runs, and
+    fail with a traceback. The directory is `hydra.run.dir` (or `hydra.sweep.dir` with -m) when given, else under
+    `paths.log_dir` (default `outputs`)."""
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        return  # --cfg, --help, -sc ...: nothing is written
+    values = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith(("+", "~")))
+    multirun = "-m" in argv or "--multirun" in argv
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    directory = values.get(key) or values.get("paths.log_dir") or "outputs"
+    if "${" in directory:
+        return  # an interpolation: Hydra resolves it
+    path = Path(cwd or Path.cwd()) / Path(directory).expanduser()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    given = f"{key}={directory}" if key in values else f"paths.log_dir={directory}"
+    if not existing.is_dir():
+        problem = f"{existing} is a file, not a directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"{existing} is not writable"
+    else:
+        return
+    print(f"lightbert: error: cannot make the run directory {path} ({given}): {problem}; choose another with "
+          f"{key}=...", file=sys.stderr)  # fmt: skip
+    sys.exit(2)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
@@ -50,6 +51,18 @@ def check_output_dir(output_dir: Path, resume: bool) -> Path | None:
             "or choose another directory with hydra.run.dir=..."
         )
     return None
+
+
+def checkpoint_step(path: Path) -> int:
+    """The global step of a checkpoint to resume from, read without loading its weights (mmap); a file that is no
+    checkpoint (truncated by a full disk, or something else) is one message, not torch's traceback."""
+    try:
+        return int(torch.load(path, mmap=True, weights_only=True)["global_step"])
+    except Exception as error:
+        raise UserError(
+            f"{path} cannot be read as a checkpoint ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
+            "the run cannot resume from it. Move it aside to resume from nothing, or start a new run directory"
+        ) from None
 
 
 @rank_zero_only

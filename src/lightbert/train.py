@@ -24,6 +24,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from lightbert.checkpointing import AtomicCheckpointIO
 from lightbert.cli import CONF_DIR
+from lightbert.config_checks import check_numbers
 from lightbert.console import RunLogFile, quiet_lightning_tips
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.distributed import gather_dict
@@ -33,7 +34,15 @@ from lightbert.loggers import RunCSVLogger, finish_wandb, summarise_in_wandb
 from lightbert.model import BertConfig, BertModel
 from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
 from lightbert.phases import phases as recipe_phases
-from lightbert.run_dir import LAST_CHECKPOINT, check_output_dir, locked, record_run, save_tokenizer, write_results
+from lightbert.run_dir import (
+    LAST_CHECKPOINT,
+    check_output_dir,
+    checkpoint_step,
+    locked,
+    record_run,
+    save_tokenizer,
+    write_results,
+)
 from lightbert.run_dir import results as run_results
 
 log = logging.getLogger(__name__)
@@ -158,6 +167,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     The run directory is the user's record: it is held for this run alone (`locked`), and a command refused by
     the checks before training writes nothing into it.
     """
+    check_numbers(cfg)  # before anything is read or written
     output_dir = Path(cfg.paths.output_dir)
     with locked(output_dir):
         return _train(cfg, output_dir)
@@ -169,6 +179,7 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message=".*exists and is not empty.*")
     warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")  # Lightning internals vs newer torch
     resume_from = check_output_dir(output_dir, bool(cfg.get("resume", False)))
+    done = checkpoint_step(resume_from) if resume_from else 0  # the step it resumes from
     _check_devices(cfg)
     quiet_lightning_tips()
     datasets_logging.disable_progress_bar()  # on only around maps worth watching (data.local_files.progress_bars_for)
@@ -184,8 +195,6 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
     log.info(f"run directory: {output_dir}")
     log.info(_describe_run(cfg, model_config))
-    # mmap: the step count without reading BERT_LARGE's weights and optimizer state into memory
-    done = torch.load(resume_from, mmap=True, weights_only=True)["global_step"] if resume_from else 0
     try:
         tokenizer_kwargs = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}
         if resume_from is not None and (output_dir / "tokenizer.json").is_file():
