@@ -78,7 +78,13 @@ def _from_lightning_checkpoint(path: Path) -> Pretrained:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise UserError(f"could not read checkpoint {path}: {error}") from None
+        # torch's own message ends with advice (weights_only=False) that is wrong here: a lightbert checkpoint
+        # always loads with weights_only=True, so this file is not one (truncated, or something else).
+        first_line = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise UserError(
+            f"could not read checkpoint {path}: it is not a lightbert or Lightning checkpoint ({first_line}); "
+            "point init_from at a run directory, a .ckpt it wrote, or a Hugging Face directory"
+        ) from None
     model = (checkpoint.get("hyper_parameters") or {}).get("model") if isinstance(checkpoint, dict) else None
     if not isinstance(model, dict) or "state_dict" not in checkpoint:
         raise UserError(f"{path} is not a lightbert checkpoint (no state_dict or model hyperparameters)")
@@ -187,6 +193,12 @@ def load_into(model: torch.nn.Module, pretrained: Pretrained) -> list[str]:
     expected = model.state_dict()
     encoder_keys = {k for k in expected if k.startswith("bert.")}
     missing = sorted(encoder_keys - set(pretrained.state_dict))
+    pooler = [k for k in missing if k.startswith("bert.pooler.")]
+    if pooler and len(pooler) == len(missing):
+        # A fine-tune without one (SQuAD, NER) started a classifier: its pooler starts fresh, like the head.
+        log.warning("%s has no pooler (it was fine-tuned without one): the pooler starts fresh", pretrained.source)
+        encoder_keys -= set(pooler)
+        missing = []
     if missing:
         raise UserError(
             f"{pretrained.source} lacks {len(missing)} encoder weight(s), e.g. {missing[:3]}; it is not a BERT "

@@ -188,6 +188,11 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
     init_from = cfg.get("init_from")
     pretrained = load_pretrained(str(init_from)) if init_from else None
+    if pretrained is not None and pretrained.tokenizer is None and not cfg.task.datamodule.get("tokenizer_path"):
+        raise UserError(
+            f"init_from={init_from} comes without its tokenizer (tokenizer.json or vocab.txt beside the weights); "
+            "copy the tokenizer it was trained with there, or give it with task.datamodule.tokenizer_path=..."
+        )
     model_config = _checked_model_config(cfg, pretrained)
     if pretrained is not None:
         _name_checkpoint_model(cfg, model_config)

@@ -14,6 +14,7 @@ and a `fingerprint` that changes when its content may have changed, so caches bu
 from __future__ import annotations
 
 import ast
+import glob
 import hashlib
 import json
 import sys
@@ -48,7 +49,20 @@ class TextCorpus:
             paths = [paths]
         if not paths:
             raise UserError("corpus.paths is empty; give the corpus files, e.g. corpus.paths=[data/wiki.txt]")
-        self.paths = [Path(p).expanduser() for p in paths]
+        self.paths = []
+        for given in paths:
+            path = Path(given).expanduser()
+            if glob.has_magic(str(path)):  # a pattern the shell did not expand (it was quoted, or in a list)
+                matches = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
+                if not matches:
+                    raise UserError(f"corpus.paths: the pattern {given} matches no file")
+                self.paths += matches
+            elif path.is_dir():
+                raise UserError(
+                    f"corpus.paths: {path} is a directory; give its files, e.g. corpus.paths=[{path}/*.txt]"
+                )
+            else:
+                self.paths.append(path)
         for path in self.paths:
             if not path.is_file():
                 raise UserError(

@@ -11,6 +11,8 @@ made them, and the loaders. `README.md` ("Adding a task") shows a whole task.
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -34,6 +36,8 @@ from lightbert.data.local_files import (
 from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
 from lightbert.errors import ParameterError, UserError
 from lightbert.eval import PredictionWriter
+
+log = logging.getLogger(__name__)
 
 
 class FineTuningDataModule(L.LightningDataModule):
@@ -79,6 +83,7 @@ class FineTuningDataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.pad_to_multiple_of = num_workers, pad_to_multiple_of
         self.datasets: datasets.DatasetDict | None = None
+        self._notes: list[str] = []
         check_data_files(
             self.data_files, self.fit_splits, (*self.fit_splits, *self.test_splits), self.name, self.file_formats
         )
@@ -140,12 +145,21 @@ class FineTuningDataModule(L.LightningDataModule):
         """The split's rows as token ids: {split: encoded} (plus any other parts the task keeps)."""
         raise NotImplementedError
 
+    def note(self, where: str, count: int, what: str) -> None:
+        """Something the encoding did to the data that a user must know (rows cut, empty texts): said on the console
+        at every run that uses this cache, counted, once."""
+        if count:
+            self._notes.append(f"{where}: {count} {what}")
+
     def on_encoded(self, cached_dir: Path) -> None:
-        """Called once the encoded splits are in the cache (just made, or found): say what was repaired."""
+        """Called once the encoded splits are in the cache (just made, or found): says the notes."""
+        notes = cached_dir / "notes.json"
+        for line in json.loads(notes.read_text()) if notes.is_file() else []:
+            log.warning(line)
 
     def cache_notes(self) -> dict[str, str]:
         """Small text files saved with the encoded splits (called after `encode` has run on every split)."""
-        return {}
+        return {"notes.json": json.dumps(self._notes, indent=1)}
 
     def collator(self, train: bool) -> Callable[[list[dict]], dict]:
         raise NotImplementedError

@@ -132,7 +132,16 @@ def encode_examples(batch: dict, tokenizer: BertTokenizer, text_columns: tuple[s
         encode_truncated(a, b, max_seq_length, tokenizer.cls_id, tokenizer.sep_id)
         for a, b in zip(texts[0], second, strict=True)
     ]
-    return {"input_ids": [ids for ids, _ in encoded], "token_type_ids": [types for _, types in encoded]}
+    lengths = [len(a) + len(b or []) for a, b in zip(texts[0], second, strict=True)]
+    return {
+        "input_ids": [ids for ids, _ in encoded],
+        "token_type_ids": [types for _, types in encoded],
+        # What a user must be told (counted by GlueDataModule.encode): a row cut, a text without a token.
+        "cut": [
+            len(ids) - (3 if b is not None else 2) < n for (ids, _), b, n in zip(encoded, second, lengths, strict=True)
+        ],
+        "empty": [not a or (b is not None and not b) for a, b in zip(texts[0], second, strict=True)],
+    }
 
 
 def label_to_number(label: object, row: int, spec: GlueTask, where: str) -> dict:
@@ -221,7 +230,9 @@ class GlueDataModule(FineTuningDataModule):
             load_from_cache_file=False,  # cached as a whole by the base
             desc=f"Tokenizing {self.spec.name} {split}",
         )
-        return {split: encoded}
+        self.note(where, sum(encoded["cut"]), f"rows were cut to max_seq_length={self.max_seq_length} tokens")
+        self.note(where, sum(encoded["empty"]), "rows have an empty text (no token): the model sees [CLS] [SEP]")
+        return {split: encoded.remove_columns(["cut", "empty"])}
 
     def collator(self, train: bool) -> PaddingCollator:
         label_dtype = torch.float if self.spec.is_regression else torch.long

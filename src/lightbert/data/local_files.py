@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,7 +62,36 @@ def read_local(file: Path, cache_dir: Path, where: str) -> datasets.Dataset:
             **options,
         )
     except Exception as error:
-        raise UserError(f"could not read {where}: {error}") from None
+        raise UserError(f"could not read {where}: {diagnose(file, error)}") from None
+
+
+def diagnose(file: Path, error: Exception) -> str:
+    """What is wrong with a file datasets could not read, with its line and column where there is one: datasets'
+    own messages name neither (or say `Instruction "data" corresponds to no data!` for a file without rows)."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as bad:
+        return f"it is not UTF-8 text ({bad}); convert it, e.g. iconv -f latin1 -t utf-8"
+    lines = [line for line in text.splitlines() if line.strip()]
+    suffix = file.suffix.lower()
+    if not lines:
+        return "the file is empty"
+    if suffix in (".csv", ".tsv") and len(lines) == 1:
+        return "it holds a header and no rows"
+    if suffix in (".json", ".jsonl"):
+        try:
+            json.loads(text)
+            return f"{type(error).__name__}: {error}"  # one JSON document that datasets still refused
+        except json.JSONDecodeError:
+            pass
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as bad:
+                return f"line {number}, column {bad.colno}: not valid JSON ({bad.msg}); write one JSON object per line"
+    return f"{type(error).__name__}: {error}"
 
 
 def read_hub(name: str, config: str | None, split: str, required: tuple[str, ...], where: str) -> datasets.Dataset:

@@ -362,7 +362,8 @@ class SquadDataModule(FineTuningDataModule):
         training = split == "train"
         rows, found = make_windows(raw, self.tokenizer, self.windowing, training, self.version_2)
         if not rows["input_ids"]:
-            raise UserError(f"SQuAD {split}: no example gave a window; see the warnings above")
+            why = "; ".join(line.split(": ", 1)[1] for line in found.lines(where)) or "the split holds no question"
+            raise UserError(f"{where}: no question gave a window to {'train' if training else 'score'} on: {why}")
         windows = datasets.Dataset.from_dict(rows)
         self._problems[split] = found.as_json()
         parts = {split: windows.add_column("idx", list(range(len(windows))))}
@@ -371,9 +372,10 @@ class SquadDataModule(FineTuningDataModule):
         return parts
 
     def cache_notes(self) -> dict[str, str]:
-        return {"problems.json": json.dumps(self._problems, indent=1)}
+        return {**super().cache_notes(), "problems.json": json.dumps(self._problems, indent=1)}
 
     def on_encoded(self, cached_dir: Path) -> None:
+        super().on_encoded(cached_dir)
         for split, by_kind in json.loads((cached_dir / "problems.json").read_text()).items():
             for line in Problems(defaultdict(list, by_kind)).lines(f"SQuAD {split}"):
                 log.warning(line)

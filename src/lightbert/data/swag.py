@@ -27,12 +27,14 @@ COLUMNS = ("sent1", "sent2", *ENDINGS, "label")
 def encode_choices(batch: dict, tokenizer: BertTokenizer, max_seq_length: int) -> dict:
     """Per example, NUM_CHOICES (input_ids, token_type_ids) pairs: the context, then sent2 + the ending."""
     contexts = tokenizer.encode_batch(["" if s is None else str(s) for s in batch["sent1"]])
-    input_ids, token_type_ids = [], []
+    input_ids, token_type_ids, cut, empty = [], [], [], []
     for i, context in enumerate(contexts):
         starts = "" if batch["sent2"][i] is None else batch["sent2"][i]
         endings = ["" if batch[e][i] is None else batch[e][i] for e in ENDINGS]
         continuations = tokenizer.encode_batch([f"{starts} {ending}".strip() for ending in endings])
         ids, types = [], []
+        empty.append(sum(not ending.strip() for ending in endings))
+        cut.append(any(len(context) + len(c) > max_seq_length - 3 for c in continuations))
         for continuation in continuations:
             choice_ids, choice_types = encode_truncated(
                 context, continuation, max_seq_length, tokenizer.cls_id, tokenizer.sep_id
@@ -41,7 +43,8 @@ def encode_choices(batch: dict, tokenizer: BertTokenizer, max_seq_length: int) -
             types.append(choice_types)
         input_ids.append(ids)
         token_type_ids.append(types)
-    return {"input_ids": input_ids, "token_type_ids": token_type_ids}
+    # What a user must be told (counted by SwagDataModule.encode): examples cut, endings without text.
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "cut": cut, "empty": empty}
 
 
 def choice_label(label: object, row: int, where: str) -> dict:
@@ -93,6 +96,9 @@ class SwagDataModule(FineTuningDataModule):
             load_from_cache_file=False,  # cached as a whole by the base
             desc=f"Tokenizing SWAG {split}",
         )
+        self.note(where, sum(encoded["cut"]), f"examples were cut to max_seq_length={self.max_seq_length} tokens")
+        self.note(where, sum(encoded["empty"]), "endings are empty: the model sees the context alone for them")
+        encoded = encoded.remove_columns(["cut", "empty"])
         return {split: encoded.add_column("idx", list(range(len(encoded))))}
 
     def collator(self, train: bool) -> ChoiceCollator:
