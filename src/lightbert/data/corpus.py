@@ -113,6 +113,12 @@ def read_bert_format(path: Path) -> Iterator[list[str]]:
 
 
 def _dataset_from_documents(documents, fingerprint: str, cache_dir: Path) -> datasets.Dataset:
+    if next(iter(documents()), None) is None:  # datasets would say `Instruction "train" corresponds to no data!`
+        raise UserError(
+            "the corpus has 0 usable documents: every line of it is blank. Pre-training needs text: sentences, one "
+            "per line, with a blank line between documents (corpus.paths)"
+        )
+
     def generate(fingerprint: str):  # the fingerprint argument keys the datasets cache on the content
         for document in documents():
             yield {"sentences": document}

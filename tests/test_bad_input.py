@@ -1,0 +1,164 @@
+"""The bad-input table (issue 16 items 9-11), run through the command line as a user would.
+
+Each refused case ends with exit code 2 and one line, `lightbert: error: ...`, that names the key, file or row
+to fix; no traceback. The silent cases now say what happened on the console, counted, and still run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import run_train_script, write_bert_corpus
+from glue_files import glue_data_files
+from squad_files import squad_data_files
+from test_interop import write_hf_bert
+
+pytestmark = pytest.mark.slow
+
+PRETRAIN = [
+    "model=bert_tiny",
+    "logger=csv",
+    "trainer.max_steps=2",
+    "task.batch_size=4",
+    "task.max_seq_length=32",
+    "task.datamodule.vocab_size=300",
+    "task.datamodule.num_workers=0",
+    "corpus=text",
+]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, Path]:
+    """Every file the table's cases point at, written once."""
+    root = tmp_path_factory.mktemp("inputs")
+    paths = {"root": root, "corpus": write_bert_corpus(root / "corpus.txt", num_documents=8)}
+    paths["bert"] = write_hf_bert(root / "bert")
+    paths["bert_without_tokenizer"] = shutil.copytree(paths["bert"], root / "bert_without_tokenizer")
+    (paths["bert_without_tokenizer"] / "vocab.txt").unlink()
+    (root / "blank.txt").write_text("\n\n   \n\n")
+    paths["blank"] = root / "blank.txt"
+    (root / "corpus_dir").mkdir()
+    shutil.copy(paths["corpus"], root / "corpus_dir" / "part1.txt")
+    (root / "random.ckpt").write_bytes(bytes(range(256)) * 40)
+    paths["random_ckpt"] = root / "random.ckpt"
+    truncated = root / "truncated_run" / "checkpoints"
+    truncated.mkdir(parents=True)
+    (truncated / "last.ckpt").write_bytes(b"PK\x03\x04" + b"\x00" * 300)  # a zip header cut short by a full disk
+    paths["truncated_run"] = root / "truncated_run"
+    glue = glue_data_files(root / "glue", "sst2")
+    paths |= {f"glue_{split}": path for split, path in glue.items()}
+    (root / "header_only.csv").write_text("sentence,label\n")
+    paths["header_only"] = root / "header_only.csv"
+    lines = glue["train"].read_text().splitlines()
+    rows = [json.dumps({"sentence": line.rsplit(",", 2)[0], "label": 1}) for line in lines[1:4]]
+    rows[1] = rows[1][:-5]  # a record cut in the middle
+    (root / "broken.jsonl").write_text("\n".join(rows) + "\n")
+    paths["broken_jsonl"] = root / "broken.jsonl"
+    squad = squad_data_files(root / "squad")
+    data = json.loads(squad["train"].read_text())
+    for article in data["data"]:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                qa["answers"] = []
+    (root / "squad_no_answers.json").write_text(json.dumps(data))
+    paths["squad_no_answers"] = root / "squad_no_answers.json"
+    paths["squad_validation"] = squad["validation"]
+    return paths
+
+
+def glue(inputs, train: str = "glue_train") -> list[str]:
+    return [
+        "task=glue/sst2",
+        "trainer=cpu",
+        "logger=csv",
+        "trainer.max_steps=1",
+        f"init_from={inputs['bert']}",
+        f"task.data_files.train={inputs[train]}",
+        f"task.data_files.validation={inputs['glue_validation']}",
+    ]
+
+
+SQUAD_SIZES = ["task.max_seq_length=128", "task.doc_stride=32", "task.max_query_length=16"]
+
+# (case, the command's arguments given the inputs, what its one error line says)
+REFUSED = [
+    # item 9: values that raised tracebacks
+    ("max_steps not a number", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "trainer.max_steps=abc"],
+     "trainer.max_steps must be an integer, got 'abc'"),
+    ("seed not a number", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "seed=abc"],
+     "seed must be an integer"),
+    ("lr not a number", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "optim.lr=abc"],
+     "optim.lr must be a number, got 'abc'"),
+    ("batch size 0", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "task.batch_size=0"],
+     "task.batch_size must be >= 1, got 0"),
+    ("batch size negative", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "task.batch_size=-4"],
+     "task.batch_size must be >= 1, got -4"),
+    ("no step or epoch limit", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "trainer.max_steps=-1"],
+     "trainer.max_steps=-1 and trainer.max_epochs=-1"),
+    ("accumulation 0", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "trainer.accumulate_grad_batches=0"],
+     "trainer.accumulate_grad_batches must be >= 1"),
+    ("dupe factor 0", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "task.datamodule.dupe_factor=0"],
+     "task.datamodule.dupe_factor must be >= 1"),
+    ("corpus of blank lines", lambda i: [*PRETRAIN, f"corpus.paths=[{i['blank']}]"], "0 usable documents"),
+    ("run directory under a file", lambda i: [*PRETRAIN, f"hydra.run.dir={i['corpus']}/run"],
+     "is a file, not a directory"),
+    ("truncated last.ckpt", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "resume=true",
+                                        f"hydra.run.dir={i['truncated_run']}"], "cannot be read as a checkpoint"),
+    # item 10: messages that misled
+    ("a directory as corpus file", lambda i: [*PRETRAIN, f"corpus.paths=[{i['root'] / 'corpus_dir'}]"],
+     "is a directory; give its files"),
+    ("a glob that matches nothing", lambda i: [*PRETRAIN, f"corpus.paths=[{i['root'] / 'nothing'}/*.txt]"],
+     "matches no file"),
+    ("HF directory without tokenizer", lambda i: [*glue(i)[:4], f"init_from={i['bert_without_tokenizer']}",
+                                                  *glue(i)[5:]], "comes without its tokenizer"),
+    ("random bytes as .ckpt", lambda i: [*glue(i)[:4], f"init_from={i['random_ckpt']}", *glue(i)[5:]],
+     "is not a lightbert or Lightning checkpoint"),
+    ("SQuAD file without answers", lambda i: ["task=squad_v1", "trainer=cpu", "logger=csv", *SQUAD_SIZES,
+                                              f"init_from={i['bert']}",
+                                              f"task.data_files.train={i['squad_no_answers']}",
+                                              f"task.data_files.validation={i['squad_validation']}"],
+     "v1.1 training questions have no answer"),
+    ("malformed JSON lines", lambda i: glue(i, "broken_jsonl"), "line 2, column"),
+    ("header-only file", lambda i: glue(i, "header_only"), "holds a header and no rows"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "args", "message"), REFUSED, ids=[case for case, _, _ in REFUSED])
+def test_bad_input_is_one_message(inputs, tmp_path, case, args, message):
+    arguments = args(inputs)
+    if not any(a.startswith("hydra.run.dir=") for a in arguments):
+        arguments.append(f"hydra.run.dir={tmp_path / 'run'}")
+    run = run_train_script(*arguments)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("lightbert: error:")]
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert len(errors) == 1 and message in errors[0], run.stderr[-3000:]
+    assert "Traceback" not in run.stderr and "weights_only=False" not in run.stderr
+
+
+def test_a_multirun_with_failed_jobs_ends_with_its_summary_and_no_traceback(inputs, tmp_path):
+    run = run_train_script(
+        "-m", *PRETRAIN, f"corpus.paths=[{inputs['corpus']}]", "task.batch_size=0,-1", f"hydra.sweep.dir={tmp_path}"
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "2 jobs, 2 failed; summary in" in run.stdout + run.stderr
+
+
+def test_what_the_data_loses_is_said_on_the_console_counted(inputs, tmp_path):
+    train = inputs["glue_train"].read_text().splitlines()
+    assert train[0] == "sentence,label,idx"
+    train[1] = '"",1,0'  # an empty sentence
+    train[2] = " ".join(["film"] * 200_000) + ",0,1"  # 200,000 words
+    (tmp_path / "train.csv").write_text("\n".join(train) + "\n")
+    args = glue(inputs)
+    args[5] = f"task.data_files.train={tmp_path / 'train.csv'}"
+    run = run_train_script(*args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    console = run.stdout + run.stderr
+    assert "1 rows were cut to max_seq_length=128 tokens" in console
+    assert "1 rows have an empty text" in console
+    resumed = run_train_script(*PRETRAIN, f"corpus.paths=[{inputs['corpus']}]", "resume=true",
+                               f"hydra.run.dir={tmp_path / 'fresh'}")  # fmt: skip
+    assert resumed.returncode == 0 and "resume=true and no" in resumed.stdout + resumed.stderr
