@@ -26,6 +26,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightbert.distributed import is_distributed
+from lightbert.errors import UserError
 from lightbert.files import replace_atomically
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
-        replace_atomically(Path(path), lambda tmp: super(AtomicCheckpointIO, self).save_checkpoint(checkpoint, tmp))
+        path = Path(path)
+        try:
+            replace_atomically(path, lambda tmp: super(AtomicCheckpointIO, self).save_checkpoint(checkpoint, tmp))
+        except (OSError, RuntimeError) as error:  # torch reports a failed write as a RuntimeError around the OSError
+            cause = error if isinstance(error, OSError) else error.__cause__ or error.__context__ or error
+            kept = f"the previous {path.name} is kept whole" if path.exists() else f"no {path.name} was written"
+            raise UserError(
+                f"could not write the checkpoint {path} ({cause}): is the disk full, or the directory not writable? "
+                f"{kept}, and the temporary file was removed. Make room and rerun the command with resume=true"
+            ) from None
 
 
 def rng_states() -> dict[str, Any]:

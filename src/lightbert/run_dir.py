@@ -6,6 +6,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +36,12 @@ def check_output_dir(output_dir: Path, resume: bool) -> Path | None:
             f"{output_dir} already holds a finished run ({RESULTS_FILE}); choose another directory "
             "with hydra.run.dir=... or leave it to the default, which is new for every run"
         )
+    checkpoints = output_dir / LAST_CHECKPOINT.parent
+    if checkpoints.exists() and (not checkpoints.is_dir() or not os.access(checkpoints, os.W_OK | os.X_OK)):
+        # Found now, not when the first checkpoint is written after hours of training.
+        problem = "a file, not a directory" if not checkpoints.is_dir() else "not writable"
+        raise UserError(f"{checkpoints} is {problem}: the run could not save its checkpoints; fix it, or choose "
+                        "another directory with hydra.run.dir=...")  # fmt: skip
     last = output_dir / LAST_CHECKPOINT
     if not resume and not last.is_file() and (output_dir / "metrics.csv").is_file():
         raise UserError(
@@ -63,6 +70,19 @@ def checkpoint_step(path: Path) -> int:
             f"{path} cannot be read as a checkpoint ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
             "the run cannot resume from it. Move it aside to resume from nothing, or start a new run directory"
         ) from None
+
+
+def remove_stale_temporaries(output_dir: Path) -> None:
+    """Temporary files a killed save left (`.last.ckpt.tmp-<host>-<pid>`, up to a checkpoint's size): with the run
+    directory locked, no process is writing them any more. Never a finished file."""
+    stale = [p for d in (output_dir, output_dir / "checkpoints") if d.is_dir() for p in d.glob(".*.tmp-*")]
+    if stale and is_global_zero():
+        size = sum(p.stat().st_size for p in stale if p.is_file())
+        for path in stale:
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        log.warning(
+            f"removed {len(stale)} temporary file(s) ({size / 2**20:.1f} MB) that a killed save left in {output_dir}"
+        )
 
 
 @rank_zero_only

@@ -40,6 +40,7 @@ from lightbert.run_dir import (
     checkpoint_step,
     locked,
     record_run,
+    remove_stale_temporaries,
     save_tokenizer,
     write_results,
 )
@@ -198,6 +199,7 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         _name_checkpoint_model(cfg, model_config)
     record_run(cfg, output_dir, resuming=resume_from is not None)
     RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
+    remove_stale_temporaries(output_dir)
     log.info(f"run directory: {output_dir}")
     log.info(_describe_run(cfg, model_config))
     try:

@@ -1,0 +1,119 @@
+"""Faults around the disk (issue 16 item 7), with real processes: a full disk while saving keeps the last good
+checkpoint and leaves no temporary file, a killed save's temporary file is cleaned up by the next run, a
+`checkpoints` that cannot hold checkpoints is found before training, and feature extraction leaves nothing half."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, default_sigint, write_bert_corpus
+from omegaconf import OmegaConf
+from test_feature_based import bert4  # noqa: F401 (the fixture)
+
+from lightbert.embeddings import extract_to_file
+from lightbert.errors import UserError
+
+pytestmark = pytest.mark.slow
+
+TESTS = Path(__file__).parent
+ARGS = [
+    "model=bert_tiny",
+    "trainer=cpu",
+    "task.batch_size=4",
+    "task.max_seq_length=64",
+    "task.datamodule.vocab_size=400",
+    "task.datamodule.dupe_factor=1",
+    "task.datamodule.num_workers=0",
+    "logger=csv",
+    "corpus=text",
+    "trainer.val_check_interval=4",
+    "task.checkpoint_every_n_steps=4",
+    "trainer.max_steps=10",
+]
+
+
+def train(*args: str, file_size_limit: int | None = None, new_session: bool = False) -> subprocess.CompletedProcess:
+    def limits() -> None:
+        default_sigint()
+        if file_size_limit:  # what a full disk does to a write: Python ignores SIGXFSZ, so the write fails (EFBIG)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, str(REPO / "src" / "train.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        preexec_fn=limits,
+        start_new_session=new_session,
+    )
+
+
+def temporaries(run_dir: Path) -> list[Path]:
+    return [p for d in (run_dir, run_dir / "checkpoints") if d.is_dir() for p in d.glob(".*.tmp-*")]
+
+
+@pytest.fixture
+def killed_run(tmp_path) -> tuple[Path, list[str]]:
+    """A run killed after step 6; its last.ckpt is step 4's."""
+    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=10)
+    run_dir = tmp_path / "run"
+    args = [*ARGS, f"corpus.paths=[{corpus}]", f"hydra.run.dir={run_dir}"]
+    killed = train(
+        *args, "+callbacks.kill._target_=loss_recorder.KillAtStep", "+callbacks.kill.step=6", new_session=True
+    )
+    assert killed.returncode == -signal.SIGKILL
+    return run_dir, args
+
+
+def test_a_full_disk_while_saving_keeps_the_last_checkpoint_and_no_temporary_file(killed_run):
+    run_dir, args = killed_run
+    last = run_dir / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+    full = train(*args, "resume=true", file_size_limit=len(before) // 2)  # step 8's checkpoint does not fit
+    assert full.returncode == 2, full.stderr[-3000:]
+    errors = [line for line in full.stderr.splitlines() if line.startswith("lightbert: error:")]
+    assert len(errors) == 1 and "could not write the checkpoint" in errors[0] and "is kept whole" in errors[0]
+    assert "Traceback" not in full.stderr
+    assert last.read_bytes() == before and temporaries(run_dir) == []
+    resumed = train(*args, "resume=true")  # room again: the run goes on from step 4
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+def test_a_killed_saves_temporary_file_is_removed_by_the_next_run(killed_run):
+    run_dir, args = killed_run
+    left = run_dir / "checkpoints" / ".last.ckpt.tmp-somehost-12345"
+    left.write_bytes(b"\0" * 2**20)  # what a kill in the middle of a save leaves
+    resumed = train(*args, "resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "removed 1 temporary file(s) (1.0 MB) that a killed save left" in resumed.stdout + resumed.stderr
+    assert temporaries(run_dir) == []
+
+
+def test_a_checkpoints_that_cannot_hold_checkpoints_is_found_before_training(tmp_path):
+    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=10)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "checkpoints").write_text("not a directory")
+    refused = train(*ARGS, f"corpus.paths=[{corpus}]", f"hydra.run.dir={run_dir}")
+    assert refused.returncode == 2 and "checkpoints is a file, not a directory" in refused.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints"]  # nothing else written
+
+
+def test_feature_extraction_leaves_no_temporary_file_after_an_error(tmp_path, bert4):  # noqa: F811
+    (tmp_path / "in.txt").write_text("the city\n")
+    cfg = OmegaConf.load(REPO / "conf" / "extract_features.yaml")
+    cfg.pop("defaults")
+    cfg.pop("hydra")
+    cfg.init_from, cfg.input_file, cfg.output_file = str(bert4), str(tmp_path / "in.txt"), str(tmp_path / "out.jsonl")
+    cfg.layers = [-5]
+    with pytest.raises(UserError, match="from -4 to 3"):
+        extract_to_file(cfg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
