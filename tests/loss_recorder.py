@@ -66,3 +66,22 @@ class RecordGradNorms(L.Callback):
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         with open(self.path, "a") as f:
             f.write(f"{self.raw} {global_norm(grads)}\n")
+
+
+class KillDuringSave(L.Callback):
+    """SIGKILLs the whole run in the middle of its next checkpoint save once `step` steps are done: the checkpoint
+    is written to its temporary file, and the process dies before renaming it into place."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step and trainer.global_rank == 0:
+            import lightbert.checkpointing
+            from lightbert.files import temporary_path
+
+            def write_then_die(path, write):
+                write(temporary_path(path))
+                os.killpg(os.getpgid(0), signal.SIGKILL)
+
+            lightbert.checkpointing.replace_atomically = write_then_die

@@ -159,6 +159,20 @@ def test_what_the_data_loses_is_said_on_the_console_counted(inputs, tmp_path):
     console = run.stdout + run.stderr
     assert "1 rows were cut to max_seq_length=128 tokens" in console
     assert "1 rows have an empty text" in console
+    assert console.count("initialised fresh, not in") == 1  # the new head, once
     resumed = run_train_script(*PRETRAIN, f"corpus.paths=[{inputs['corpus']}]", "resume=true",
                                f"hydra.run.dir={tmp_path / 'fresh'}")  # fmt: skip
     assert resumed.returncode == 0 and "resume=true and no" in resumed.stdout + resumed.stderr
+
+
+def test_a_fine_tune_without_a_pooler_starts_a_classifier_with_a_fresh_pooler(inputs):
+    """A SQuAD or NER fine-tune has no pooler: used as init_from for GLUE, it no longer says "not a BERT checkpoint
+    lightbert can start from"; the pooler starts fresh with the head, and the console says so."""
+    from lightbert.interop import load_into, load_pretrained
+    from lightbert.model import BertConfig, BertForSequenceClassification
+
+    pretrained = load_pretrained(str(inputs["bert"]))
+    pretrained.state_dict = {k: v for k, v in pretrained.state_dict.items() if not k.startswith("bert.pooler.")}
+    model = BertForSequenceClassification(BertConfig.from_dict(pretrained.config), 2)
+    fresh = load_into(model, pretrained)
+    assert {k for k in fresh if k.startswith("bert.")} == {"bert.pooler.dense.weight", "bert.pooler.dense.bias"}

@@ -87,13 +87,21 @@ def test_a_full_disk_while_saving_keeps_the_last_checkpoint_and_no_temporary_fil
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
-def test_a_killed_saves_temporary_file_is_removed_by_the_next_run(killed_run):
+def test_a_kill_during_a_save_keeps_the_last_checkpoint_and_the_next_run_removes_the_half_file(killed_run):
     run_dir, args = killed_run
-    left = run_dir / "checkpoints" / ".last.ckpt.tmp-somehost-12345"
-    left.write_bytes(b"\0" * 2**20)  # what a kill in the middle of a save leaves
+    last = run_dir / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()  # step 4's
+    killed = train(*args, "resume=true", "+callbacks.kill._target_=loss_recorder.KillDuringSave",
+                   "+callbacks.kill.step=5", new_session=True)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    assert last.read_bytes() == before  # the save of step 8 never replaced it
+    (left,) = temporaries(run_dir)  # what the kill left: step 8's checkpoint, never renamed into place
+    assert left.stat().st_size > 0
     resumed = train(*args, "resume=true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "removed 1 temporary file(s) (1.0 MB) that a killed save left" in resumed.stdout + resumed.stderr
+    assert "removed 1 temporary file(s)" in resumed.stdout + resumed.stderr and "that a killed save left" in (
+        resumed.stdout + resumed.stderr
+    )
     assert temporaries(run_dir) == []
 
 
