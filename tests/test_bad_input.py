@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import run_train_script, write_bert_corpus
 from glue_files import glue_data_files
+from ner_files import ner_sentences, write_conll_text
 from squad_files import squad_data_files
+from swag_files import swag_data_files
 from test_interop import write_hf_bert
 
 pytestmark = pytest.mark.slow
@@ -176,3 +178,48 @@ def test_a_fine_tune_without_a_pooler_starts_a_classifier_with_a_fresh_pooler(in
     model = BertForSequenceClassification(BertConfig.from_dict(pretrained.config), 2)
     fresh = load_into(model, pretrained)
     assert {k for k in fresh if k.startswith("bert.")} == {"bert.pooler.dense.weight", "bert.pooler.dense.bias"}
+
+
+def _swag_with_an_empty_ending(directory: Path) -> list[str]:
+    import csv
+
+    files = swag_data_files(directory, sizes=(8, 4))
+    rows = list(csv.DictReader(files["train"].read_text().splitlines()))
+    rows[0]["ending2"] = ""
+    with files["train"].open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return ["task=swag", *(f"task.data_files.{split}={path}" for split, path in files.items())]
+
+
+def _ner_with_a_long_sentence(directory: Path) -> list[str]:
+    sentences = ner_sentences(8, seed=1)
+    sentences[0] = (["city"] * 300, ["O"] * 300)
+    files = {"train": write_conll_text(directory / "train.txt", sentences),
+             "validation": write_conll_text(directory / "dev.txt", ner_sentences(4, seed=2))}  # fmt: skip
+    return ["task=conll2003", *(f"task.data_files.{split}={path}" for split, path in files.items())]
+
+
+def _squad_with_a_moved_answer(directory: Path) -> list[str]:
+    files = squad_data_files(directory, num_paragraphs=2)
+    data = json.loads(files["train"].read_text())
+    data["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] += 3  # off by three characters
+    files["train"].write_text(json.dumps(data))
+    return ["task=squad_v1", *SQUAD_SIZES, *(f"task.data_files.{split}={path}" for split, path in files.items())]
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (_swag_with_an_empty_ending, "1 endings are empty"),
+        (_ner_with_a_long_sentence, "1 sentence(s) longer than task.max_seq_length=128 sub-tokens were cut"),
+        (_squad_with_a_moved_answer, "1 answers do not start at their answer_start; moved to the nearest"),
+    ],
+    ids=["swag-empty-ending", "ner-cut-sentence", "squad-moved-answer"],
+)
+def test_what_a_fine_tuning_set_loses_is_said_once(inputs, tmp_path, make, said):
+    args = [*make(tmp_path / "data"), "trainer=cpu", "logger=csv", "trainer.max_steps=1", f"init_from={inputs['bert']}"]
+    run = run_train_script(*args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (run.stdout + run.stderr).count(said) == 1

@@ -84,6 +84,7 @@ class FineTuningDataModule(L.LightningDataModule):
         self.num_workers, self.pad_to_multiple_of = num_workers, pad_to_multiple_of
         self.datasets: datasets.DatasetDict | None = None
         self._notes: list[str] = []
+        self._said = False
         check_data_files(
             self.data_files, self.fit_splits, (*self.fit_splits, *self.test_splits), self.name, self.file_formats
         )
@@ -222,7 +223,9 @@ class FineTuningDataModule(L.LightningDataModule):
                 with progress_bars_for(len(raw)):
                     parts.update(self.encode(raw, split, where))
             save_cache(parts, self.cached_dir, self.cache_notes())
-        self.on_encoded(self.cached_dir)
+        if not self._said:  # Lightning calls prepare_data again for predict: the notes are said once
+            self._said = True
+            self.on_encoded(self.cached_dir)
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets is None:
