@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +13,8 @@ import lightning as L
 import torch
 from datasets.utils import logging as datasets_logging
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import MissingMandatoryValue
 
 from lightbert.checkpointing import AtomicCheckpointIO
 from lightbert.cli import CONF_DIR
@@ -28,7 +22,8 @@ from lightbert.config_checks import check_numbers
 from lightbert.console import RunLogFile, quiet_lightning_tips
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.distributed import gather_dict
-from lightbert.errors import ConfigError, ParameterError, UserError
+from lightbert.errors import ConfigError, UserError
+from lightbert.instantiation import instantiate_config, parameters_named_by
 from lightbert.interop import Pretrained, load_into, load_pretrained
 from lightbert.loggers import RunCSVLogger, finish_wandb, summarise_in_wandb
 from lightbert.model import BertConfig, BertModel
@@ -47,44 +42,6 @@ from lightbert.run_dir import (
 from lightbert.run_dir import results as run_results
 
 log = logging.getLogger(__name__)
-
-
-def config_keys(node: DictConfig) -> dict[str, str]:
-    """Each parameter of a node that builds an object (e.g. `task.datamodule`) -> the key a user sets for it: the
-    key it interpolates (`max_seq_length: ${task.max_seq_length}` -> task.max_seq_length), else its own."""
-    path = node._get_full_key(None)
-    keys = {}
-    for name, value in OmegaConf.to_container(node, resolve=False).items():
-        match = re.fullmatch(r"\$\{([\w.]+)\}", value) if isinstance(value, str) else None
-        keys[str(name)] = match.group(1) if match else f"{path}.{name}"
-    return keys
-
-
-@contextmanager
-def parameters_named_by(node: DictConfig) -> Iterator[None]:
-    """A `ParameterError` raised while building (or first using) the object of `node` names config keys."""
-    try:
-        yield
-    except ParameterError as error:
-        raise error.naming(config_keys(node)) from None
-
-
-def _instantiate(node: Any, **kwargs: Any) -> Any:
-    """`hydra.utils.instantiate`, letting a `UserError` raised by the target through unwrapped, with the config
-    keys of the parameters a `ParameterError` names."""
-    try:
-        return instantiate(node, **kwargs)
-    except InstantiationException as error:
-        cause = error.__cause__
-        if isinstance(cause, ParameterError) and isinstance(node, DictConfig):
-            raise cause.naming(config_keys(node)) from None
-        if isinstance(cause, UserError):
-            raise cause from None
-        raise
-    except MissingMandatoryValue as error:
-        raise UserError(
-            f"{error.full_key} is required: set it on the command line, e.g. {error.full_key}=..."
-        ) from None
 
 
 def _check_devices(cfg: DictConfig) -> None:
@@ -209,9 +166,9 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             tokenizer_kwargs = {"tokenizer": load_tokenizer(output_dir / "tokenizer.json")}
         # Partial, then called: objects passed through instantiate() would be turned into configs.
         with parameters_named_by(cfg.task.datamodule):
-            datamodule = _instantiate(cfg.task.datamodule, _partial_=True)(**tokenizer_kwargs)
+            datamodule = instantiate_config(cfg.task.datamodule, _partial_=True)(**tokenizer_kwargs)
             tokenizer = datamodule.tokenizer
-        module = _instantiate(
+        module = instantiate_config(
             cfg.task.module,
             model=_with_vocabulary(model_config, tokenizer, pretrained),
             optim=OmegaConf.to_container(cfg.optim, resolve=True),
@@ -222,7 +179,7 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         # Scoring that needs the data (SQuAD's answers): the module calls it once the data is set up.
         module.evaluator = datamodule.evaluator
         _apply_speed_switches(module, cfg.get("speed") or {})
-        loggers = [_instantiate(c) for c in (cfg.get("logger") or {}).values()]
+        loggers = [instantiate_config(c) for c in (cfg.get("logger") or {}).values()]
         for logger in loggers:  # the resolved config, and the command line that made it
             if isinstance(logger, RunCSVLogger) and resume_from is not None:
                 logger.resumed_step = done  # metrics.csv continues from the checkpoint's step
@@ -238,14 +195,16 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
                 log.info(f"phase {number}/{len(phases)}: {steps}, {phase.datamodule}")
                 phase_kwargs = {"tokenizer": tokenizer, "first_step": phase.first_step}
                 with parameters_named_by(cfg.task.datamodule):
-                    datamodule = _instantiate(cfg.task.datamodule, **phase.datamodule, _partial_=True)(**phase_kwargs)
+                    datamodule = instantiate_config(cfg.task.datamodule, **phase.datamodule, _partial_=True)(
+                        **phase_kwargs
+                    )
             # Fresh callbacks for each phase: their state comes back from the checkpoint the phase starts from.
-            callbacks = [_instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
-            trainer: L.Trainer = _instantiate(
+            callbacks = [instantiate_config(c) for c in (cfg.get("callbacks") or {}).values()]
+            trainer: L.Trainer = instantiate_config(
                 cfg.trainer,
                 callbacks=callbacks,
                 logger=loggers or False,
-                plugins=[AtomicCheckpointIO(), *[_instantiate(p) for p in cfg.trainer.get("plugins") or []]],
+                plugins=[AtomicCheckpointIO(), *[instantiate_config(p) for p in cfg.trainer.get("plugins") or []]],
                 **({"max_steps": phase.end_step} if len(phases) > 1 else {}),
             )
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
