@@ -49,10 +49,8 @@ def check_output_dir(output_dir: Path, resume: bool) -> Path | None:
             "directory with hydra.run.dir=..., or add resume=true to continue that run from its checkpoint"
         )
     if resume:
-        if last.is_file():
-            return last
-        log.info(f"resume=true and no {last} yet: starting from the beginning")
-    elif last.is_file():
+        return last if last.is_file() else None  # nothing to resume yet: train() says so, after the run directory
+    if last.is_file():
         raise UserError(
             f"{output_dir} holds an unfinished run ({LAST_CHECKPOINT}); add resume=true to continue it, "
             "or choose another directory with hydra.run.dir=..."

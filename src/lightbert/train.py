@@ -158,6 +158,8 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
     remove_stale_temporaries(output_dir)
     log.info(f"run directory: {output_dir}")
+    if cfg.get("resume") and resume_from is None:
+        log.info(f"resume=true and no {output_dir / LAST_CHECKPOINT} yet: starting from the beginning")
     log.info(_describe_run(cfg, model_config))
     try:
         tokenizer_kwargs = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}
