@@ -54,6 +54,20 @@ def corpus_file(tmp_path: Path) -> Path:
     return write_bert_corpus(tmp_path / "corpus.txt")
 
 
+# A pre-training run of seconds on a corpus=text file (add corpus.paths=[...]): what the fault tests run for real.
+TINY_PRETRAIN = [
+    "model=bert_tiny",
+    "trainer=cpu",
+    "task.batch_size=4",
+    "task.max_seq_length=64",
+    "task.datamodule.vocab_size=400",
+    "task.datamodule.dupe_factor=1",
+    "task.datamodule.num_workers=0",
+    "logger=csv",
+    "corpus=text",
+]
+
+
 def compose_config(overrides: list[str], output_dir: Path) -> DictConfig:
     """The config `python src/train.py OVERRIDES` would run, with its run directory at `output_dir`."""
     return lightbert_compose_config(overrides, output_dir, CONF_DIR)

@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, default_sigint, write_bert_corpus
-from omegaconf import OmegaConf
-from test_feature_based import bert4  # noqa: F401 (the fixture)
+from conftest import REPO, TINY_PRETRAIN, default_sigint, write_bert_corpus
+from test_feature_based import bert4, extract_config  # noqa: F401 (bert4: the fixture)
 
 from lightbert.embeddings import extract_to_file
 from lightbert.errors import UserError
@@ -23,15 +22,7 @@ pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).parent
 ARGS = [
-    "model=bert_tiny",
-    "trainer=cpu",
-    "task.batch_size=4",
-    "task.max_seq_length=64",
-    "task.datamodule.vocab_size=400",
-    "task.datamodule.dupe_factor=1",
-    "task.datamodule.num_workers=0",
-    "logger=csv",
-    "corpus=text",
+    *TINY_PRETRAIN,
     "trainer.val_check_interval=4",
     "task.checkpoint_every_n_steps=4",
     "trainer.max_steps=10",
@@ -116,12 +107,7 @@ def test_a_checkpoints_that_cannot_hold_checkpoints_is_found_before_training(tmp
 
 
 def test_feature_extraction_leaves_no_temporary_file_after_an_error(tmp_path, bert4):  # noqa: F811
-    (tmp_path / "in.txt").write_text("the city\n")
-    cfg = OmegaConf.load(REPO / "conf" / "extract_features.yaml")
-    cfg.pop("defaults")
-    cfg.pop("hydra")
-    cfg.init_from, cfg.input_file, cfg.output_file = str(bert4), str(tmp_path / "in.txt"), str(tmp_path / "out.jsonl")
-    cfg.layers = [-5]
+    cfg = extract_config(bert4, tmp_path, [-5])
     with pytest.raises(UserError, match="from -4 to 3"):
         extract_to_file(cfg)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]

@@ -190,13 +190,23 @@ def test_extracted_features_equal_transformers_hidden_states(tmp_path):
     assert len(records[3]["features"]) == 64  # cut to max_seq_length
 
 
-def test_feature_extraction_errors_are_named(tmp_path, bert4):
-    (tmp_path / "in.txt").write_text("the city\n")
+def extract_config(bert_dir, directory, layers) -> OmegaConf:
+    """conf/extract_features.yaml for `in.txt` (one line) in `directory`, written to `out.jsonl` there."""
+    (directory / "in.txt").write_text("the city\n")
     cfg = OmegaConf.load(REPO / "conf" / "extract_features.yaml")
     cfg.pop("defaults")
     cfg.pop("hydra")
-    cfg.init_from, cfg.input_file, cfg.output_file = str(bert4), str(tmp_path / "in.txt"), str(tmp_path / "out.jsonl")
-    cfg.layers = [-5]
+    cfg.init_from, cfg.input_file, cfg.output_file = (
+        str(bert_dir),
+        str(directory / "in.txt"),
+        str(directory / "out.jsonl"),
+    )
+    cfg.layers = layers
+    return cfg
+
+
+def test_feature_extraction_errors_are_named(tmp_path, bert4):
+    cfg = extract_config(bert4, tmp_path, [-5])
     with pytest.raises(UserError, match="from -4 to 3"):
         extract_to_file(cfg)
     cfg.layers = [-1]

@@ -10,23 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import WORDS, run_train_script, write_bert_corpus
+from conftest import TINY_PRETRAIN, WORDS, run_train_script, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).parent
-BASE = [
-    "model=bert_tiny",
-    "trainer=cpu",
-    "task.batch_size=4",
-    "task.max_seq_length=64",
-    "task.datamodule.vocab_size=400",
-    "task.datamodule.dupe_factor=1",
-    "task.datamodule.num_workers=0",
-    "logger=csv",
-    "corpus=text",
-    "trainer.log_every_n_steps=1",
-]
+BASE = [*TINY_PRETRAIN, "trainer.log_every_n_steps=1"]
 
 
 def run(args: list[str], new_session: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -14,21 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, default_sigint, run_train_script, write_bert_corpus
+from conftest import REPO, TINY_PRETRAIN, default_sigint, run_train_script, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).parent
 BASE = [
-    "model=bert_tiny",
-    "trainer=cpu",
-    "task.batch_size=4",
-    "task.max_seq_length=64",
-    "task.datamodule.vocab_size=400",
-    "task.datamodule.dupe_factor=1",
-    "task.datamodule.num_workers=0",
-    "logger=csv",
-    "corpus=text",
+    *TINY_PRETRAIN,
     "trainer.log_every_n_steps=1",
     "trainer.val_check_interval=4",
     "task.checkpoint_every_n_steps=4",
