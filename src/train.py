@@ -19,7 +19,18 @@ from lightbert.sweep import record_failed_job
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """Returns the best validation metric: what a sweeper (e.g. sweep=optuna) optimises."""
-    # Imported here, so that --help and --cfg stay fast.
+    from lightbert.config_checks import check_numbers
+    from lightbert.run_dir import check_not_running, check_output_dir
+
+    try:
+        # A command refused by these is refused in a second, before torch and Lightning load (train() checks again,
+        # under the run directory's lock).
+        check_numbers(cfg)
+        check_not_running(Path(cfg.paths.output_dir))
+        check_output_dir(Path(cfg.paths.output_dir), bool(cfg.get("resume", False)))
+    except UserError as error:
+        return refuse(error)
+    # Imported here, so that --help, --cfg and a refused command stay fast.
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from lightbert.train import train
@@ -39,14 +50,19 @@ def main(cfg: DictConfig) -> float | None:
         )
         sys.exit(128 + stopped_by)
     except UserError as error:
-        print(f"lightbert: error: {error}", file=sys.stderr)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            # The sweep goes on with the other jobs; the summary lists this one with its error, and the command
-            # exits with 2 at the end (lightbert.sweep.SweepSummary), without a traceback.
-            hydra = HydraConfig.get()
-            record_failed_job(Path(hydra.runtime.output_dir), error, list(hydra.overrides.task))
-            return None
-        sys.exit(2)
+        return refuse(error)
+
+
+def refuse(error: UserError) -> None:
+    """One line on stderr and exit 2; in a multirun the sweep goes on with the other jobs: the summary lists this
+    one with its error, and the command exits with 2 at the end (lightbert.sweep.SweepSummary), without a
+    traceback."""
+    print(f"lightbert: error: {error}", file=sys.stderr)
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        hydra = HydraConfig.get()
+        record_failed_job(Path(hydra.runtime.output_dir), error, list(hydra.overrides.task))
+        return None
+    sys.exit(2)
 
 
 if __name__ == "__main__":

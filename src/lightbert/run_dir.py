@@ -1,4 +1,8 @@
-"""The run directory, the user's record of a run: what may be trained into it, and what a finished run leaves."""
+"""The run directory, the user's record of a run: what may be trained into it, and what a finished run leaves.
+
+Light to import (torch and Lightning only inside the functions that need them): the entry point refuses a command
+with these checks before it loads the rest, in a second rather than several.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +11,17 @@ import json
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import lightning as L
-import torch
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from lightbert import RESULTS_FILE
+from lightbert.console import global_rank
 from lightbert.errors import UserError
 from lightbert.files import write_atomically
 
@@ -62,6 +64,8 @@ def checkpoint_step(path: Path) -> int:
     """The global step of a checkpoint to resume from, read without loading its weights (mmap); a file that is no
     checkpoint (truncated by a full disk, or something else) is one message, not torch's traceback."""
     try:
+        import torch
+
         return int(torch.load(path, mmap=True, weights_only=True)["global_step"])
     except Exception as error:
         raise UserError(
@@ -83,14 +87,17 @@ def remove_stale_temporaries(output_dir: Path) -> None:
         )
 
 
-@rank_zero_only
 def save_tokenizer(tokenizer, output_dir: Path) -> None:
+    if not is_global_zero():
+        return
     # Next to the checkpoints, so a run directory is enough to load the model again.
     tokenizer.save(output_dir / "tokenizer.json")
 
 
-def results(trainer: L.Trainer, output_dir: Path, seconds: float) -> dict[str, Any]:
+def results(trainer, output_dir: Path, seconds: float) -> dict[str, Any]:
     """What `results.json` holds: the final metrics, the best checkpoint by the task's monitor, where things are."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
     checkpoints = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
     checkpoint = next((c for c in checkpoints if c.monitor), None)  # the best by the task's monitor
     metrics = {name: float(value) for name, value in sorted(trainer.callback_metrics.items())}
@@ -108,9 +115,10 @@ def results(trainer: L.Trainer, output_dir: Path, seconds: float) -> dict[str, A
     }
 
 
-@rank_zero_only
 def write_results(results: dict[str, Any], output_dir: Path) -> None:
-    """results.json, and one console line that says how the run ended and where its outputs are."""
+    """results.json, and one console line that says how the run ended and where its outputs are (first process)."""
+    if not is_global_zero():
+        return
     write_atomically(output_dir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
     metrics = results["metrics"]
     shown = [f"{k}={v:.4f}" for k, v in metrics.items() if k.startswith("val/")][:6]
@@ -174,7 +182,18 @@ def record_run(cfg: DictConfig, output_dir: Path, resuming: bool) -> None:
 
 
 def is_global_zero() -> bool:
-    return rank_zero_only.rank == 0
+    """The first process of the run: Lightning's rank once it runs (its strategy sets the global rank across
+    nodes), before that the launcher's variables, which Lightning reads too."""
+    utilities = sys.modules.get("lightning.pytorch.utilities")
+    return (utilities.rank_zero_only.rank if utilities is not None else global_rank()) == 0
+
+
+def check_not_running(output_dir: Path) -> None:
+    """Refuses at once a directory another run holds (`locked`), before its files are judged: a running run's
+    metrics.csv or last.ckpt are not a finished or abandoned one's."""
+    if output_dir.is_dir() and is_global_zero():
+        with locked(output_dir):
+            pass
 
 
 @contextmanager
