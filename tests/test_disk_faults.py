@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY_PRETRAIN, default_sigint, write_bert_corpus
+from conftest import REPO, default_sigint, write_bert_corpus
 from test_feature_based import bert4, extract_config  # noqa: F401 (bert4: the fixture)
+from test_run_record import BASE
 
 from lightbert.embeddings import extract_to_file
 from lightbert.errors import UserError
@@ -21,12 +22,7 @@ from lightbert.errors import UserError
 pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).parent
-ARGS = [
-    *TINY_PRETRAIN,
-    "trainer.val_check_interval=4",
-    "task.checkpoint_every_n_steps=4",
-    "trainer.max_steps=10",
-]
+ARGS = [*BASE, "trainer.max_steps=10"]  # a checkpoint every 4 steps
 
 
 def train(*args: str, file_size_limit: int | None = None, new_session: bool = False) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -134,7 +134,8 @@ def check_run_directory(argv: list[str], cwd: Path | None = None) -> None:
     values = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith(("+", "~")))
     multirun = "-m" in argv or "--multirun" in argv
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    directory = values.get(key) or values.get("paths.log_dir") or "outputs"
+    default_log_dir = str(OmegaConf.load(CONF_DIR / "paths" / "default.yaml").log_dir)
+    directory = values.get(key) or values.get("paths.log_dir") or default_log_dir
     if "${" in directory:
         return  # an interpolation: Hydra resolves it
     path = Path(cwd or Path.cwd()) / Path(directory).expanduser()

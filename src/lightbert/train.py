@@ -137,6 +137,10 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message=".*exists and is not empty.*")
     warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")  # Lightning internals vs newer torch
     resume_from = check_output_dir(output_dir, bool(cfg.get("resume", False)))
+    # First on the console (train.log holds it until the checks below pass).
+    log.info(f"run directory: {output_dir}")
+    if cfg.get("resume") and resume_from is None:
+        log.info(f"resume=true and no {output_dir / LAST_CHECKPOINT} yet: starting from the beginning")
     done = checkpoint_step(resume_from) if resume_from else 0  # the step it resumes from
     _check_devices(cfg)
     quiet_lightning_tips()
@@ -157,9 +161,6 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     record_run(cfg, output_dir, resuming=resume_from is not None)
     RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
     remove_stale_temporaries(output_dir)
-    log.info(f"run directory: {output_dir}")
-    if cfg.get("resume") and resume_from is None:
-        log.info(f"resume=true and no {output_dir / LAST_CHECKPOINT} yet: starting from the beginning")
     log.info(_describe_run(cfg, model_config))
     try:
         tokenizer_kwargs = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}

@@ -132,15 +132,13 @@ def encode_examples(batch: dict, tokenizer: BertTokenizer, text_columns: tuple[s
         encode_truncated(a, b, max_seq_length, tokenizer.cls_id, tokenizer.sep_id)
         for a, b in zip(texts[0], second, strict=True)
     ]
-    lengths = [len(a) + len(b or []) for a, b in zip(texts[0], second, strict=True)]
+    pairs = list(zip(texts[0], second, strict=True))
     return {
         "input_ids": [ids for ids, _ in encoded],
         "token_type_ids": [types for _, types in encoded],
         # What a user must be told (counted by GlueDataModule.encode): a row cut, a text without a token.
-        "cut": [
-            len(ids) - (3 if b is not None else 2) < n for (ids, _), b, n in zip(encoded, second, lengths, strict=True)
-        ],
-        "empty": [not a or (b is not None and not b) for a, b in zip(texts[0], second, strict=True)],
+        "cut": [len(a) + len(b or []) + (2 if b is None else 3) > max_seq_length for a, b in pairs],
+        "empty": [not a or (b is not None and not b) for a, b in pairs],
     }
 
 

@@ -307,6 +307,7 @@ class SquadDataModule(FineTuningDataModule):
         self,
         version: str,
         *,
+        max_seq_length: int = 384,
         doc_stride: int = 128,
         max_query_length: int = 64,
         n_best_size: int = 20,
@@ -325,11 +326,11 @@ class SquadDataModule(FineTuningDataModule):
                 "n_best_size",
                 "max_answer_length",
             )
-        self.windowing = Windowing(shared.get("max_seq_length", 384), doc_stride, max_query_length)
+        self.windowing = Windowing(max_seq_length, doc_stride, max_query_length)
         self.n_best_size, self.max_answer_length = n_best_size, max_answer_length
         self.null_score_diff_threshold = null_score_diff_threshold
         self._problems: dict[str, dict[str, list[str]]] = {}
-        super().__init__(**{"max_seq_length": 384, **shared})
+        super().__init__(max_seq_length=max_seq_length, **shared)
 
     @property
     def version_2(self) -> bool:

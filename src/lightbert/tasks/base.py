@@ -68,13 +68,23 @@ class TaskModule(L.LightningModule):
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         outputs = self(batch)
-        self.val_losses[dataloader_idx].update(self.loss(outputs, batch), batch["input_ids"].shape[0])
+        name, metric = self.metric_name("loss", dataloader_idx), self.val_losses[dataloader_idx]
+        self.log_mean(name, metric, self.loss(outputs, batch), batch["input_ids"].shape[0])
         self.update_metrics(outputs, batch, dataloader_idx)
 
+    def log_mean(self, name: str, metric: MeanMetric, value: torch.Tensor, weight: torch.Tensor | int) -> None:
+        """Adds `value` (weighted) to `metric`, logged as `name` at the end of validation: Lightning computes it over
+        every device, logs it and resets it."""
+        metric.update(value, weight)
+        self.log(name, metric, on_step=False, on_epoch=True, add_dataloader_idx=False)
+
+    def log_computed(self, name: str, value: torch.Tensor | float, prog_bar: bool = False) -> None:
+        """Logs a validation value that is already the whole split's, the same on every device (a torchmetrics
+        `compute()`, or a score every device computes from gathered outputs). sync_dist averages equal values, so
+        it changes nothing; without it Lightning warns under DDP that the value may differ per device."""
+        self.log(name, value, prog_bar=prog_bar, sync_dist=True)
+
     def on_validation_epoch_end(self) -> None:
-        for dataloader_idx, loss in enumerate(self.val_losses):
-            self.log(self.metric_name("loss", dataloader_idx), loss.compute())
-            loss.reset()
         self.log_metrics()
 
     def predict_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:

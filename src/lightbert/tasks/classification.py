@@ -42,7 +42,7 @@ class SequenceClassificationModule(TaskModule):
             values = {name: value.float() for name, value in metrics.compute().items()}
             metrics.reset()
             for name, value in values.items():
-                self.log(self.metric_name(name, dataloader_idx), value, prog_bar=True)
+                self.log_computed(self.metric_name(name, dataloader_idx), value, prog_bar=True)
             if score is None:  # the task's score: the mean of its metrics on the first (MNLI: matched) set
                 score = torch.stack(list(values.values())).mean()
-        self.log("val/score", score, prog_bar=False)
+        self.log_computed("val/score", score)

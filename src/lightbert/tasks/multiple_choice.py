@@ -31,5 +31,5 @@ class MultipleChoiceModule(TaskModule):
         self.val_accuracy.update(self.prediction(scores, batch), batch["labels"])
 
     def log_metrics(self) -> None:
-        self.log("val/accuracy", self.val_accuracy.compute(), prog_bar=True)
+        self.log_computed("val/accuracy", self.val_accuracy.compute(), prog_bar=True)
         self.val_accuracy.reset()

@@ -58,13 +58,8 @@ class PreTrainingModule(TaskModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         out = self._step(batch)
         batch_size = batch["input_ids"].shape[0]
-        self.val_losses[0].update(out["loss"], batch_size)
+        self.log_mean("val/loss", self.val_losses[0], out["loss"], batch_size)
         # MLM numbers are per predicted token, NSP numbers per sequence: weight each accordingly.
         weights = {"mlm_loss": out["num_predictions"], "mlm_accuracy": out["num_predictions"]}
         for name, metric in self.val_sums.items():
-            metric.update(out[name], weights.get(name, batch_size))
-
-    def log_metrics(self) -> None:
-        for name, metric in self.val_sums.items():
-            self.log(f"val/{name}", metric.compute())
-            metric.reset()
+            self.log_mean(f"val/{name}", metric, out[name], weights.get(name, batch_size))

@@ -65,4 +65,4 @@ class QuestionAnsweringModule(TaskModule):
         scores, _, _ = answers.score(logits)
         for name, value in scores.items():
             if not name.endswith("total"):
-                self.log(f"val/{name}", float(value), prog_bar=name in ("exact_match", "exact", "f1"))
+                self.log_computed(f"val/{name}", float(value), prog_bar=name in ("exact_match", "exact", "f1"))

@@ -57,5 +57,5 @@ class TokenClassificationModule(TaskModule):
 
     def log_metrics(self) -> None:
         for name, value in self.val_f1.compute().items():  # compute() sums the counts of every device
-            self.log(f"val/{name}", value, prog_bar=name == "f1")
+            self.log_computed(f"val/{name}", value, prog_bar=name == "f1")
         self.val_f1.reset()
