@@ -40,27 +40,31 @@ def quiet_lightning_tips() -> None:
 class RunLogFile(logging.FileHandler):
     """train.log, whose records are held in memory until the run's checks have passed (`RunLogFile.start()`): a
     command that is refused (a finished run's directory, a changed resume) writes nothing into the run directory,
-    whatever a library logged while it started."""
+    whatever a library logged while it started. Each handler starts held: in a multirun Hydra makes a new one for
+    every job, so a refused job writes nothing either."""
 
-    started: ClassVar[bool] = False
-    _handlers: ClassVar[list[RunLogFile]] = []
+    _configured: ClassVar[list[RunLogFile]] = []  # the handlers logging is configured with now
 
     def __init__(self, filename: str, mode: str = "a", encoding: str | None = None, delay: bool = True):
         super().__init__(filename, mode, encoding, delay=True)
-        self._held: list[logging.LogRecord] = []
-        RunLogFile._handlers.append(self)
+        self._held: list[logging.LogRecord] | None = []  # None once started
+        RunLogFile._configured.append(self)
 
     def emit(self, record: logging.LogRecord) -> None:
-        if RunLogFile.started:
+        if self._held is None:
             super().emit(record)
         else:
             self._held.append(record)
 
+    def close(self) -> None:
+        if self in RunLogFile._configured:
+            RunLogFile._configured.remove(self)
+        super().close()
+
     @classmethod
     def start(cls) -> None:
         """The run's checks have passed: write what was held, and every record from now on."""
-        cls.started = True
-        for handler in cls._handlers:
-            held, handler._held = handler._held, []
+        for handler in cls._configured:
+            held, handler._held = handler._held or [], None
             for record in held:
                 handler.emit(record)
