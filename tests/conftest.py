@@ -93,3 +93,39 @@ def run_train_script(
         start_new_session=start_new_session,
         preexec_fn=default_sigint,
     )
+
+
+# One small real fine-tuning run per head (tests/finetuned_runs.py), shared by the tests of trained models.
+@pytest.fixture(scope="session")
+def sst2_run(tmp_path_factory: pytest.TempPathFactory):
+    from finetuned_runs import glue_run
+
+    return glue_run(tmp_path_factory.mktemp("sst2"), "sst2")
+
+
+@pytest.fixture(scope="session")
+def stsb_run(tmp_path_factory: pytest.TempPathFactory):
+    from finetuned_runs import glue_run
+
+    return glue_run(tmp_path_factory.mktemp("stsb"), "stsb")
+
+
+@pytest.fixture(scope="session")
+def squad_v2_run(tmp_path_factory: pytest.TempPathFactory):
+    from finetuned_runs import squad_run
+
+    return squad_run(tmp_path_factory.mktemp("squad_v2"), "2.0")
+
+
+@pytest.fixture(scope="session")
+def ner_run(tmp_path_factory: pytest.TempPathFactory):
+    from finetuned_runs import ner_run
+
+    return ner_run(tmp_path_factory.mktemp("ner"))
+
+
+@pytest.fixture(scope="session")
+def swag_run(tmp_path_factory: pytest.TempPathFactory):
+    from finetuned_runs import swag_run
+
+    return swag_run(tmp_path_factory.mktemp("swag"))

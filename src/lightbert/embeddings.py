@@ -99,7 +99,7 @@ def extract(
             yield {"linex_index": start + offset, "features": features}
 
 
-def _device(name: str) -> torch.device:
+def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name not in ("cpu", "cuda"):
@@ -124,7 +124,7 @@ def extract_to_file(cfg: DictConfig) -> tuple[Path, int]:
             "positions"
         )
     layers = OmegaConf.to_container(cfg.layers) if OmegaConf.is_list(cfg.layers) else [cfg.layers]
-    model = load_encoder(pretrained).to(_device(str(cfg.device)))
+    model = load_encoder(pretrained).to(pick_device(str(cfg.device)))
     count = 0
     with open_atomically(output_file) as f:  # renamed into place when complete
         for record in extract(model, pretrained.tokenizer, lines, layers, cfg.max_seq_length, cfg.batch_size):

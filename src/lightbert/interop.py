@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -45,6 +45,11 @@ class Pretrained:
     state_dict: dict[str, torch.Tensor]  # "bert.*", and "cls.*" / "classifier.*" heads when present
     tokenizer: BertTokenizer | None
     source: str
+    # What says which head a fine-tuned checkpoint has: a lightbert checkpoint's task-module arguments, a Hugging
+    # Face directory's config.json; and the run directory a lightbert checkpoint came from (its settings, .hydra/).
+    hyper_parameters: dict = field(default_factory=dict)
+    hf_config: dict = field(default_factory=dict)
+    run_dir: Path | None = None
 
     def encoder_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.state_dict.items() if k.startswith("bert.")}
@@ -91,12 +96,13 @@ def _from_lightning_checkpoint(path: Path) -> Pretrained:
     prefix = "model."
     state = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
     # A run keeps tokenizer.json in its run directory; checkpoints sit in <run>/checkpoints/.
-    tokenizer = None
+    tokenizer, run_dir = None, None
     for directory in (path.parent, path.parent.parent):
         if (directory / "tokenizer.json").is_file():
-            tokenizer = load_tokenizer(directory / "tokenizer.json")
+            tokenizer, run_dir = load_tokenizer(directory / "tokenizer.json"), directory
             break
-    return Pretrained(_checked_config(model, path), state, tokenizer, str(path))
+    hyper_parameters = {k: v for k, v in checkpoint["hyper_parameters"].items() if k not in ("model", "optim")}
+    return Pretrained(_checked_config(model, path), state, tokenizer, str(path), hyper_parameters, run_dir=run_dir)
 
 
 def _from_run_dir(path: Path) -> Pretrained:
@@ -129,7 +135,7 @@ def _from_hf_dir(path: Path, source: str) -> Pretrained:
         raise UserError(f"could not read weights {weights}: {error}") from None
     tokenizer_file = next((path / name for name in HF_TOKENIZER_FILES if (path / name).is_file()), None)
     tokenizer = load_tokenizer(tokenizer_file, lowercase=_hf_lowercase(path)) if tokenizer_file else None
-    return Pretrained(config, hf_state_dict_to_lightbert(raw), tokenizer, source)
+    return Pretrained(config, hf_state_dict_to_lightbert(raw), tokenizer, source, hf_config=hf_config)
 
 
 def _from_hub(repo_id: str) -> Pretrained:

@@ -24,23 +24,30 @@ ENDINGS = tuple(f"ending{i}" for i in range(NUM_CHOICES))
 COLUMNS = ("sent1", "sent2", *ENDINGS, "label")
 
 
+def continuations(start: str | None, endings: list[str | None]) -> list[str]:
+    """Sentence B of each choice: the start of the next sentence, then the ending."""
+    return [f"{'' if start is None else start} {'' if ending is None else ending}".strip() for ending in endings]
+
+
+def encode_choice_pairs(
+    context: list[int], continued: list[list[int]], tokenizer: BertTokenizer, max_seq_length: int
+) -> tuple[list[list[int]], list[list[int]], bool]:
+    """Each choice's (input_ids, token_type_ids), cut longest-first; and whether any was cut."""
+    pairs = [encode_truncated(context, c, max_seq_length, tokenizer.cls_id, tokenizer.sep_id) for c in continued]
+    cut = any(len(context) + len(c) > max_seq_length - 3 for c in continued)
+    return [ids for ids, _ in pairs], [types for _, types in pairs], cut
+
+
 def encode_choices(batch: dict, tokenizer: BertTokenizer, max_seq_length: int) -> dict:
     """Per example, NUM_CHOICES (input_ids, token_type_ids) pairs: the context, then sent2 + the ending."""
     contexts = tokenizer.encode_batch(["" if s is None else str(s) for s in batch["sent1"]])
     input_ids, token_type_ids, cut, empty = [], [], [], []
     for i, context in enumerate(contexts):
-        starts = "" if batch["sent2"][i] is None else batch["sent2"][i]
-        endings = ["" if batch[e][i] is None else batch[e][i] for e in ENDINGS]
-        continuations = tokenizer.encode_batch([f"{starts} {ending}".strip() for ending in endings])
-        ids, types = [], []
-        empty.append(sum(not ending.strip() for ending in endings))
-        cut.append(any(len(context) + len(c) > max_seq_length - 3 for c in continuations))
-        for continuation in continuations:
-            choice_ids, choice_types = encode_truncated(
-                context, continuation, max_seq_length, tokenizer.cls_id, tokenizer.sep_id
-            )
-            ids.append(choice_ids)
-            types.append(choice_types)
+        endings = [batch[e][i] for e in ENDINGS]
+        continued = tokenizer.encode_batch(continuations(batch["sent2"][i], endings))
+        ids, types, was_cut = encode_choice_pairs(context, continued, tokenizer, max_seq_length)
+        empty.append(sum(not (ending or "").strip() for ending in endings))
+        cut.append(was_cut)
         input_ids.append(ids)
         token_type_ids.append(types)
     # What a user must be told (counted by SwagDataModule.encode): examples cut, endings without text.

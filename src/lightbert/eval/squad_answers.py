@@ -40,6 +40,8 @@ class Answer:
     text: str
     null_odds: float
     nbest: list[dict]
+    start: int | None = None  # the best non-null span's characters in the context, [start, end)
+    end: int | None = None
 
 
 @dataclass
@@ -127,7 +129,8 @@ class SquadAnswers:
         best_text = context[best[3] : best[4]] if best else ""
         null_odds = float(null[0] - best[0]) if null is not None and best is not None else NO_CANDIDATE_ODDS
         _add_probabilities(nbest)
-        return Answer(self.ids[example], best_text, null_odds, nbest)
+        span = (int(best[3]), int(best[4])) if best else (None, None)
+        return Answer(self.ids[example], best_text, null_odds, nbest, *span)
 
     def answers(self, logits: Mapping[int, np.ndarray]) -> list[Answer]:
         return [self.answer(example, logits) for example in range(len(self.ids))]
