@@ -48,8 +48,14 @@ def glue_run(root: Path, task: str = "sst2") -> Run:
 def squad_run(root: Path, version: str = "2.0") -> Run:
     files = squad_data_files(root / "data", version, fmt="jsonl")
     bert = write_hf_bert(root / "bert")
-    extra = ["task.batch_size=8", "task.max_seq_length=64", "task.doc_stride=16", "task.max_query_length=16",
-             "trainer.max_epochs=2", "optim.lr=1e-3"]  # fmt: skip
+    extra = [
+        "task.batch_size=8",
+        "task.max_seq_length=64",
+        "task.doc_stride=16",
+        "task.max_query_length=16",
+        "trainer.max_epochs=2",
+        "optim.lr=1e-3",
+    ]
     return fine_tune(root, f"squad_v{version[0]}", files, bert, extra)
 
 

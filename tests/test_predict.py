@@ -41,8 +41,9 @@ def rows(path: Path) -> list[dict]:
 
 
 def predict_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "src" / "predict.py"), *args], input=stdin, capture_output=True,
-                          text=True, cwd=REPO)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(REPO / "src" / "predict.py"), *args], input=stdin, capture_output=True, text=True, cwd=REPO
+    )
 
 
 # -- equal to the run's own predictions -----------------------------------------------------------------------

@@ -75,10 +75,20 @@ class FineTuned:
 
 
 def load_finetuned(init_from: str) -> FineTuned:
-    pretrained = load_pretrained(str(init_from))
+    return finetuned_from(load_pretrained(str(init_from)), init_from)
+
+
+def finetuned_from(pretrained: Pretrained, init_from: str) -> FineTuned:
     if pretrained.tokenizer is None:
         raise UserError(f"init_from={init_from} comes without a tokenizer (tokenizer.json or vocab.txt beside it)")
-    head, labels, task, feature_based = _head(pretrained, init_from)
+    found = head_of(pretrained)
+    if found is None:
+        raise UserError(
+            f"init_from={init_from} has no fine-tuned head: it is a pre-trained model (masked LM and next-sentence "
+            "prediction, or a bare encoder). Fine-tune it first, e.g. python src/train.py task=glue/sst2 "
+            f"init_from={init_from}, and use that run"
+        )
+    head, labels, task, feature_based = found
     config = BertConfig.from_dict(pretrained.config)
     recorded_task, recorded = _recorded(pretrained)
     settings = {**DEFAULT_SETTINGS[head], **recorded}
@@ -95,8 +105,8 @@ def load_finetuned(init_from: str) -> FineTuned:
     )
 
 
-def _head(pretrained: Pretrained, init_from: str) -> tuple[str, tuple[str, ...], str | None, dict | None]:
-    """(head, labels, task, feature-based arguments) of a checkpoint, or one error saying it has no fine-tuned head."""
+def head_of(pretrained: Pretrained) -> tuple[str, tuple[str, ...], str | None, dict | None] | None:
+    """(head, labels, task, feature-based arguments) of a checkpoint; None for one without a fine-tuned head."""
     hp, hf = pretrained.hyper_parameters, pretrained.hf_config
     if "task" in hp:  # SequenceClassificationModule(task=...): a GLUE task
         from lightbert.data.glue import glue_task
@@ -119,20 +129,35 @@ def _head(pretrained: Pretrained, init_from: str) -> tuple[str, tuple[str, ...],
         return "question_answering", (), None, None
     architecture = (hf.get("architectures") or [""])[0]
     heads = {cls: head for head, cls in HF_CLASSES.items()}
-    if architecture in heads:
-        head = heads[architecture]
-        labels: tuple[str, ...] = ()
-        if head in ("sequence_classification", "token_classification"):
-            id2label = hf.get("id2label") or {}
-            labels = tuple(id2label[k] for k in sorted(id2label, key=int))
-            if head == "sequence_classification" and hf.get("problem_type") == "regression":
-                labels = ()
-        return head, labels, None, None
-    raise UserError(
-        f"init_from={init_from} has no fine-tuned head: it is a pre-trained model (masked LM and next-sentence "
-        "prediction, or a bare encoder). Fine-tune it first, e.g. python src/train.py task=glue/sst2 "
-        f"init_from={init_from}, and use that run"
-    )
+    if architecture not in heads:
+        return None
+    head = heads[architecture]
+    labels: tuple[str, ...] = ()
+    if head in ("sequence_classification", "token_classification"):
+        id2label = hf.get("id2label") or {}
+        labels = tuple(id2label[k] for k in sorted(id2label, key=int))
+        if head == "sequence_classification" and hf.get("problem_type") == "regression":
+            labels = ()
+    return head, labels, None, None
+
+
+def hf_head_config(finetuned: FineTuned) -> dict:
+    """config.json's entries that make a Hugging Face directory of this head: what `AutoModelFor...` and
+    `pipeline` read (architectures, labels), and lightbert's own (the task and the run's settings) for predict.py."""
+    if finetuned.feature_based is not None:
+        raise UserError(
+            f"{finetuned.source} is a feature-based tagger (a frozen BERT feeding a BiLSTM), which no Hugging Face "
+            "class holds; run it with src/predict.py, or export it with to-onnx"
+        )
+    config: dict = {"architectures": [HF_CLASSES[finetuned.head]]}
+    if finetuned.head in ("sequence_classification", "token_classification"):
+        names = finetuned.labels or ("LABEL_0",)
+        config["id2label"] = dict(enumerate(names))
+        config["label2id"] = {name: i for i, name in enumerate(names)}
+    if finetuned.head == "sequence_classification":
+        config["problem_type"] = "regression" if finetuned.is_regression else "single_label_classification"
+    config["lightbert"] = {"task": finetuned.task, "settings": finetuned.settings}
+    return config
 
 
 def _recorded(pretrained: Pretrained) -> tuple[str | None, dict]:

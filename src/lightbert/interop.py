@@ -262,7 +262,7 @@ def lightbert_state_dict_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torc
     return {k: v.detach().contiguous().clone() for k, v in state.items() if k != "cls.predictions.decoder.weight"}
 
 
-def _write_tokenizer_files(tokenizer: BertTokenizer, directory: Path, max_length: int) -> None:
+def write_tokenizer_files(tokenizer: BertTokenizer, directory: Path, max_length: int) -> None:
     tokenizer.save(directory / "tokenizer.json")
     tokenizer.save_vocab_txt(directory / "vocab.txt")
     normalizer = json.loads(tokenizer.backend.to_str()).get("normalizer") or {}
@@ -275,26 +275,33 @@ def _write_tokenizer_files(tokenizer: BertTokenizer, directory: Path, max_length
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
 
 
-def _check_output_dir(out_dir: Path) -> None:
+def check_export_dir(out_dir: Path) -> None:
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"{out_dir} exists and is not empty; choose a new output directory (nothing was written)")
 
 
-def export_hf(pretrained: Pretrained, out_dir: str | Path) -> Path:
-    """Write a Hugging Face directory that `transformers.BertForPreTraining.from_pretrained` loads."""
+def export_hf(
+    pretrained: Pretrained,
+    out_dir: str | Path,
+    head_config: dict | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write a Hugging Face directory that `transformers.BertForPreTraining.from_pretrained` loads or, with a
+    fine-tuned head's `head_config` (architectures, labels) and weights, the matching `AutoModelFor...`."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir).expanduser()
     if pretrained.tokenizer is None:
         raise UserError(f"{pretrained.source} has no tokenizer.json next to it; an exported model needs one")
-    _check_output_dir(out_dir)
+    check_export_dir(out_dir)
 
     def write(tmp: Path) -> None:
         tmp.mkdir(parents=True)
-        (tmp / "config.json").write_text(json.dumps(lightbert_config_to_hf(pretrained.config), indent=2) + "\n")
-        state = lightbert_state_dict_to_hf(pretrained.state_dict)
+        config = {**lightbert_config_to_hf(pretrained.config), **(head_config or {})}
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        state = lightbert_state_dict_to_hf(pretrained.state_dict if state_dict is None else state_dict)
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        _write_tokenizer_files(pretrained.tokenizer, tmp, pretrained.config["max_position_embeddings"])
+        write_tokenizer_files(pretrained.tokenizer, tmp, pretrained.config["max_position_embeddings"])
 
     publish_directory(out_dir, write)  # all or nothing: an interrupted export leaves no half directory
     return out_dir
@@ -308,7 +315,7 @@ def import_hf(pretrained: Pretrained, out_dir: str | Path) -> Path:
     import lightning
 
     out_dir = Path(out_dir).expanduser()
-    _check_output_dir(out_dir)
+    check_export_dir(out_dir)
 
     def write(tmp: Path) -> None:
         tmp.mkdir(parents=True)
