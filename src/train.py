@@ -19,13 +19,13 @@ from lightbert.sweep import record_failed_job
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """Returns the best validation metric: what a sweeper (e.g. sweep=optuna) optimises."""
-    from lightbert.config_checks import check_numbers
+    from lightbert.config_checks import check_config
     from lightbert.run_dir import check_not_running, check_output_dir
 
     try:
         # A command refused by these is refused in a second, before torch and Lightning load (train() checks again,
         # under the run directory's lock).
-        check_numbers(cfg)
+        check_config(cfg)
         check_not_running(Path(cfg.paths.output_dir))
         check_output_dir(Path(cfg.paths.output_dir), bool(cfg.get("resume", False)))
     except UserError as error:

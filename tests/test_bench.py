@@ -41,3 +41,18 @@ def test_benchmark_runs_and_ends_with_the_ratio_line():
     losses = re.search(r"loss lightbert ([\d.]+), transformers ([\d.]+)", result.stdout)
     assert losses and abs(float(losses[1]) - float(losses[2])) < 1e-3
     assert sum("tokens/s" in line for line in lines) == 4  # both sides of both steps
+
+
+def test_inference_benchmark_runs_checks_parity_and_ends_with_the_ratio_line():
+    result = subprocess.run(
+        [sys.executable, "bench/predict_vs_pipeline.py", "--model", "bert_tiny", "--sentences", "32"]
+        + ["--repeats", "1", "--warmup", "0", "--vocab-size", "2000"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert re.fullmatch(r"predict speedup vs transformers\.pipeline: \d+\.\d\dx", lines[-1]), lines[-1]
+    assert sum("examples/s" in line for line in lines) == 3  # lightbert and two pipeline batch sizes

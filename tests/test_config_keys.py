@@ -40,6 +40,7 @@ FILE_SUFFIXES = {
     "bin",
     "log",
     "md",
+    "onnx",
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from lightbert.errors import ConfigError
@@ -44,6 +45,19 @@ def _value(cfg: DictConfig, key: str) -> Any:
         return OmegaConf.select(cfg, key, default=_MISSING, throw_on_missing=False)
     except Exception:  # an interpolation that does not resolve: left to the code that reads it
         return _MISSING
+
+
+def check_config(cfg: DictConfig) -> None:
+    """The checks a command is refused by before anything is read or written: numbers in range, and a fine-tuning
+    task given the pre-trained model it starts from."""
+    check_numbers(cfg)
+    fine_tuning = OmegaConf.select(cfg, "task.data_files", default=None) is not None
+    if fine_tuning and not cfg.get("init_from") and not OmegaConf.select(cfg, "task.datamodule.tokenizer_path"):
+        choice = HydraConfig.get().runtime.choices.get("task") if HydraConfig.initialized() else None
+        raise ConfigError(
+            f"task={choice or cfg.task.name} fine-tunes a pre-trained model: set init_from=<checkpoint> (a lightbert "
+            ".ckpt or run directory, a Hugging Face directory, or a hub id); its tokenizer comes with it"
+        )
 
 
 def check_numbers(cfg: DictConfig) -> None:

@@ -122,6 +122,13 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
     write_atomically(output_dir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
     metrics = results["metrics"]
     shown = [f"{k}={v:.4f}" for k, v in metrics.items() if k.startswith("val/")][:6]
+    if results.get("evaluated"):  # src/evaluate.py: no training, no checkpoint
+        outputs = [RESULTS_FILE, "metrics.csv", *(["predictions/"] if results.get("predictions") else [])]
+        print(
+            f"lightbert: evaluated {results['evaluated']} in {results['seconds']:.0f}s ({', '.join(shown)}). "
+            f"Outputs in {output_dir}: {', '.join(outputs)}"
+        )
+        return
     if results["monitor"] and results["best_score"] is not None:
         shown.append(f"best {results['monitor']}={results['best_score']:.4f}")
     if not shown:

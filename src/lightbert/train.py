@@ -6,6 +6,7 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,12 @@ import lightning as L
 import torch
 from datasets.utils import logging as datasets_logging
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightbert.checkpointing import AtomicCheckpointIO
+from lightbert.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
 from lightbert.cli import CONF_DIR
-from lightbert.config_checks import check_numbers
+from lightbert.config_checks import check_config
 from lightbert.console import RunLogFile, quiet_lightning_tips
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.distributed import gather_dict
@@ -125,23 +126,29 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     The run directory is the user's record: it is held for this run alone (`locked`), and a command refused by
     the checks before training writes nothing into it.
     """
-    check_numbers(cfg)  # before anything is read or written
+    check_config(cfg)  # before anything is read or written
     output_dir = Path(cfg.paths.output_dir)
     with locked(output_dir):
         return _train(cfg, output_dir)
 
 
-def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
-    started = time.time()
+def evaluate(cfg: DictConfig) -> dict[str, Any]:
+    """Score the fine-tuned model `init_from` names on the task's validation splits and write the prediction files a
+    training run writes, into a new run directory (`results.json` there); the checkpoint's own is never touched."""
+    check_config(cfg)
+    output_dir = Path(cfg.paths.output_dir)
+    with locked(output_dir):
+        return _evaluate(cfg, output_dir)
+
+
+def _prepare(
+    cfg: DictConfig, output_dir: Path, resume_from: Path | None, check: Callable[[Pretrained], None] | None = None
+) -> tuple[Pretrained | None, dict]:
+    """What every run does before its record is written: the checks that refuse a command (devices, init_from and
+    `check` of it, sizes), then `.hydra/` and train.log. Returns the checkpoint init_from names and the architecture."""
     # The run directory holds .hydra/ when the CSV logger starts writing there: not a problem.
     warnings.filterwarnings("ignore", message=".*exists and is not empty.*")
     warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")  # Lightning internals vs newer torch
-    resume_from = check_output_dir(output_dir, bool(cfg.get("resume", False)))
-    # First on the console (train.log holds it until the checks below pass).
-    log.info(f"run directory: {output_dir}")
-    if cfg.get("resume") and resume_from is None:
-        log.info(f"resume=true and no {output_dir / LAST_CHECKPOINT} yet: starting from the beginning")
-    done = checkpoint_step(resume_from) if resume_from else 0  # the step it resumes from
     _check_devices(cfg)
     quiet_lightning_tips()
     datasets_logging.disable_progress_bar()  # on only around maps worth watching (data.local_files.progress_bars_for)
@@ -155,6 +162,8 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             f"init_from={init_from} comes without its tokenizer (tokenizer.json or vocab.txt beside the weights); "
             "copy the tokenizer it was trained with there, or give it with task.datamodule.tokenizer_path=..."
         )
+    if check is not None and pretrained is not None:
+        check(pretrained)
     model_config = _checked_model_config(cfg, pretrained)
     if pretrained is not None:
         _name_checkpoint_model(cfg, model_config)
@@ -162,31 +171,54 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
     remove_stale_temporaries(output_dir)
     log.info(_describe_run(cfg, model_config))
+    return pretrained, model_config
+
+
+def _data_and_module(cfg: DictConfig, pretrained: Pretrained | None, model_config: dict, tokenizer_kwargs: dict):
+    """The task's DataModule and LightningModule, the module holding init_from's weights; and the fresh ones."""
+    # Partial, then called: objects passed through instantiate() would be turned into configs.
+    with parameters_named_by(cfg.task.datamodule):
+        datamodule = instantiate_config(cfg.task.datamodule, _partial_=True)(**tokenizer_kwargs)
+        tokenizer = datamodule.tokenizer
+    module = instantiate_config(
+        cfg.task.module,
+        model=_with_vocabulary(model_config, tokenizer, pretrained),
+        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        _convert_="all",
+    )
+    fresh = load_into(module.model, pretrained) if pretrained is not None else []
+    # Scoring that needs the data (SQuAD's answers): the module calls it once the data is set up.
+    module.evaluator = datamodule.evaluator
+    _apply_speed_switches(module, cfg.get("speed") or {})
+    return datamodule, module, fresh
+
+
+def _loggers(cfg: DictConfig, resumed_step: int | None = None) -> list:
+    loggers = [instantiate_config(c) for c in (cfg.get("logger") or {}).values()]
+    for logger in loggers:  # the resolved config, and the command line that made it
+        if isinstance(logger, RunCSVLogger) and resumed_step is not None:
+            logger.resumed_step = resumed_step  # metrics.csv continues from the checkpoint's step
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    return loggers
+
+
+def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    started = time.time()
+    resume_from = check_output_dir(output_dir, bool(cfg.get("resume", False)))
+    # First on the console (train.log holds it until the checks below pass).
+    log.info(f"run directory: {output_dir}")
+    if cfg.get("resume") and resume_from is None:
+        log.info(f"resume=true and no {output_dir / LAST_CHECKPOINT} yet: starting from the beginning")
+    done = checkpoint_step(resume_from) if resume_from else 0  # the step it resumes from
+    pretrained, model_config = _prepare(cfg, output_dir, resume_from)
     try:
         tokenizer_kwargs = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}
         if resume_from is not None and (output_dir / "tokenizer.json").is_file():
             # The run's own tokenizer: the ids its checkpoint was trained on, whatever the corpus now holds.
             tokenizer_kwargs = {"tokenizer": load_tokenizer(output_dir / "tokenizer.json")}
-        # Partial, then called: objects passed through instantiate() would be turned into configs.
-        with parameters_named_by(cfg.task.datamodule):
-            datamodule = instantiate_config(cfg.task.datamodule, _partial_=True)(**tokenizer_kwargs)
-            tokenizer = datamodule.tokenizer
-        module = instantiate_config(
-            cfg.task.module,
-            model=_with_vocabulary(model_config, tokenizer, pretrained),
-            optim=OmegaConf.to_container(cfg.optim, resolve=True),
-            _convert_="all",
-        )
-        if pretrained is not None:
-            load_into(module.model, pretrained)
-        # Scoring that needs the data (SQuAD's answers): the module calls it once the data is set up.
-        module.evaluator = datamodule.evaluator
-        _apply_speed_switches(module, cfg.get("speed") or {})
-        loggers = [instantiate_config(c) for c in (cfg.get("logger") or {}).values()]
-        for logger in loggers:  # the resolved config, and the command line that made it
-            if isinstance(logger, RunCSVLogger) and resume_from is not None:
-                logger.resumed_step = done  # metrics.csv continues from the checkpoint's step
-            logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        datamodule, module, _ = _data_and_module(cfg, pretrained, model_config, tokenizer_kwargs)
+        tokenizer = datamodule.tokenizer
+        loggers = _loggers(cfg, done if resume_from is not None else None)
         if resume_from is None:
             save_tokenizer(tokenizer, output_dir)
         phases = recipe_phases(cfg)
@@ -203,13 +235,7 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
                     )
             # Fresh callbacks for each phase: their state comes back from the checkpoint the phase starts from.
             callbacks = [instantiate_config(c) for c in (cfg.get("callbacks") or {}).values()]
-            trainer: L.Trainer = instantiate_config(
-                cfg.trainer,
-                callbacks=callbacks,
-                logger=loggers or False,
-                plugins=[AtomicCheckpointIO(), *[instantiate_config(p) for p in cfg.trainer.get("plugins") or []]],
-                **({"max_steps": phase.end_step} if len(phases) > 1 else {}),
-            )
+            trainer = _trainer(cfg, callbacks, loggers, **({"max_steps": phase.end_step} if len(phases) > 1 else {}))
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
             resume_from = output_dir / LAST_CHECKPOINT  # the next phase starts from this one's weights and optimizer
         results = run_results(trainer, output_dir, time.time() - started)
@@ -220,6 +246,104 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         return results
     finally:
         finish_wandb()
+
+
+def _trainer(cfg: DictConfig, callbacks: list, loggers: list, **overrides: Any) -> L.Trainer:
+    return instantiate_config(
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers or False,
+        plugins=[AtomicCheckpointIO(), *[instantiate_config(p) for p in cfg.trainer.get("plugins") or []]],
+        **overrides,
+    )
+
+
+# What evaluation runs without: it saves no checkpoint and trains no step.
+TRAINING_ONLY_CALLBACKS = (ModelCheckpoint, LatestCheckpoint, ResumableRNG, LearningRateMonitor)
+
+
+def _evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    started = time.time()
+    init_from = cfg.get("init_from")
+    if not init_from:
+        raise ConfigError("src/evaluate.py scores a fine-tuned model: set init_from=<run directory | .ckpt | HF dir>")
+    check_output_dir(output_dir, resume=False)
+    log.info(f"run directory: {output_dir}")
+    pretrained, model_config = _prepare(cfg, output_dir, None, lambda p: _check_head(cfg, p))
+    try:
+        datamodule, module, fresh = _data_and_module(
+            cfg, pretrained, model_config, {"tokenizer": pretrained.tokenizer} if pretrained.tokenizer else {}
+        )
+        if fresh:
+            raise UserError(
+                f"init_from={init_from} has no fine-tuned {cfg.task.name} head: {', '.join(fresh[:3])} would be "
+                f"untrained. Evaluate a model fine-tuned for task={_task_option()} (its run directory or .ckpt)"
+            )
+        trained_for = pretrained.hyper_parameters.get("task")
+        if trained_for and trained_for != cfg.task.name:
+            log.warning(f"init_from={init_from} was fine-tuned on {trained_for}, and is evaluated on {cfg.task.name}")
+        callbacks = [instantiate_config(c) for c in (cfg.get("callbacks") or {}).values()]
+        callbacks = [c for c in callbacks if not isinstance(c, TRAINING_ONLY_CALLBACKS)]
+        trainer = _trainer(cfg, callbacks, _loggers(cfg))
+        trainer.validate(module, datamodule=datamodule)
+        results = {
+            "evaluated": pretrained.source,
+            "metrics": {name: float(value) for name, value in sorted(trainer.callback_metrics.items())},
+            "predictions": _write_test_predictions(trainer, module, datamodule, output_dir),
+            "output_dir": str(output_dir),
+            "seconds": round(time.time() - started, 1),
+        }
+        write_results(results, output_dir)
+        summarise_in_wandb(trainer, results)
+        _end_distributed()
+        return results
+    finally:
+        finish_wandb()
+
+
+# The head each task module trains (lightbert.finetuned's names).
+HEAD_OF_MODULE = {
+    "SequenceClassificationModule": "sequence_classification",
+    "QuestionAnsweringModule": "question_answering",
+    "TokenClassificationModule": "token_classification",
+    "MultipleChoiceModule": "multiple_choice",
+}
+
+
+def _check_head(cfg: DictConfig, pretrained: Pretrained) -> None:
+    """Refuses, before anything is written, a checkpoint whose head is not the task's: evaluating it would score a
+    head that starts untrained."""
+    from lightbert.finetuned import head_of
+
+    module = str(cfg.task.module._target_).rsplit(".", 1)[-1]
+    wanted = HEAD_OF_MODULE.get(module)
+    found = head_of(pretrained)
+    if wanted is None or (found is not None and found[0] == wanted and _label_count_fits(cfg, found[1])):
+        return  # pre-training is evaluated on its own heads; the fresh-weights check after loading still holds
+    what = f"a {found[0].replace('_', ' ')} model" if found else "a pre-trained model without a fine-tuned head"
+    if found and found[0] == wanted:
+        what += f" with {len(found[1]) or 1} output(s)"
+    raise UserError(
+        f"init_from={cfg.init_from} is {what}, and task={_task_option()} evaluates a {wanted.replace('_', ' ')} "
+        "head of its own label set; evaluate a model fine-tuned for this task (its run directory or .ckpt)"
+    )
+
+
+def _label_count_fits(cfg: DictConfig, labels: tuple[str, ...]) -> bool:
+    task_labels = OmegaConf.select(cfg, "task.label_names", default=None)  # NER's tag set
+    if task_labels is not None:
+        return len(labels) == len(task_labels)
+    task = OmegaConf.select(cfg, "task.module.task", default=None)  # GLUE
+    if task is not None:
+        from lightbert.data.glue import glue_task
+
+        return (len(labels) or 1) == glue_task(str(task)).num_labels
+    return True
+
+
+def _task_option() -> str:
+    choice = HydraConfig.get().runtime.choices.get("task") if HydraConfig.initialized() else None
+    return choice or "..."
 
 
 def _end_distributed() -> None:
