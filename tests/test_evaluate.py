@@ -42,7 +42,8 @@ def snapshot(directory: Path) -> dict[str, str]:
 
 
 def evaluate_run(run, tmp_path: Path, *extra: str) -> dict:
-    overrides = [o for o in run.overrides if not o.startswith(("init_from=", "trainer.max"))]
+    # Everything the run was given but its training data: evaluation needs none.
+    overrides = [o for o in run.overrides if not o.startswith(("init_from=", "trainer.max", "task.data_files.train"))]
     return evaluate(evaluate_config([f"init_from={run.dir}", *overrides, *extra], tmp_path / "eval"))
 
 
@@ -106,7 +107,7 @@ def test_the_command_needs_init_from_and_runs_under_evals(sst2_run, tmp_path):
     )
     assert run.returncode == 2 and "set init_from=" in run.stderr
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # refused: nothing written
-    files = [o for o in sst2_run.overrides if o.startswith("task.data_files")]
+    files = [o for o in sst2_run.overrides if o.startswith(("task.data_files.validation", "task.data_files.test"))]
     run = subprocess.run(
         [
             sys.executable,

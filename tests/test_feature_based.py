@@ -16,13 +16,16 @@ from ner_files import ner_data_files
 from omegaconf import OmegaConf
 from test_interop import write_hf_bert
 from test_ner import NER_WORDS
+from test_predict import read_conlleval
 
 from lightbert.data.conll import CONLL2003_LABELS, ConllDataModule
 from lightbert.embeddings import extract_to_file
 from lightbert.errors import ConfigError, UserError
+from lightbert.finetuned import load_finetuned
 from lightbert.interop import load_into, load_pretrained
 from lightbert.model import BertConfig
 from lightbert.model.feature_based import FeatureBasedTagger, layer_combinations
+from lightbert.predict import predict_records
 from lightbert.tasks.token_classification import TokenClassificationModule
 
 
@@ -140,6 +143,14 @@ def test_feature_sweep_summary_has_table_7_s_shape(tmp_path, bert4):
     for line in table[2:]:
         _, name, value = (c.strip() for c in line.strip("|").split("|"))
         assert float(value) == pytest.approx(best[name], abs=1e-4)
+    # A feature-based run predicts new text with predict.py as its own evaluation tagged the dev set.
+    job = next(j for j in (tmp_path / "sweep").glob("[0-9]*") if (j / "predictions" / "validation.txt").is_file())
+    sentences = read_conlleval(job / "predictions" / "validation.txt")
+    finetuned = load_finetuned(str(job))
+    assert finetuned.feature_based is not None
+    records = [(n, {"words": [w for w, _, _ in s]}) for n, s in enumerate(sentences, start=1)]
+    predicted = predict_records(finetuned, records, batch_size=3)[0].predictions
+    assert [p["tags"] for p in predicted] == [[tag for _, _, tag in s] for s in sentences]
 
 
 # -- feature extraction ---------------------------------------------------------------------------------------

@@ -271,9 +271,10 @@ def _evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     log.info(f"run directory: {output_dir}")
     pretrained, model_config = _prepare(cfg, output_dir, None, lambda p: _check_head(cfg, p))
     try:
-        datamodule, module, fresh = _data_and_module(
-            cfg, pretrained, model_config, {"tokenizer": pretrained.tokenizer} if pretrained.tokenizer else {}
-        )
+        kwargs = {"tokenizer": pretrained.tokenizer} if pretrained.tokenizer else {}
+        if OmegaConf.select(cfg, "task.data_files") is not None:  # fine-tuning data: no training split needed
+            kwargs["fit"] = False
+        datamodule, module, fresh = _data_and_module(cfg, pretrained, model_config, kwargs)
         if fresh:
             raise UserError(
                 f"init_from={init_from} has no fine-tuned {cfg.task.name} head: {', '.join(fresh[:3])} would be "

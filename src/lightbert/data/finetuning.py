@@ -68,8 +68,10 @@ class FineTuningDataModule(L.LightningDataModule):
         eval_batch_size: int | None = None,
         num_workers: int = 0,
         pad_to_multiple_of: int | None = 8,
+        fit: bool = True,
     ):
         super().__init__()
+        self.fit = fit  # False: evaluation only (src/evaluate.py), which needs no training split
         require_tokenizer(tokenizer, tokenizer_path, self.task_option)
         if max_seq_length < self.min_seq_length:
             raise ParameterError(
@@ -86,7 +88,11 @@ class FineTuningDataModule(L.LightningDataModule):
         self._notes: list[str] = []
         self._said = False
         check_data_files(
-            self.data_files, self.fit_splits, (*self.fit_splits, *self.test_splits), self.name, self.file_formats
+            self.data_files,
+            self.fit_splits,
+            ("train", *self.validation_splits, *self.test_splits),
+            self.name,
+            self.file_formats,
         )
 
     @property
@@ -107,7 +113,8 @@ class FineTuningDataModule(L.LightningDataModule):
 
     @property
     def fit_splits(self) -> tuple[str, ...]:
-        return ("train", *self.validation_splits)
+        """The labelled splits a run needs: train (unless it only evaluates) and the validation sets."""
+        return ("train", *self.validation_splits) if self.fit else self.validation_splits
 
     @property
     def predict_splits(self) -> tuple[str, ...]:
