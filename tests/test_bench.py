@@ -23,36 +23,32 @@ def test_step_flops_count_the_blocks_attention_and_predicted_head_rows():
     assert full == expected
 
 
-def test_benchmark_runs_and_ends_with_the_ratio_line():
-    result = subprocess.run(
-        [sys.executable, "bench/pretrain_step.py", "--model", "bert_tiny", "--seq-len", "64", "--batch-size", "4"]
-        + ["--finetune-batch-size", "8", "--warmup", "0", "--repeats", "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def run_bench(script: str, *args: str) -> list[str]:
+    """The benchmark's output lines, after checking that it ran to the end."""
+    result = subprocess.run([sys.executable, f"bench/{script}", *args], cwd=REPO, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.strip().splitlines()
+    return result.stdout.strip().splitlines()
+
+
+def test_benchmark_runs_and_ends_with_the_ratio_line():
+    lines = run_bench(
+        "pretrain_step.py", "--model", "bert_tiny", "--seq-len", "64", "--batch-size", "4", "--finetune-batch-size",
+        "8", "--warmup", "0", "--repeats", "1",
+    )  # fmt: skip
     assert re.fullmatch(r"speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]
     assert any(re.fullmatch(r"fine-tuning speedup vs transformers: \d+\.\d\dx", line) for line in lines)
     assert any(line.startswith("data preparation (to cached examples) vs tokenizer alone: ") for line in lines)
     # Before timing, both models gave the same loss on the batch with the same weights.
-    losses = re.search(r"loss lightbert ([\d.]+), transformers ([\d.]+)", result.stdout)
+    losses = re.search(r"loss lightbert ([\d.]+), transformers ([\d.]+)", "\n".join(lines))
     assert losses and abs(float(losses[1]) - float(losses[2])) < 1e-3
     assert sum("tokens/s" in line for line in lines) == 4  # both sides of both steps
 
 
 def test_inference_benchmark_runs_checks_parity_and_ends_with_the_ratio_line():
-    result = subprocess.run(
-        [sys.executable, "bench/predict_vs_pipeline.py", "--model", "bert_tiny", "--sentences", "32"]
-        + ["--repeats", "1", "--warmup", "0", "--vocab-size", "2000"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.strip().splitlines()
+    lines = run_bench(
+        "predict_vs_pipeline.py", "--model", "bert_tiny", "--sentences", "32", "--repeats", "1", "--warmup", "0",
+        "--vocab-size", "2000",
+    )  # fmt: skip
     assert re.fullmatch(r"predict speedup vs transformers\.pipeline: \d+\.\d\dx", lines[-1]), lines[-1]
     assert sum("examples/s" in line for line in lines) == 3  # lightbert and two pipeline batch sizes

@@ -15,8 +15,7 @@ from conftest import REPO, run_train_script
 from ner_files import ner_data_files
 from omegaconf import OmegaConf
 from test_interop import write_hf_bert
-from test_ner import NER_WORDS
-from test_predict import read_conlleval
+from test_ner import NER_WORDS, read_conlleval
 
 from lightbert.data.conll import CONLL2003_LABELS, ConllDataModule
 from lightbert.embeddings import extract_to_file

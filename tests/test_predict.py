@@ -14,6 +14,7 @@ import datasets
 import pytest
 from conftest import CONF_DIR, REPO
 from hydra import compose, initialize_config_dir
+from test_ner import read_conlleval
 
 from lightbert.errors import UserError
 from lightbert.finetuned import load_finetuned
@@ -83,16 +84,6 @@ def test_question_answering_equals_the_runs_dev_predictions_with_its_null_thresh
         assert p["null_odds"] == pytest.approx(odds[p["id"]], abs=1e-4)
         if not p["no_answer"]:  # the character offsets cut the answer out of the context
             assert record["context"][p["start"] : p["end"]] == p["answer"] and 0 < p["score"] <= 1
-
-
-def read_conlleval(path: Path) -> list[list[list[str]]]:
-    sentences: list[list[list[str]]] = [[]]
-    for line in path.read_text().splitlines():
-        if line:
-            sentences[-1].append(line.split(" "))
-        elif sentences[-1]:
-            sentences.append([])
-    return [s for s in sentences if s]
 
 
 def test_token_classification_equals_the_runs_conlleval_predictions(ner_run, tmp_path):

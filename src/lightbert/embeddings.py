@@ -22,7 +22,7 @@ from lightbert.data.batches import pad_batch
 from lightbert.data.encoding import encode_truncated
 from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
-from lightbert.files import open_atomically
+from lightbert.files import open_atomically, read_input_text
 from lightbert.interop import load_encoder, load_pretrained
 from lightbert.model import BertModel
 
@@ -30,12 +30,7 @@ PAIR_SEPARATOR = " ||| "
 
 
 def read_lines(input_file: Path) -> list[tuple[str, str | None]]:
-    if not input_file.is_file():
-        raise UserError(f"input_file={input_file} does not exist")
-    try:
-        text = input_file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise UserError(f"input_file={input_file} is not UTF-8 text ({error})") from None
+    text = read_input_text(input_file)
     lines = []
     for line in text.splitlines():
         a, separator, b = line.strip().partition(PAIR_SEPARATOR.strip())

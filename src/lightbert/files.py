@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from lightbert.errors import UserError
+
 
 def temporary_path(path: Path) -> Path:
     """Where `path` is written before it is renamed into place."""
@@ -75,3 +77,14 @@ def publish_directory(final: Path, write: Callable[[Path], None]) -> None:
                 raise  # another process published the same data first, else a real error
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_input_text(input_file: str | Path) -> str:
+    """A user's `input_file=` as text: one message if it is missing or not UTF-8."""
+    path = Path(input_file).expanduser()
+    if not path.is_file():
+        raise UserError(f"input_file={input_file} does not exist")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise UserError(f"input_file={input_file} is not UTF-8 text ({error})") from None

@@ -42,7 +42,7 @@ from lightbert.data.swag import continuations, encode_choice_pairs
 from lightbert.errors import UserError
 from lightbert.eval.ner import entities
 from lightbert.eval.squad_answers import SquadAnswers
-from lightbert.files import open_atomically
+from lightbert.files import open_atomically, read_input_text
 from lightbert.finetuned import FineTuned, load_finetuned
 
 Record = tuple[int, dict]  # (line number, the record)
@@ -60,16 +60,7 @@ def read_records(input_file: str, input_format: str = "auto") -> tuple[list[Reco
     """The non-blank lines of `input_file` (`-`: stdin) as records, and the format they were read in."""
     if input_format not in ("auto", "jsonl", "text"):
         raise UserError(f"input_format={input_format} is not known; use auto, jsonl or text")
-    if input_file == "-":
-        text = sys.stdin.read()
-    else:
-        path = Path(input_file).expanduser()
-        if not path.is_file():
-            raise UserError(f"input_file={input_file} does not exist")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as error:
-            raise UserError(f"input_file={input_file} is not UTF-8 text ({error})") from None
+    text = sys.stdin.read() if input_file == "-" else read_input_text(input_file)
     lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
     if not lines:
         raise UserError(f"input_file={input_file} holds no records; write one JSON object (or text) per line")

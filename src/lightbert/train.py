@@ -240,12 +240,17 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             resume_from = output_dir / LAST_CHECKPOINT  # the next phase starts from this one's weights and optimizer
         results = run_results(trainer, output_dir, time.time() - started)
         results["predictions"] = _write_test_predictions(trainer, module, datamodule, output_dir)
-        write_results(results, output_dir)
-        summarise_in_wandb(trainer, results)
-        _end_distributed()
-        return results
+        return _finish(trainer, results, output_dir)
     finally:
         finish_wandb()
+
+
+def _finish(trainer: L.Trainer, results: dict[str, Any], output_dir: Path) -> dict[str, Any]:
+    """results.json and the console's last line, the W&B summary, and the end of the process group."""
+    write_results(results, output_dir)
+    summarise_in_wandb(trainer, results)
+    _end_distributed()
+    return results
 
 
 def _trainer(cfg: DictConfig, callbacks: list, loggers: list, **overrides: Any) -> L.Trainer:
@@ -294,10 +299,7 @@ def _evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             "output_dir": str(output_dir),
             "seconds": round(time.time() - started, 1),
         }
-        write_results(results, output_dir)
-        summarise_in_wandb(trainer, results)
-        _end_distributed()
-        return results
+        return _finish(trainer, results, output_dir)
     finally:
         finish_wandb()
 
