@@ -5,7 +5,8 @@ import random
 import pytest
 import torch
 
-from lightbert.data.masking import IGNORE_INDEX, MaskingCollator
+from lightbert.data.masking import IGNORE_INDEX, MaskingCollator, MaskingShares
+from lightbert.errors import ParameterError
 
 PAD, UNK, CLS, SEP, MASK = range(5)
 VOCAB = 1000
@@ -73,6 +74,37 @@ def test_fifteen_percent_eighty_ten_ten_never_special():
     # A random replacement can draw the original token (1 in 995): it then counts as kept.
     assert as_random / chosen == pytest.approx(0.10, abs=0.01)
     assert kept / chosen == pytest.approx(0.10, abs=0.01)
+
+
+# Appendix C.2, Table 8: MASK / SAME / RND.
+TABLE_8 = [(0.8, 0.1, 0.1), (1.0, 0.0, 0.0), (0.8, 0.0, 0.2), (0.8, 0.2, 0.0), (0.0, 0.2, 0.8), (0.0, 0.0, 1.0)]
+
+
+@pytest.mark.parametrize(("mask", "same", "random"), TABLE_8)
+def test_every_masking_share_of_table_8_is_honoured(mask, same, random):
+    c = collator(max_predictions_per_seq=1000, shares=MaskingShares(mask=mask, same=same, random=random))
+    chosen = as_mask = kept = as_random = 0
+    for chunk, batch in batches(c, make_examples(3000, seed=2)):
+        original = c.pad(chunk)["input_ids"]
+        predicted = batch["labels"] != IGNORE_INDEX
+        inputs = batch["input_ids"][predicted]
+        chosen += predicted.sum().item()
+        as_mask += (inputs == MASK).sum().item()
+        kept += (inputs == original[predicted]).sum().item()
+        as_random += ((inputs != MASK) & (inputs != original[predicted])).sum().item()
+    # ~30k choices: a standard error of at most 0.3 points. A random draw of the original token (1 in 995) counts
+    # as kept.
+    assert as_mask / chosen == pytest.approx(mask, abs=0.01)
+    assert kept / chosen == pytest.approx(same + random / 995, abs=0.01)
+    assert as_random / chosen == pytest.approx(random * 994 / 995, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    "shares", [{"mask": 0.8, "same": 0.1, "random": 0.2}, {"mask": -0.1, "same": 1.1, "random": 0}]
+)
+def test_shares_that_do_not_sum_to_one_are_refused(shares):
+    with pytest.raises(ParameterError, match="three shares from 0 to 1 that sum to 1"):
+        MaskingShares(**shares)
 
 
 def test_per_sequence_count_and_cap():

@@ -2,7 +2,8 @@
 
 As in the paper (§3.1) and the reference `create_masked_lm_predictions`: per sequence, 15% of the
 non-special tokens (at least 1, at most `max_predictions_per_seq`) are chosen; of those 80% become
-[MASK], 10% a random token and 10% stay unchanged; the model predicts the originals. Differences:
+[MASK], 10% a random token and 10% stay unchanged; the model predicts the originals. The three shares are
+settings (`MaskingShares`; Appendix C.2's Table 8 compares six). Differences:
 - The 15% is of the real tokens, not counting [CLS]/[SEP] (the reference counts them).
 - Random replacements are drawn from the non-special vocabulary (the reference may draw [CLS] or [PAD]).
 - Whole-word masking takes whole words in random order while they fit the budget and stops at the
@@ -17,6 +18,25 @@ import torch
 
 from lightbert.data.batches import pad_batch
 from lightbert.data.encoding import IGNORE_INDEX
+from lightbert.errors import ParameterError
+
+
+@dataclass(frozen=True)
+class MaskingShares:
+    """What becomes of a chosen token: [MASK], kept the SAME, or a RANDOM token (the paper's 80/10/10)."""
+
+    mask: float = 0.8
+    same: float = 0.1
+    random: float = 0.1
+
+    def __post_init__(self) -> None:
+        shares = (self.mask, self.same, self.random)
+        if any(not 0 <= s <= 1 for s in shares) or abs(sum(shares) - 1) > 1e-6:
+            raise ParameterError(
+                f"{{0}} must be three shares from 0 to 1 that sum to 1 (mask, same, random), got "
+                f"mask={self.mask}, same={self.same}, random={self.random}",
+                "masking",
+            )
 
 
 @dataclass
@@ -31,6 +51,7 @@ class MaskingCollator:
     subword_ids: list[int] = field(default_factory=list)  # `##` pieces, needed for whole-word masking
     pad_to_multiple_of: int | None = None
     generator: torch.Generator | None = None
+    shares: MaskingShares = field(default_factory=MaskingShares)
 
     def __post_init__(self) -> None:
         self._is_special = torch.zeros(self.vocab_size, dtype=torch.bool)
@@ -108,8 +129,9 @@ class MaskingCollator:
         labels = input_ids.masked_fill(~chosen, IGNORE_INDEX)
         if action is None:
             action = torch.rand(input_ids.shape, generator=self.generator)
-        to_mask = chosen & (action < 0.8)
-        to_random = chosen & (action >= 0.8) & (action < 0.9)  # the other 10% keep their token
+        to_mask = chosen & (action < self.shares.mask)
+        to_random = chosen & (action >= self.shares.mask) & (action < self.shares.mask + self.shares.random)
+        # the rest (shares.same) keep their token
         masked = input_ids.masked_fill(to_mask, self.mask_id)
         if random_pick is None:
             random_pick = torch.randint(len(self._replacement_ids), input_ids.shape, generator=self.generator)

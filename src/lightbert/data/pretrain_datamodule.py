@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.corpus import DemoCorpus, HFCorpus, TextCorpus, digest
 from lightbert.data.local_files import progress_bars_for
-from lightbert.data.masking import MaskingCollator
+from lightbert.data.masking import MaskingCollator, MaskingShares
 from lightbert.data.pretraining import create_pretraining_examples
 from lightbert.data.resumable import SeededExamples, StepSampler
 from lightbert.data.streaming import StreamingExamples, held_out_examples
@@ -248,6 +248,7 @@ class PretrainDataModule(L.LightningDataModule):
         masked_lm_prob: float = 0.15,
         short_seq_prob: float = 0.1,
         whole_word_masking: bool = False,
+        masking: dict[str, float] | None = None,
         batch_size: int = 32,
         num_workers: int = 2,
         pad_to_multiple_of: int | None = 8,
@@ -275,6 +276,7 @@ class PretrainDataModule(L.LightningDataModule):
         self.max_seq_length = max_seq_length
         self.max_predictions_per_seq, self.masked_lm_prob = max_predictions_per_seq, masked_lm_prob
         self.whole_word_masking = whole_word_masking
+        self.masking = MaskingShares(**(masking or {}))
         self.batch_size, self.num_workers = batch_size, num_workers
         self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
         self.first_step = first_step  # the global step this data starts at (a recipe's later phase)
@@ -350,6 +352,7 @@ class PretrainDataModule(L.LightningDataModule):
             subword_ids=tokenizer.subword_ids if self.whole_word_masking else [],
             pad_to_multiple_of=self.pad_to_multiple_of,
             generator=generator,
+            shares=self.masking,
         )
 
     def _loader(self, dataset, sampler) -> DataLoader:
