@@ -10,7 +10,8 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from lightbert.errors import ConfigError
+from lightbert.errors import ConfigError, ParameterError
+from lightbert.objectives import OBJECTIVES, MaskingShares
 
 _MISSING = object()
 
@@ -51,6 +52,15 @@ def check_config(cfg: DictConfig) -> None:
     """The checks a command is refused by before anything is read or written: numbers in range, and a fine-tuning
     task given the pre-trained model it starts from."""
     check_numbers(cfg)
+    objective = OmegaConf.select(cfg, "task.objective", default=None)
+    if objective is not None and objective not in OBJECTIVES:
+        raise ConfigError(f"task.objective={objective!r} is not known; valid: {list(OBJECTIVES)}")
+    masking = OmegaConf.select(cfg, "task.datamodule.masking", default=None)
+    if masking is not None:
+        try:
+            MaskingShares(**masking)
+        except ParameterError as error:
+            raise error.naming({"masking": "task.datamodule.masking"}) from None
     fine_tuning = OmegaConf.select(cfg, "task.data_files", default=None) is not None
     if fine_tuning and not cfg.get("init_from") and not OmegaConf.select(cfg, "task.datamodule.tokenizer_path"):
         choice = HydraConfig.get().runtime.choices.get("task") if HydraConfig.initialized() else None

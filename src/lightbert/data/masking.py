@@ -18,25 +18,7 @@ import torch
 
 from lightbert.data.batches import pad_batch
 from lightbert.data.encoding import IGNORE_INDEX
-from lightbert.errors import ParameterError
-
-
-@dataclass(frozen=True)
-class MaskingShares:
-    """What becomes of a chosen token: [MASK], kept the SAME, or a RANDOM token (the paper's 80/10/10)."""
-
-    mask: float = 0.8
-    same: float = 0.1
-    random: float = 0.1
-
-    def __post_init__(self) -> None:
-        shares = (self.mask, self.same, self.random)
-        if any(not 0 <= s <= 1 for s in shares) or abs(sum(shares) - 1) > 1e-6:
-            raise ParameterError(
-                f"{{0}} must be three shares from 0 to 1 that sum to 1 (mask, same, random), got "
-                f"mask={self.mask}, same={self.same}, random={self.random}",
-                "masking",
-            )
+from lightbert.objectives import MaskingShares
 
 
 @dataclass
@@ -137,3 +119,21 @@ class MaskingCollator:
             random_pick = torch.randint(len(self._replacement_ids), input_ids.shape, generator=self.generator)
         masked = torch.where(to_random, self._replacement_ids[random_pick], masked)
         return masked, labels
+
+
+@dataclass
+class NextTokenCollator:
+    """The left-to-right LM's batches (the paper's LTR ablation): no masking; every real token but the last is
+    labelled with the token that follows it, which the left-to-right encoder predicts from its left context."""
+
+    pad_id: int
+    pad_to_multiple_of: int | None = None
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        fields = {"next_sentence_label": ("next_sentence_label", torch.long)}
+        batch = pad_batch(examples, self.pad_id, self.pad_to_multiple_of, fields)
+        input_ids, real = batch["input_ids"], batch["attention_mask"].bool()
+        labels = torch.full_like(input_ids, IGNORE_INDEX)
+        labels[:, :-1] = input_ids[:, 1:].masked_fill(~real[:, 1:], IGNORE_INDEX)
+        batch["labels"] = labels
+        return batch

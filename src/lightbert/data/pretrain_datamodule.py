@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.corpus import DemoCorpus, HFCorpus, TextCorpus, digest
 from lightbert.data.local_files import progress_bars_for
-from lightbert.data.masking import MaskingCollator, MaskingShares
+from lightbert.data.masking import MaskingCollator, NextTokenCollator
 from lightbert.data.pretraining import create_pretraining_examples
 from lightbert.data.resumable import SeededExamples, StepSampler
 from lightbert.data.streaming import StreamingExamples, held_out_examples
@@ -39,6 +39,7 @@ from lightbert.data.tokenizer import BertTokenizer, iter_sentences, load_tokeniz
 from lightbert.distributed import is_distributed
 from lightbert.errors import ParameterError, UserError
 from lightbert.files import publish_directory
+from lightbert.objectives import MaskingShares, check_objective
 
 Corpus = TextCorpus | HFCorpus | DemoCorpus
 EXAMPLES_VERSION = 2  # bump when example creation changes, so cached examples are rebuilt
@@ -249,6 +250,7 @@ class PretrainDataModule(L.LightningDataModule):
         short_seq_prob: float = 0.1,
         whole_word_masking: bool = False,
         masking: dict[str, float] | None = None,
+        objective: str = "mlm_nsp",
         batch_size: int = 32,
         num_workers: int = 2,
         pad_to_multiple_of: int | None = 8,
@@ -277,6 +279,8 @@ class PretrainDataModule(L.LightningDataModule):
         self.max_predictions_per_seq, self.masked_lm_prob = max_predictions_per_seq, masked_lm_prob
         self.whole_word_masking = whole_word_masking
         self.masking = MaskingShares(**(masking or {}))
+        check_objective(objective)
+        self.objective = objective  # the same sentence pairs for every objective; ltr's batches are not masked
         self.batch_size, self.num_workers = batch_size, num_workers
         self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
         self.first_step = first_step  # the global step this data starts at (a recipe's later phase)
@@ -339,8 +343,10 @@ class PretrainDataModule(L.LightningDataModule):
 
     # -- batches -----------------------------------------------------------------------------------------
 
-    def collator(self, generator: torch.Generator | None = None) -> MaskingCollator:
+    def collator(self, generator: torch.Generator | None = None) -> MaskingCollator | NextTokenCollator:
         tokenizer = self.tokenizer
+        if self.objective == "ltr":
+            return NextTokenCollator(tokenizer.pad_id, self.pad_to_multiple_of)
         return MaskingCollator(
             vocab_size=tokenizer.vocab_size,
             pad_id=tokenizer.pad_id,

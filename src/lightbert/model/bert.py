@@ -169,8 +169,12 @@ class BertPooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(sequence_output[:, 0]))  # (B, H)
+    def forward(self, sequence_output: torch.Tensor, last: torch.Tensor | None = None) -> torch.Tensor:
+        """From [CLS]; a left-to-right encoder's [CLS] sees only itself, so it reads each sequence's `last` real
+        token instead (B,), as OpenAI GPT classifies from its final token."""
+        if last is None:
+            return torch.tanh(self.dense(sequence_output[:, 0]))  # (B, H)
+        return torch.tanh(self.dense(sequence_output[torch.arange(len(last), device=last.device), last]))
 
 
 def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -178,6 +182,18 @@ def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     if attention_mask is None:
         return None
     return attention_mask.bool()[:, None, None, :]
+
+
+def attention_mask_for(
+    attention_mask: torch.Tensor | None, seq_len: int, causal: bool, device: torch.device
+) -> torch.Tensor | None:
+    """The keys each query may attend to: the real ones (B, 1, 1, T) and, left to right, only those at or before
+    the query (B, 1, T, T). A query's own position is always allowed, so no row is fully masked."""
+    mask = padding_mask(attention_mask)
+    if not causal:
+        return mask
+    left = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]  # (1, 1, T, T)
+    return left if mask is None else mask & left
 
 
 class RealTokens:
@@ -275,18 +291,25 @@ class BertModel(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool = False,
+        causal: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
         """Returns (sequence_output (B, T, H), pooled_output (B, H) or None without a pooler, hidden_states or None).
+
+        `causal` is the attention's direction for this call: each token attends to itself and the tokens to its left
+        only (None: as `config.attention` says; the paper's LTR model is trained and fine-tuned that way).
 
         `hidden_states`, when asked for, holds the embedding output and each layer's output: L + 1 tensors,
         as in Hugging Face.
         """
-        attn_mask = padding_mask(attention_mask)
+        causal = self.config.causal if causal is None else causal
+        attn_mask = attention_mask_for(attention_mask, input_ids.shape[1], causal, input_ids.device)
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         hidden_states = [x] if output_hidden_states else None
         tokens = None
         if self.unpad and attention_mask is not None and not bool(attention_mask.all()):
             tokens = RealTokens(attention_mask)
+            if causal:  # the length groups carry padding masks only: attend in the (B, T) layout with the full mask
+                tokens.groups = None
             x = tokens.unpad(x)  # (N, H)
         for layer in self.encoder.layer:
             x = layer(x, attn_mask, tokens)
@@ -294,7 +317,14 @@ class BertModel(nn.Module):
                 hidden_states.append(tokens.pad(x) if tokens is not None else x)
         if tokens is not None:
             x = tokens.pad(x)  # (B, T, H)
-        pooled = self.pooler(x) if self.pooler is not None else None
+        last = None
+        if causal:  # the pooler reads each sequence's last real token
+            last = (
+                (attention_mask.sum(1) - 1)
+                if attention_mask is not None
+                else input_ids.new_full((input_ids.shape[0],), input_ids.shape[1] - 1)
+            )
+        pooled = self.pooler(x, last) if self.pooler is not None else None
         return x, pooled, tuple(hidden_states) if hidden_states is not None else None
 
     @torch.no_grad()
@@ -308,7 +338,7 @@ class BertModel(nn.Module):
 
         A separate pass: the fused kernel of `forward` never materialises them.
         """
-        attn_mask = padding_mask(attention_mask)
+        attn_mask = attention_mask_for(attention_mask, input_ids.shape[1], self.config.causal, input_ids.device)
         x = self.embeddings(input_ids, token_type_ids)
         maps = []
         for layer in self.encoder.layer:
@@ -342,20 +372,25 @@ class BertLMPredictionHead(nn.Module):
 
 
 class BertPreTrainingHeads(nn.Module):
-    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding, next_sentence: bool = True):
         super().__init__()
         self.predictions = BertLMPredictionHead(config, word_embeddings)
-        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2) if next_sentence else None
 
 
 class BertForPreTraining(nn.Module):
-    """Encoder + masked-LM head + next-sentence head (paper §3.1)."""
+    """Encoder + masked-LM head + next-sentence head (paper §3.1).
 
-    def __init__(self, config: BertConfig):
+    Without `next_sentence` (the paper's "No NSP" and "LTR & No NSP" rows, Table 5) there is no NSP head and no
+    pooler, which only that head reads: a fine-tuned classifier starts its pooler fresh, as it starts its head. The
+    LM head predicts masked tokens, or, for a left-to-right config, each next token (the labels say which).
+    """
+
+    def __init__(self, config: BertConfig, next_sentence: bool = True):
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
-        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+        self.bert = BertModel(config, add_pooling_layer=next_sentence)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings, next_sentence)
         self.apply(lambda module: init_weights(module, config.initializer_range))
         with torch.no_grad():  # the tied decoder was re-drawn after the embedding: zero [PAD]'s row again
             self.bert.embeddings.word_embeddings.weight[config.pad_token_id].zero_()
@@ -366,8 +401,8 @@ class BertForPreTraining(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         masked_positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (MLM logits, NSP logits (B, 2)).
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns (MLM logits, NSP logits (B, 2), or None without the NSP head).
 
         MLM logits are (B, T, V) for every position, or (N, V) for the N positions where the boolean
         `masked_positions` (B, T) is true, in row-major order (the order of `labels[masked_positions]`).
@@ -376,7 +411,7 @@ class BertForPreTraining(nn.Module):
         if masked_positions is not None:
             sequence_output = sequence_output[masked_positions]  # (N, H)
         mlm_logits = self.cls.predictions(sequence_output)
-        nsp_logits = self.cls.seq_relationship(pooled_output)
+        nsp_logits = self.cls.seq_relationship(pooled_output) if self.cls.seq_relationship is not None else None
         return mlm_logits, nsp_logits
 
 

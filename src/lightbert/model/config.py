@@ -16,6 +16,9 @@ SIZE_FIELDS = (
     "type_vocab_size",
 )
 REGULARISATION_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+# Which tokens a token attends to: every one (BERT), or those to its left only (the paper's LTR ablation, Table 5).
+# Set by the pre-training objective (task.objective=ltr), kept in every checkpoint so fine-tuning attends the same way.
+ATTENTION = ("bidirectional", "left_to_right")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int = 0
+    attention: str = "bidirectional"  # one of ATTENTION
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", *SIZE_FIELDS):
@@ -60,6 +64,13 @@ class BertConfig:
                 f"the padding token id ({self.pad_token_id}) must be below the vocabulary size ({self.vocab_size}): "
                 "the tokenizer and the model's vocabulary disagree"
             )
+
+        if self.attention not in ATTENTION:
+            raise ConfigError(f"model.attention must be one of {list(ATTENTION)}, got {self.attention!r}")
+
+    @property
+    def causal(self) -> bool:
+        return self.attention == "left_to_right"
 
     @property
     def head_size(self) -> int:

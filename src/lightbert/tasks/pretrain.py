@@ -8,26 +8,32 @@ from torchmetrics import MeanMetric
 
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.model import BertForPreTraining
+from lightbert.objectives import check_objective
 from lightbert.tasks.base import TaskModule
 
 
 class PreTrainingModule(TaskModule):
-    """loss = MLM cross-entropy (over the masked positions) + NSP cross-entropy, as in the reference.
+    """loss = LM cross-entropy (over the predicted positions) + NSP cross-entropy where the objective has NSP.
 
-    Takes plain dicts so `save_hyperparameters` stores plain containers and checkpoints load with
-    `torch.load(weights_only=True)`.
+    `objective` is one of `lightbert.objectives.OBJECTIVES`. `ltr` trains a left-to-right encoder: its config's
+    attention becomes `left_to_right`, recorded in the checkpoint, so that fine-tuning and exports attend the same
+    way; the labels (from the data's collator) are each position's next token. Takes plain dicts so
+    `save_hyperparameters` stores plain containers and checkpoints load with `torch.load(weights_only=True)`.
     """
 
-    def __init__(self, model: dict, optim: dict, sparse_mlm_head: bool = True):
+    def __init__(self, model: dict, optim: dict, sparse_mlm_head: bool = True, objective: str = "mlm_nsp"):
+        check_objective(objective)
+        # In place, before the base records the hyperparameters: the checkpoint's model config says left_to_right.
+        model["attention"] = "left_to_right" if objective == "ltr" else model.get("attention", "bidirectional")
         super().__init__(model, optim)
-        self.sparse_mlm_head = sparse_mlm_head
-        self.model = BertForPreTraining(self.config)
+        self.sparse_mlm_head, self.objective = sparse_mlm_head, objective
+        self.next_sentence = objective == "mlm_nsp"
+        self.model = BertForPreTraining(self.config, next_sentence=self.next_sentence)
         # Validation aggregates besides the loss (the base's): exact over the split and across devices.
-        self.val_sums = torch.nn.ModuleDict(
-            {name: MeanMetric() for name in ("mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
-        )
+        names = ("mlm_loss", "mlm_accuracy", *(("nsp_loss", "nsp_accuracy") if self.next_sentence else ()))
+        self.val_sums = torch.nn.ModuleDict({name: MeanMetric() for name in names})
 
-    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
         masked = batch["labels"] != IGNORE_INDEX if self.sparse_mlm_head else None
         return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], masked)
 
@@ -37,21 +43,24 @@ class PreTrainingModule(TaskModule):
         mlm_labels = labels[labels != IGNORE_INDEX] if self.sparse_mlm_head else labels.flatten()
         mlm_logits = mlm_logits.reshape(-1, mlm_logits.shape[-1]).float()  # (N, V); fp32 for a stable softmax
         mlm_loss = F.cross_entropy(mlm_logits, mlm_labels, ignore_index=IGNORE_INDEX)
-        nsp_loss = F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
         predicted = mlm_labels != IGNORE_INDEX
-        return {
-            "loss": mlm_loss + nsp_loss,
+        out = {
+            "loss": mlm_loss,
             "mlm_loss": mlm_loss.detach(),
-            "nsp_loss": nsp_loss.detach(),
             "mlm_accuracy": (mlm_logits.argmax(-1) == mlm_labels)[predicted].float().mean(),
-            "nsp_accuracy": (nsp_logits.argmax(-1) == batch["next_sentence_label"]).float().mean(),
             "num_predictions": predicted.sum(),
         }
+        if nsp_logits is not None:
+            nsp_loss = F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
+            out["loss"] = mlm_loss + nsp_loss
+            out["nsp_loss"] = nsp_loss.detach()
+            out["nsp_accuracy"] = (nsp_logits.argmax(-1) == batch["next_sentence_label"]).float().mean()
+        return out
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self._step(batch)
         batch_size = batch["input_ids"].shape[0]
-        for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
+        for name in ("loss", *self.val_sums):
             self.log(f"train/{name}", out[name], prog_bar=name == "loss", batch_size=batch_size)
         return out["loss"]
 

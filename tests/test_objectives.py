@@ -1,0 +1,164 @@
+"""The pre-training objectives of the paper's Table 5: mlm_nsp (BERT), mlm (No NSP) and ltr (LTR & No NSP)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import TINY_PRETRAIN, compose_config, write_bert_corpus
+from test_model import random_batch
+
+from lightbert.data.encoding import IGNORE_INDEX
+from lightbert.data.masking import NextTokenCollator
+from lightbert.errors import ConfigError
+from lightbert.interop import load_pretrained
+from lightbert.model import BertConfig, BertModel
+from lightbert.tasks.pretrain import PreTrainingModule
+from lightbert.train import train
+
+TINY = {
+    "vocab_size": 120,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
+OPTIM = {"lr": 1e-3, "warmup_ratio": 0.0}
+
+
+@pytest.mark.parametrize("unpad", [True, False])
+def test_the_left_to_right_encoder_never_looks_right(unpad):
+    torch.manual_seed(0)
+    model = BertModel(BertConfig.from_dict({**TINY, "attention": "left_to_right"})).eval()
+    model.unpad = unpad
+    input_ids, token_type_ids, attention_mask = random_batch(vocab=120)
+    with torch.no_grad():
+        before, _, _ = model(input_ids, token_type_ids, attention_mask)
+        for position in (3, 6, 12):  # change every token from `position` on: earlier outputs stay
+            changed = input_ids.clone()
+            changed[:, position:] = torch.randint(5, 120, changed[:, position:].shape)
+            after, _, _ = model(changed, token_type_ids, attention_mask)
+            torch.testing.assert_close(after[:, :position], before[:, :position], atol=1e-6, rtol=0)
+            assert not torch.allclose(after[0, position:], before[0, position:])
+        # The same weights attending both ways see the right context: the direction is a property of the call.
+        both_ways, _, _ = model(changed, token_type_ids, attention_mask, causal=False)
+        assert not torch.allclose(both_ways[:, :3], after[:, :3])
+
+
+def test_the_ltr_loss_equals_predicting_each_next_token_from_its_prefix_alone():
+    """The loss of a batch equals, by hand, the mean over every real position t but the last of the cross-entropy of
+    token t + 1 given the prefix 0..t run alone (no mask needed: nothing lies to its right)."""
+    torch.manual_seed(0)
+    module = PreTrainingModule(dict(TINY), OPTIM, objective="ltr").eval()
+    assert module.config.attention == "left_to_right"
+    rng = random.Random(0)
+    rows = [
+        {
+            "input_ids": [2, *(rng.randint(5, 119) for _ in range(n)), 3],
+            "token_type_ids": [0] * (n + 2),
+            "next_sentence_label": 0,
+        }
+        for n in (9, 4, 13)
+    ]
+    batch = NextTokenCollator(pad_id=0, pad_to_multiple_of=8)(rows)
+    with torch.no_grad():
+        loss = module._step(batch)["loss"]
+        losses = []
+        for row in rows:
+            ids = torch.tensor([row["input_ids"]])
+            for t in range(ids.shape[1] - 1):
+                sequence_output, _, _ = module.model.bert(ids[:, : t + 1], causal=False)
+                logits = module.model.cls.predictions(sequence_output[0, t])
+                losses.append(F.cross_entropy(logits[None], ids[0, t + 1 : t + 2]))
+    assert loss.item() == pytest.approx(torch.stack(losses).mean().item(), abs=1e-5)
+    labels = batch["labels"]
+    assert (labels != IGNORE_INDEX).sum().item() == sum(len(r["input_ids"]) - 1 for r in rows)
+
+
+def test_mlm_alone_has_no_nsp_parameters_and_no_nsp_loss():
+    module = PreTrainingModule(dict(TINY), OPTIM, objective="mlm")
+    names = list(module.model.state_dict())
+    assert not [n for n in names if "seq_relationship" in n or "pooler" in n]
+    input_ids, token_type_ids, attention_mask = random_batch(vocab=120)
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    labels[:, 2] = input_ids[:, 2]
+    batch = {
+        "input_ids": input_ids,
+        "token_type_ids": token_type_ids,
+        "attention_mask": attention_mask,
+        "labels": labels,
+        "next_sentence_label": torch.zeros(3, dtype=torch.long),
+    }
+    out = module._step(batch)
+    assert "nsp_loss" not in out and out["loss"] == out["mlm_loss"]
+    assert set(module.val_sums) == {"mlm_loss", "mlm_accuracy"}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("task.objective=nsp_only", "task.objective='nsp_only' is not known"),
+        ("task.datamodule.masking.same=0.3", "task.datamodule.masking must be three shares"),
+    ],
+)
+def test_an_unknown_objective_or_bad_masking_is_refused_before_anything_is_written(
+    override, message, corpus_file, tmp_path
+):
+    overrides = [*TINY_PRETRAIN, f"corpus.paths=[{corpus_file}]", override]
+    with pytest.raises(ConfigError, match=message):
+        train(compose_config(overrides, tmp_path / "run"))
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+@pytest.fixture(scope="module")
+def objective_runs(tmp_path_factory):
+    """A few steps of pre-training with each objective, on one small corpus."""
+    root = tmp_path_factory.mktemp("objectives")
+    corpus = write_bert_corpus(root / "corpus.txt")
+    runs = {}
+    for objective in ("mlm_nsp", "mlm", "ltr"):
+        overrides = [
+            *TINY_PRETRAIN,
+            f"corpus.paths=[{corpus}]",
+            f"task.objective={objective}",
+            "trainer.max_steps=4",
+            "trainer.val_check_interval=2",
+        ]
+        results = train(compose_config(overrides, root / objective))
+        runs[objective] = (root / objective, results)
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["mlm_nsp", "mlm", "ltr"])
+def test_every_objective_pre_trains_and_its_checkpoint_fine_tunes(objective, objective_runs, tmp_path):
+    from glue_files import glue_data_files
+
+    run_dir, results = objective_runs[objective]
+    logged = set(results["metrics"])
+    assert ("val/nsp_loss" in logged) == (objective == "mlm_nsp") and "val/mlm_loss" in logged
+    assert load_pretrained(str(run_dir)).config["attention"] == (
+        "left_to_right" if objective == "ltr" else "bidirectional"
+    )
+    files = glue_data_files(tmp_path / "data", "sst2")
+    overrides = [
+        "task=glue/sst2",
+        f"init_from={run_dir}",
+        "trainer=cpu",
+        "logger=csv",
+        "task.batch_size=8",
+        "task.max_seq_length=32",
+        "trainer.max_epochs=1",
+        *(f"task.data_files.{k}={v}" for k, v in files.items()),
+    ]
+    fine_tuned = train(compose_config(overrides, tmp_path / "sst2"))
+    assert "val/accuracy" in fine_tuned["metrics"]
+    # The fine-tuned classifier attends as it was pre-trained to.
+    assert (
+        load_pretrained(str(tmp_path / "sst2")).config["attention"] == load_pretrained(str(run_dir)).config["attention"]
+    )
