@@ -1,0 +1,115 @@
+"""A small run of the paper's Table 5 (pre-training objectives) that a 2-core CPU machine finishes within an hour.
+
+    python bench/ablation_study.py --model bert_mini --steps 250 --seeds 1,2,3 --out outputs/ablation_study \
+        --report bench/ABLATION_STUDY.md
+
+It runs the recipe of README "Reproducing the paper's ablations" as a user would, three commands:
+
+1. `src/train.py task=pretrain sweep=objectives` on the demo corpus (Python's documentation, shipped with Python):
+   mlm_nsp, mlm and ltr, each with every seed, `--steps` steps of batch 32, sequences of 128;
+2. `src/train.py task=glue/sst2` fine-tuning every pre-trained job (a multirun over init_from) on a downstream task
+   made from real text without a download: sentences of the demo corpus as written (label 1) or with their words
+   shuffled (label 0), word-order acceptability like CoLA, in SST-2's schema (`bench/finetune_vs_transformers.py`);
+3. `python -m lightbert.paper_tables` on the two sweeps: the table beside the paper's.
+
+The report (`--report`) holds the table, the commands and each stage's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from finetune_vs_transformers import word_order_task
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(command: list[str], log: Path) -> float:
+    """Runs one command (its output to `log`); returns its wall time."""
+    started = time.time()
+    with log.open("w") as out:
+        result = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        sys.exit(f"ablation_study.py: {' '.join(command[:4])} ... failed; see {log}")
+    return time.time() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="bert_mini")
+    parser.add_argument("--steps", type=int, default=250, help="pre-training steps per job")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--objectives", default="mlm_nsp,mlm,ltr")
+    parser.add_argument("--train-examples", type=int, default=2000)
+    parser.add_argument("--dev-examples", type=int, default=500)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--lr", default="1e-4", help="fine-tuning learning rate")
+    parser.add_argument("--out", type=Path, default=REPO / "outputs" / "ablation_study")
+    parser.add_argument("--report", type=Path, default=None, help="also write the report here (e.g. bench/...md)")
+    args = parser.parse_args()
+    out = args.out.resolve()
+    if out.exists():
+        sys.exit(f"ablation_study.py: {out} exists; choose a new --out")
+    out.mkdir(parents=True)
+    python = sys.executable
+    cache = out / "cache"
+    files = word_order_task(cache, out / "data", args.train_examples, args.dev_examples, seed=0)
+    pretrain = [
+        python,
+        "src/train.py",
+        "-m",
+        "task=pretrain",
+        "sweep=objectives",
+        f"model={args.model}",
+        "trainer=cpu",
+        f"trainer.max_steps={args.steps}",
+        "logger=csv",
+        f"task.objective={args.objectives}",
+        f"seed={args.seeds}",
+        f"paths.cache_dir={cache}",
+        f"hydra.sweep.dir={out / 'pretrain'}",
+    ]
+    seconds = {"pre-training": run(pretrain, out / "pretrain.log")}
+    jobs = sorted(p for p in (out / "pretrain").iterdir() if (p / "results.json").is_file())
+    finetune = [
+        python,
+        "src/train.py",
+        "-m",
+        "task=glue/sst2",
+        f"init_from={','.join(map(str, jobs))}",
+        "trainer=cpu",
+        "trainer.max_steps=-1",
+        f"trainer.max_epochs={args.epochs}",
+        f"optim.lr={args.lr}",
+        "logger=csv",
+        f"task.data_files.train={files['train']}",
+        f"task.data_files.validation={files['validation']}",
+        f"paths.cache_dir={cache}",
+        f"hydra.sweep.dir={out / 'finetune'}",
+    ]
+    seconds["fine-tuning"] = run(finetune, out / "finetune.log")
+    tables = [python, "-m", "lightbert.paper_tables", str(out / "pretrain"), str(out / "finetune")]
+    seconds["report"] = run(tables, out / "paper_tables.log")
+    report = (out / "pretrain" / "paper_tables.md").read_text()
+    commands = "\n".join(" ".join(["python", *c[1:]]) for c in (pretrain, finetune, tables))
+    total = sum(seconds.values())
+    timing = ", ".join(f"{name} {s / 60:.1f} min" for name, s in seconds.items())
+    text = (
+        f"{report}\n## How this study ran\n\n`python bench/ablation_study.py {' '.join(sys.argv[1:])}` ran, in "
+        f"{total / 60:.1f} minutes ({timing}):\n\n```\n{commands}\n```\n\nThe downstream task: "
+        f"{args.train_examples} training and {args.dev_examples} dev sentences of the demo corpus, as written "
+        "(label 1) or with their words shuffled (label 0).\n"
+    )
+    (out / "ABLATION_STUDY.md").write_text(text)
+    if args.report:
+        args.report.write_text(text)
+    print(f"ablation_study.py: {total / 60:.1f} minutes; report in {args.report or out / 'ABLATION_STUDY.md'}")
+
+
+if __name__ == "__main__":
+    main()
