@@ -162,3 +162,24 @@ def test_every_objective_pre_trains_and_its_checkpoint_fine_tunes(objective, obj
     assert (
         load_pretrained(str(tmp_path / "sst2")).config["attention"] == load_pretrained(str(run_dir)).config["attention"]
     )
+
+
+@pytest.mark.parametrize(("objective", "hf_class"), [("mlm", "BertForMaskedLM"), ("ltr", "BertLMHeadModel")])
+def test_mlm_and_ltr_checkpoints_convert_to_their_hugging_face_classes(objective, hf_class, objective_runs, tmp_path):
+    import transformers
+
+    from lightbert.convert import main as convert
+
+    run_dir, _ = objective_runs[objective]
+    assert convert(["to-hf", str(run_dir), str(tmp_path / "hf")]) == 0
+    hf = getattr(transformers, hf_class).from_pretrained(tmp_path / "hf").eval()
+    ours = PreTrainingModule.load_from_checkpoint(
+        load_pretrained(str(run_dir)).source, weights_only=True, sparse_mlm_head=False
+    ).model.eval()
+    input_ids, token_type_ids, attention_mask = random_batch(vocab=ours.config.vocab_size)
+    with torch.no_grad():
+        logits, nsp = ours(input_ids, token_type_ids, attention_mask)
+        theirs = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
+    real = attention_mask.bool()
+    assert nsp is None
+    torch.testing.assert_close(logits[real], theirs[real], atol=1e-4, rtol=0)

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from lightbert.errors import UserError
-from lightbert.finetuned import finetuned_from, head_of, hf_head_config
+from lightbert.finetuned import finetuned_from, head_of, hf_head_config, pretraining_head_config
 from lightbert.interop import export_hf, import_hf, load_pretrained
 
 
@@ -29,7 +29,7 @@ def to_hf(checkpoint: str, out_dir: str) -> Path:
     """A pre-training checkpoint as `BertForPreTraining`; a fine-tuned one as its head's class."""
     pretrained = load_pretrained(checkpoint)
     if head_of(pretrained) is None:
-        return export_hf(pretrained, out_dir)
+        return export_hf(pretrained, out_dir, pretraining_head_config(pretrained))
     finetuned = finetuned_from(pretrained, checkpoint)
     return export_hf(pretrained, out_dir, hf_head_config(finetuned), finetuned.model.state_dict())
 

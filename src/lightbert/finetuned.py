@@ -150,6 +150,14 @@ def hf_head_config(finetuned: FineTuned) -> dict:
             "class holds; run it with src/predict.py, or export it with to-onnx"
         )
     config: dict = {"architectures": [HF_CLASSES[finetuned.head]]}
+    if finetuned.config.causal:
+        if finetuned.head in ("sequence_classification", "multiple_choice"):
+            raise UserError(
+                f"{finetuned.source} is a left-to-right model (task.objective=ltr): its classifier reads each "
+                "sequence's last token, and Hugging Face's reads [CLS]; run it with src/predict.py or export it with "
+                "to-onnx"
+            )
+        config["is_decoder"] = True  # transformers' BertModel then attends left to right, as this model does
     if finetuned.head in ("sequence_classification", "token_classification"):
         names = finetuned.labels or ("LABEL_0",)
         config["id2label"] = dict(enumerate(names))
@@ -158,6 +166,17 @@ def hf_head_config(finetuned: FineTuned) -> dict:
         config["problem_type"] = "regression" if finetuned.is_regression else "single_label_classification"
     config["lightbert"] = {"task": finetuned.task, "settings": finetuned.settings}
     return config
+
+
+def pretraining_head_config(pretrained: Pretrained) -> dict:
+    """config.json's architecture for a pre-trained model of each objective (lightbert.objectives): MLM + NSP is
+    `BertForPreTraining`, MLM alone `BertForMaskedLM`, the left-to-right LM `BertLMHeadModel` as a decoder (its
+    causal self-attention is this model's)."""
+    if BertConfig.from_dict(pretrained.config).causal:
+        return {"architectures": ["BertLMHeadModel"], "is_decoder": True}
+    if "cls.seq_relationship.weight" not in pretrained.state_dict:
+        return {"architectures": ["BertForMaskedLM"]}
+    return {}
 
 
 def _recorded(pretrained: Pretrained) -> tuple[str | None, dict]:
