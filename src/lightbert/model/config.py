@@ -66,7 +66,10 @@ class BertConfig:
             )
 
         if self.attention not in ATTENTION:
-            raise ConfigError(f"model.attention must be one of {list(ATTENTION)}, got {self.attention!r}")
+            raise ConfigError(  # not a command-line setting: task.objective decides it, checkpoints carry it
+                f"the model config's attention must be one of {list(ATTENTION)}, got {self.attention!r} "
+                "(task.objective=ltr makes a left_to_right model)"
+            )
 
     @property
     def causal(self) -> bool:
