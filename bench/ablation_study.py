@@ -3,14 +3,15 @@
     python bench/ablation_study.py --model bert_mini --steps 250 --seeds 1,2,3 --out outputs/ablation_study \
         --report bench/ABLATION_STUDY.md
 
-It runs the recipe of README "Reproducing the paper's ablations" as a user would, three commands:
+It runs the recipe of README "Reproducing the paper's ablations" as a user would, four commands:
 
 1. `src/train.py task=pretrain sweep=objectives` on the demo corpus (Python's documentation, shipped with Python):
    mlm_nsp, mlm and ltr, each with every seed, `--steps` steps of batch 32, sequences of 128;
 2. `src/train.py task=glue/sst2` fine-tuning every pre-trained job (a multirun over init_from) on a downstream task
    made from real text without a download: sentences of the demo corpus as written (label 1) or with their words
    shuffled (label 0), word-order acceptability like CoLA, in SST-2's schema (`bench/finetune_vs_transformers.py`);
-3. `python -m lightbert.paper_tables` on the two sweeps: the table beside the paper's.
+3. the LTR jobs fine-tuned again with `task.module.bilstm=true` (Table 5's "+ BiLSTM" row);
+4. `python -m lightbert.paper_tables` on the sweeps: the table beside the paper's.
 
 The report (`--report`) holds the table, the commands and each stage's wall time.
 """
@@ -22,6 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from finetune_vs_transformers import word_order_task
@@ -93,15 +96,31 @@ def main() -> None:
         f"hydra.sweep.dir={out / 'finetune'}",
     ]
     seconds["fine-tuning"] = run(finetune, out / "finetune.log")
-    tables = [python, "-m", "lightbert.paper_tables", str(out / "pretrain"), str(out / "finetune")]
+    # Table 5's + BiLSTM row: the LTR jobs fine-tuned again with a BiLSTM between the encoder and the head.
+    ltr = [j for j in jobs if yaml.safe_load((j / ".hydra" / "config.yaml").read_text())["task"]["objective"] == "ltr"]
+    commands = [pretrain, finetune]
+    finetune_dirs = [out / "finetune"]
+    if ltr:
+        bilstm = [
+            *finetune[:4],
+            f"init_from={','.join(map(str, ltr))}",
+            *finetune[5:-1],
+            "task.module.bilstm=true",
+            f"hydra.sweep.dir={out / 'finetune_bilstm'}",
+        ]
+        seconds["fine-tuning + BiLSTM"] = run(bilstm, out / "finetune_bilstm.log")
+        commands.append(bilstm)
+        finetune_dirs.append(out / "finetune_bilstm")
+    tables = [python, "-m", "lightbert.paper_tables", str(out / "pretrain"), *map(str, finetune_dirs)]
+    commands.append(tables)
     seconds["report"] = run(tables, out / "paper_tables.log")
     report = (out / "pretrain" / "paper_tables.md").read_text()
-    commands = "\n".join(" ".join(["python", *c[1:]]) for c in (pretrain, finetune, tables))
+    shown = "\n".join(" ".join(["python", *c[1:]]) for c in commands)
     total = sum(seconds.values())
     timing = ", ".join(f"{name} {s / 60:.1f} min" for name, s in seconds.items())
     text = (
         f"{report}\n## How this study ran\n\n`python bench/ablation_study.py {' '.join(sys.argv[1:])}` ran, in "
-        f"{total / 60:.1f} minutes ({timing}):\n\n```\n{commands}\n```\n\nThe downstream task: "
+        f"{total / 60:.1f} minutes ({timing}):\n\n```\n{shown}\n```\n\nThe downstream task: "
         f"{args.train_examples} training and {args.dev_examples} dev sentences of the demo corpus, as written "
         "(label 1) or with their words shuffled (label 0).\n"
     )

@@ -183,3 +183,50 @@ def test_mlm_and_ltr_checkpoints_convert_to_their_hugging_face_classes(objective
     real = attention_mask.bool()
     assert nsp is None
     torch.testing.assert_close(logits[real], theirs[real], atol=1e-4, rtol=0)
+
+
+def test_the_bilstm_on_top_reads_real_tokens_only():
+    """Table 5's + BiLSTM: a sequence's outputs do not depend on how much padding its batch has."""
+    from lightbert.model import BertForQuestionAnswering, BertForSequenceClassification
+
+    config = BertConfig.from_dict({**TINY, "attention": "left_to_right"})
+    torch.manual_seed(0)
+    for model in (BertForSequenceClassification(config, 2, bilstm=True), BertForQuestionAnswering(config, bilstm=True)):
+        model.eval()
+        input_ids, token_type_ids, attention_mask = random_batch(vocab=120)
+        padded = [
+            torch.cat([t, torch.zeros_like(t[:, :5])], dim=1) for t in (input_ids, token_type_ids, attention_mask)
+        ]
+        with torch.no_grad():
+            short, long = model(input_ids, token_type_ids, attention_mask), model(*padded)
+        if isinstance(short, tuple):  # question answering: start and end logits, at the real tokens
+            real = attention_mask.bool()
+            for a, b in zip(short, long, strict=True):
+                torch.testing.assert_close(a[real], b[:, :20][real], atol=1e-5, rtol=0)
+        else:
+            torch.testing.assert_close(short, long, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_left_to_right_checkpoint_fine_tunes_with_a_bilstm_on_top(objective_runs, tmp_path):
+    from glue_files import glue_data_files
+
+    from lightbert.finetuned import load_finetuned
+
+    run_dir, _ = objective_runs["ltr"]
+    files = glue_data_files(tmp_path / "data", "sst2")
+    overrides = [
+        "task=glue/sst2",
+        f"init_from={run_dir}",
+        "trainer=cpu",
+        "logger=csv",
+        "task.batch_size=8",
+        "task.max_seq_length=32",
+        "trainer.max_epochs=1",
+        "task.module.bilstm=true",
+        *(f"task.data_files.{k}={v}" for k, v in files.items()),
+    ]
+    results = train(compose_config(overrides, tmp_path / "sst2"))
+    assert "val/accuracy" in results["metrics"]
+    finetuned = load_finetuned(str(tmp_path / "sst2"))  # predict.py builds it back, BiLSTM and all
+    assert finetuned.bilstm and finetuned.model.bilstm is not None

@@ -63,6 +63,7 @@ class FineTuned:
     settings: dict = field(default_factory=dict)  # DEFAULT_SETTINGS' keys, as the run used them
     source: str = ""
     feature_based: dict | None = None  # the feature-based tagger's arguments (no Hugging Face class has it)
+    bilstm: bool = False  # a BiLSTM between the encoder and the head (paper Table 5's + BiLSTM row)
 
     @property
     def is_regression(self) -> bool:
@@ -93,7 +94,8 @@ def finetuned_from(pretrained: Pretrained, init_from: str) -> FineTuned:
     recorded_task, recorded = _recorded(pretrained)
     settings = {**DEFAULT_SETTINGS[head], **recorded}
     task = task or recorded_task
-    model = _build(head, config, len(labels) or 1, feature_based)
+    bilstm = bool(pretrained.hyper_parameters.get("bilstm", False))
+    model = _build(head, config, len(labels) or 1, feature_based, bilstm)
     fresh = load_into(model, pretrained)
     if fresh:
         raise UserError(
@@ -101,7 +103,16 @@ def finetuned_from(pretrained: Pretrained, init_from: str) -> FineTuned:
             "it is not a complete fine-tuned checkpoint"
         )
     return FineTuned(
-        head, model.eval(), pretrained.tokenizer, config, labels, task, settings, pretrained.source, feature_based
+        head,
+        model.eval(),
+        pretrained.tokenizer,
+        config,
+        labels,
+        task,
+        settings,
+        pretrained.source,
+        feature_based,
+        bilstm,
     )
 
 
@@ -148,6 +159,11 @@ def hf_head_config(finetuned: FineTuned) -> dict:
         raise UserError(
             f"{finetuned.source} is a feature-based tagger (a frozen BERT feeding a BiLSTM), which no Hugging Face "
             "class holds; run it with src/predict.py, or export it with to-onnx"
+        )
+    if finetuned.bilstm:
+        raise UserError(
+            f"{finetuned.source} has a BiLSTM between its encoder and its head, which no Hugging Face class holds; "
+            "run it with src/predict.py"
         )
     config: dict = {"architectures": [HF_CLASSES[finetuned.head]]}
     if finetuned.config.causal:
@@ -207,11 +223,11 @@ def _recorded(pretrained: Pretrained) -> tuple[str | None, dict]:
     return (str(task) if task is not None else None), settings
 
 
-def _build(head: str, config: BertConfig, num_labels: int, feature_based: dict | None) -> nn.Module:
+def _build(head: str, config: BertConfig, num_labels: int, feature_based: dict | None, bilstm: bool) -> nn.Module:
     if head == "sequence_classification":
-        return BertForSequenceClassification(config, num_labels)
+        return BertForSequenceClassification(config, num_labels, bilstm=bilstm)
     if head == "question_answering":
-        return BertForQuestionAnswering(config)
+        return BertForQuestionAnswering(config, bilstm=bilstm)
     if head == "multiple_choice":
         return BertForMultipleChoice(config)
     if feature_based is not None:

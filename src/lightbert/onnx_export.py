@@ -116,10 +116,10 @@ def export_onnx(checkpoint: str, out_dir: str | Path) -> Path:
     if pretrained.tokenizer is None:
         raise UserError(f"{pretrained.source} has no tokenizer.json next to it; an exported model needs one")
     finetuned: FineTuned | None = finetuned_from(pretrained, checkpoint) if head_of(pretrained) else None
-    if finetuned is not None and finetuned.feature_based is not None:
+    if finetuned is not None and (finetuned.feature_based is not None or finetuned.bilstm):
         raise UserError(
-            f"{pretrained.source} is a feature-based tagger: its BiLSTM reads packed sequences, which ONNX export "
-            "does not take; run it with src/predict.py"
+            f"{pretrained.source} has a BiLSTM (a feature-based tagger, or + BiLSTM): it reads packed sequences, "
+            "which ONNX export does not take; run it with src/predict.py"
         )
     has_pooler = any(k.startswith("bert.pooler.") for k in pretrained.state_dict)
     encoder = padded_model(EncoderOutputs(load_encoder(pretrained, add_pooling_layer=has_pooler)))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from lightbert.model.config import BertConfig
 
@@ -317,15 +318,16 @@ class BertModel(nn.Module):
                 hidden_states.append(tokens.pad(x) if tokens is not None else x)
         if tokens is not None:
             x = tokens.pad(x)  # (B, T, H)
-        last = None
-        if causal:  # the pooler reads each sequence's last real token
-            last = (
-                (attention_mask.sum(1) - 1)
-                if attention_mask is not None
-                else input_ids.new_full((input_ids.shape[0],), input_ids.shape[1] - 1)
-            )
-        pooled = self.pooler(x, last) if self.pooler is not None else None
+        pooled = self.pool(x, attention_mask, causal) if self.pooler is not None else None
         return x, pooled, tuple(hidden_states) if hidden_states is not None else None
+
+    def pool(self, x: torch.Tensor, attention_mask: torch.Tensor | None, causal: bool | None = None) -> torch.Tensor:
+        """The pooler on `x` (B, T, H): at [CLS], or, left to right, at each sequence's last real token."""
+        if not (self.config.causal if causal is None else causal):
+            return self.pooler(x)
+        if attention_mask is None:
+            return self.pooler(x, x.new_full((x.shape[0],), x.shape[1] - 1, dtype=torch.long))
+        return self.pooler(x, attention_mask.sum(1) - 1)
 
     @torch.no_grad()
     def attentions(
@@ -431,6 +433,29 @@ def init_weights(module: nn.Module, std: float) -> None:
         nn.init.zeros_(module.bias)
 
 
+def run_packed(lstm: nn.LSTM, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """A batch-first LSTM over each sequence's real tokens only (packed), so that padding never reaches the
+    backward direction; zeros at padded positions, the input's length kept."""
+    if attention_mask is None:
+        return lstm(x)[0]
+    lengths = attention_mask.sum(-1).cpu()
+    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    return pad_packed_sequence(lstm(packed)[0], batch_first=True, total_length=x.shape[1])[0]
+
+
+class SequenceBiLSTM(nn.Module):
+    """A randomly initialised bidirectional LSTM on the encoder's output: the paper's "+ BiLSTM" row of Table 5, added
+    at fine-tuning on top of the left-to-right model. H/2 units per direction, so its output (B, T, H) takes the
+    encoder's place under the task's head."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.lstm = nn.LSTM(config.hidden_size, config.hidden_size // 2, bidirectional=True, batch_first=True)
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        return run_packed(self.lstm, x, attention_mask)
+
+
 class BertForSequenceClassification(nn.Module):
     """Encoder + dropout + one linear layer on the pooled [CLS] vector (paper §4.1).
 
@@ -438,11 +463,12 @@ class BertForSequenceClassification(nn.Module):
     so its fine-tuned checkpoints load one-to-one.
     """
 
-    def __init__(self, config: BertConfig, num_labels: int):
+    def __init__(self, config: BertConfig, num_labels: int, bilstm: bool = False):
         super().__init__()
         self.config = config
         self.num_labels = num_labels
         self.bert = BertModel(config)
+        self.bilstm = SequenceBiLSTM(config) if bilstm else None
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.apply(lambda module: init_weights(module, config.initializer_range))
@@ -453,7 +479,9 @@ class BertForSequenceClassification(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        _, pooled_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        sequence_output, pooled_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        if self.bilstm is not None:  # the pooler reads the BiLSTM's output where it read the encoder's
+            pooled_output = self.bert.pool(self.bilstm(sequence_output, attention_mask), attention_mask)
         return self.classifier(self.dropout(pooled_output))  # (B, num_labels)
 
 
@@ -464,10 +492,11 @@ class BertForQuestionAnswering(nn.Module):
     in Hugging Face's class of the same name, whose parameter names these are (`qa_outputs`).
     """
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, bilstm: bool = False):
         super().__init__()
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=False)
+        self.bilstm = SequenceBiLSTM(config) if bilstm else None
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.apply(lambda module: init_weights(module, config.initializer_range))
 
@@ -479,6 +508,8 @@ class BertForQuestionAnswering(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (start logits (B, T), end logits (B, T))."""
         sequence_output, _, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        if self.bilstm is not None:
+            sequence_output = self.bilstm(sequence_output, attention_mask)
         start_logits, end_logits = self.qa_outputs(sequence_output).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
         return start_logits, end_logits
 

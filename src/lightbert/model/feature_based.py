@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from lightbert.errors import ConfigError
-from lightbert.model.bert import BertModel, init_weights
+from lightbert.model.bert import BertModel, init_weights, run_packed
 from lightbert.model.config import BertConfig
 
 
@@ -128,11 +127,5 @@ class FeatureBasedTagger(nn.Module):
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = self.dropout(self.combined_layers(input_ids, token_type_ids, attention_mask))
-        length = input_ids.shape[1]
-        if attention_mask is not None:  # the LSTM reads each sentence's real tokens only, not its padding
-            lengths = attention_mask.sum(-1).cpu()
-            packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-            x, _ = pad_packed_sequence(self.lstm(packed)[0], batch_first=True, total_length=length)
-        else:
-            x, _ = self.lstm(x)
+        x = run_packed(self.lstm, x, attention_mask)  # each sentence's real tokens only, not its padding
         return self.classifier(self.dropout(x))  # (B, T, num_labels)

@@ -17,10 +17,10 @@ from lightbert.tasks.base import TaskModule
 
 
 class SequenceClassificationModule(TaskModule):
-    def __init__(self, model: dict, optim: dict, task: str):
+    def __init__(self, model: dict, optim: dict, task: str, bilstm: bool = False):
         self.spec = glue_task(task)
         super().__init__(model, optim, tuple(self.spec.validation_tag(s) for s in self.spec.validation_splits))
-        self.model = BertForSequenceClassification(self.config, self.spec.num_labels)
+        self.model = BertForSequenceClassification(self.config, self.spec.num_labels, bilstm=bilstm)
         self.val_metrics = torch.nn.ModuleList(glue_metrics(self.spec) for _ in self.spec.validation_splits)
 
     def loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:

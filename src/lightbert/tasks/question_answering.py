@@ -35,9 +35,9 @@ class QuestionAnsweringModule(TaskModule):
     """Validation needs the dev set's examples to turn window logits into answers: the entry point hands the
     DataModule's `evaluator` (a `SquadAnswers`) to `self.evaluator`."""
 
-    def __init__(self, model: dict, optim: dict):
+    def __init__(self, model: dict, optim: dict, bilstm: bool = False):
         super().__init__(model, optim)
-        self.model = BertForQuestionAnswering(self.config)
+        self.model = BertForQuestionAnswering(self.config, bilstm=bilstm)
         self._val_logits: dict[int, np.ndarray] = {}
 
     def loss(self, outputs: tuple[torch.Tensor, torch.Tensor], batch: dict) -> torch.Tensor:
