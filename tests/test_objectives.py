@@ -134,17 +134,10 @@ def objective_runs(tmp_path_factory):
     return runs
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("objective", ["mlm_nsp", "mlm", "ltr"])
-def test_every_objective_pre_trains_and_its_checkpoint_fine_tunes(objective, objective_runs, tmp_path):
+def fine_tune_sst2(run_dir, tmp_path, *extra: str) -> dict:
+    """A short SST-2 fine-tune of a pre-trained run, in tmp_path/sst2."""
     from glue_files import glue_data_files
 
-    run_dir, results = objective_runs[objective]
-    logged = set(results["metrics"])
-    assert ("val/nsp_loss" in logged) == (objective == "mlm_nsp") and "val/mlm_loss" in logged
-    assert load_pretrained(str(run_dir)).config["attention"] == (
-        "left_to_right" if objective == "ltr" else "bidirectional"
-    )
     files = glue_data_files(tmp_path / "data", "sst2")
     overrides = [
         "task=glue/sst2",
@@ -154,9 +147,22 @@ def test_every_objective_pre_trains_and_its_checkpoint_fine_tunes(objective, obj
         "task.batch_size=8",
         "task.max_seq_length=32",
         "trainer.max_epochs=1",
+        *extra,
         *(f"task.data_files.{k}={v}" for k, v in files.items()),
     ]
-    fine_tuned = train(compose_config(overrides, tmp_path / "sst2"))
+    return train(compose_config(overrides, tmp_path / "sst2"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["mlm_nsp", "mlm", "ltr"])
+def test_every_objective_pre_trains_and_its_checkpoint_fine_tunes(objective, objective_runs, tmp_path):
+    run_dir, results = objective_runs[objective]
+    logged = set(results["metrics"])
+    assert ("val/nsp_loss" in logged) == (objective == "mlm_nsp") and "val/mlm_loss" in logged
+    assert load_pretrained(str(run_dir)).config["attention"] == (
+        "left_to_right" if objective == "ltr" else "bidirectional"
+    )
+    fine_tuned = fine_tune_sst2(run_dir, tmp_path)
     assert "val/accuracy" in fine_tuned["metrics"]
     # The fine-tuned classifier attends as it was pre-trained to.
     assert (
@@ -209,24 +215,10 @@ def test_the_bilstm_on_top_reads_real_tokens_only():
 
 @pytest.mark.slow
 def test_a_left_to_right_checkpoint_fine_tunes_with_a_bilstm_on_top(objective_runs, tmp_path):
-    from glue_files import glue_data_files
-
     from lightbert.finetuned import load_finetuned
 
     run_dir, _ = objective_runs["ltr"]
-    files = glue_data_files(tmp_path / "data", "sst2")
-    overrides = [
-        "task=glue/sst2",
-        f"init_from={run_dir}",
-        "trainer=cpu",
-        "logger=csv",
-        "task.batch_size=8",
-        "task.max_seq_length=32",
-        "trainer.max_epochs=1",
-        "task.module.bilstm=true",
-        *(f"task.data_files.{k}={v}" for k, v in files.items()),
-    ]
-    results = train(compose_config(overrides, tmp_path / "sst2"))
+    results = fine_tune_sst2(run_dir, tmp_path, "task.module.bilstm=true")
     assert "val/accuracy" in results["metrics"]
     finetuned = load_finetuned(str(tmp_path / "sst2"))  # predict.py builds it back, BiLSTM and all
     assert finetuned.bilstm and finetuned.model.bilstm is not None
