@@ -240,7 +240,9 @@ class TokenClassification(Head):
         labels = self.finetuned.labels
         outside = labels.index("O") if "O" in labels else 0
         out = []
-        for (words, spans), starts, logits in zip(self.split, self.word_starts, outputs, strict=True):
+        for (_, fields), (words, spans), starts, logits in zip(
+            records, self.split, self.word_starts, outputs, strict=True
+        ):
             predicted = logits.argmax(-1)
             tags = [labels[int(predicted[s]) if s >= 0 else outside] for s in starts]
             found = []
@@ -252,7 +254,7 @@ class TokenClassification(Head):
                     "word_end": last + 1,
                 }
                 if spans is not None:
-                    text = records[len(out)][1]["text"]
+                    text = fields["text"]
                     entity.update(start=spans[first][0], end=spans[last][1])
                     entity["text"] = text[spans[first][0] : spans[last][1]]
                 found.append(entity)
@@ -347,9 +349,10 @@ class MultipleChoice(Head):
         return context, fields.get("start"), endings
 
     def encode(self, records: list[Record]) -> list[Unit]:
-        units, cut = [], []
+        units, cut, self.endings = [], [], []
         for i, record in enumerate(records):
             context, start, endings = self.choices(record)
+            self.endings.append(endings)
             if len(endings) < 2:
                 raise UserError(f"input_file line {record[0]}: a multiple-choice record needs at least two endings")
             context_ids = self.tokenizer.encode_batch([context])[0]
@@ -357,7 +360,6 @@ class MultipleChoice(Head):
             ids, types, was_cut = encode_choice_pairs(context_ids, continued, self.tokenizer, self.max_seq_length)
             units.append(Unit(i, ids, types, choices=len(endings)))
             cut.append(was_cut)
-        self.endings = [self.choices(record)[2] for record in records]
         self.note_cut(records, cut, f"were cut to max_seq_length={self.max_seq_length} tokens, as training cut them")
         return units
 
