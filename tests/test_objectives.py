@@ -15,6 +15,7 @@ from lightbert.data.masking import NextTokenCollator
 from lightbert.errors import ConfigError
 from lightbert.interop import load_pretrained
 from lightbert.model import BertConfig, BertModel
+from lightbert.model.bert import RealTokens, attention_mask_for, explicit_attention_mask
 from lightbert.tasks.pretrain import PreTrainingModule
 from lightbert.train import train
 
@@ -48,6 +49,48 @@ def test_the_left_to_right_encoder_never_looks_right(unpad):
         # The same weights attending both ways see the right context: the direction is a property of the call.
         both_ways, _, _ = model(changed, token_type_ids, attention_mask, causal=False)
         assert not torch.allclose(both_ways[:, :3], after[:, :3])
+
+
+@pytest.mark.parametrize("unpad", [True, False])
+def test_left_to_right_over_a_padded_batch_equals_each_sequence_alone(unpad):
+    """Right-padded batches attend with the kernel's causal mask only (no (T, T) mask, length groups on): every real
+    token's output equals the one of its sequence run alone, unpadded, under an explicit lower-triangular mask."""
+    torch.manual_seed(0)
+    model = BertModel(BertConfig.from_dict({**TINY, "attention": "left_to_right"})).eval()
+    model.unpad = unpad
+    input_ids = torch.randint(5, 120, (8, 24))
+    lengths = [24, 3, 17, 9, 24, 5, 12, 20]  # mixed enough that unpadding attends in length groups
+    attention_mask = (torch.arange(24)[None] < torch.tensor(lengths)[:, None]).long()
+    assert unpad is False or RealTokens(attention_mask).groups is not None
+    with torch.no_grad():
+        batched, pooled, _ = model(input_ids, None, attention_mask)
+        for row, n in enumerate(lengths):
+            ids = input_ids[row : row + 1, :n]
+            alone = ids.new_ones(1, n)
+            mask = explicit_attention_mask(alone, n, causal=True, device=ids.device)
+            x = model.embeddings(ids)
+            for layer in model.encoder.layer:
+                x = layer(x, mask)
+            torch.testing.assert_close(batched[row, :n], x[0], atol=1e-5, rtol=0)
+            torch.testing.assert_close(pooled[row], model.pooler(x, torch.tensor([n - 1]))[0], atol=1e-5, rtol=0)
+
+
+def test_a_mask_that_is_not_padding_at_the_end_falls_back_to_the_full_mask():
+    """Left padding or a hole breaks the causal-kernel shortcut; the full mask keeps the hidden token unseen."""
+    torch.manual_seed(0)
+    model = BertModel(BertConfig.from_dict({**TINY, "attention": "left_to_right"})).eval()
+    input_ids = torch.randint(5, 120, (2, 12))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, 4] = 0  # a hole
+    attention_mask[1, :3] = 0  # left padding
+    assert attention_mask_for(attention_mask, 12, causal=True, device=input_ids.device)[1] is False
+    with torch.no_grad():
+        before, _, _ = model(input_ids, None, attention_mask)
+        changed = input_ids.clone()
+        changed[0, 4], changed[1, :3] = 7, 9
+        after, _, _ = model(changed, None, attention_mask)
+    real = attention_mask.bool()
+    torch.testing.assert_close(after[real], before[real], atol=1e-6, rtol=0)
 
 
 def test_the_ltr_loss_equals_predicting_each_next_token_from_its_prefix_alone():

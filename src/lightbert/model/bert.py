@@ -8,7 +8,9 @@ How this differs from the reference implementations:
 - Attention runs through `torch.nn.functional.scaled_dot_product_attention`, which picks a fused kernel
   (flash / memory-efficient on GPU) instead of materialising softmax(QK^T) in Python.
 - The padding mask is a boolean (B, 1, 1, T) "may attend" mask instead of an additive -10000 bias; the
-  outputs of real tokens are the same, padded positions just never receive attention.
+  outputs of real tokens are the same, padded positions just never receive attention. Left to right over
+  right-padded sequences no mask is built at all: the kernel's own causal mask keeps every real query off the
+  padding, which lies to its right (`attention_mask_for`).
 - Unpadding (`BertModel.unpad`, on by default): every layer but attention itself runs on the real tokens only,
   (N, H) rather than (B, T, H), the way MosaicBERT and NVIDIA's recipe skip padding. Attention still sees the
   padded (B, T) layout with the padding mask, so real-token outputs are unchanged; outputs at padded positions
@@ -63,13 +65,18 @@ class BertSelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None, tokens: RealTokens | None = None
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        tokens: RealTokens | None = None,
+        is_causal: bool = False,
     ) -> torch.Tensor:
-        """x is (B, T, H), or (N, H) real tokens when `tokens` says where they sit; the output has x's layout."""
+        """x is (B, T, H), or (N, H) real tokens when `tokens` says where they sit; the output has x's layout.
+        `is_causal`: the kernel masks every key right of its query (on top of `attn_mask`, which is then None)."""
         q, k, v = self.query(x), self.key(x), self.value(x)
         dropout_p = self.dropout_p if self.training else 0.0
         if tokens is not None and tokens.groups is not None:  # sequences of mixed lengths: in length groups
-            return tokens.attention(q, k, v, self.num_heads, dropout_p)
+            return tokens.attention(q, k, v, self.num_heads, dropout_p, is_causal)
         if tokens is not None:  # attention needs the (B, T) layout back
             q, k, v = tokens.pad(q), tokens.pad(k), tokens.pad(v)
         batch, seq_len, hidden = q.shape
@@ -81,7 +88,9 @@ class BertSelfAttention(nn.Module):
         # bf16 (it pads the mask's last dimension to its alignment itself). No query row is fully masked (the mask
         # hides keys, and every sequence has real tokens), so no kernel meets the all-masked softmax that gives NaN.
         # Never run on a GPU here: bench/RESULTS.md says what has.
-        out = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=attn_mask, dropout_p=dropout_p)
+        out = F.scaled_dot_product_attention(
+            heads(q), heads(k), heads(v), attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+        )
         out = out.transpose(1, 2).reshape(batch, seq_len, hidden)  # (B, A, T, D) -> (B, T, H)
         return tokens.unpad(out) if tokens is not None else out
 
@@ -117,9 +126,13 @@ class BertAttention(nn.Module):
         self.output = BertSelfOutput(config)
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None, tokens: RealTokens | None = None
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        tokens: RealTokens | None = None,
+        is_causal: bool = False,
     ) -> torch.Tensor:
-        return self.output(self.self(x, attn_mask, tokens), x)
+        return self.output(self.self(x, attn_mask, tokens, is_causal), x)
 
 
 class BertIntermediate(nn.Module):
@@ -151,9 +164,13 @@ class BertLayer(nn.Module):
         self.output = BertOutput(config)
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None, tokens: RealTokens | None = None
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        tokens: RealTokens | None = None,
+        is_causal: bool = False,
     ) -> torch.Tensor:
-        x = self.attention(x, attn_mask, tokens)
+        x = self.attention(x, attn_mask, tokens, is_causal)
         return self.output(self.intermediate(x), x)
 
 
@@ -187,14 +204,35 @@ def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
 
 def attention_mask_for(
     attention_mask: torch.Tensor | None, seq_len: int, causal: bool, device: torch.device
+) -> tuple[torch.Tensor | None, bool]:
+    """The keys each query may attend to, as (mask, is_causal) for the attention kernel: the real ones (B, 1, 1, T)
+    and, left to right, only those at or before the query.
+
+    Left to right, when every sequence's padding is at its end (as every collator here pads), the kernel's causal
+    mask alone is enough: a real query's keys at or before it are all real. That is (None, True): no (T, T) mask,
+    the flash kernel on a GPU, and the length groups of unpadding still apply. Otherwise (left padding, holes) the
+    full (B, 1, T, T) mask."""
+    if causal and (attention_mask is None or padded_at_the_end(attention_mask)):
+        return None, True
+    return explicit_attention_mask(attention_mask, seq_len, causal, device), False
+
+
+def explicit_attention_mask(
+    attention_mask: torch.Tensor | None, seq_len: int, causal: bool, device: torch.device
 ) -> torch.Tensor | None:
-    """The keys each query may attend to: the real ones (B, 1, 1, T) and, left to right, only those at or before
-    the query (B, 1, T, T). A query's own position is always allowed, so no row is fully masked."""
+    """The keys each query may attend to, spelled out: the real ones (B, 1, 1, T) and, left to right, only those at
+    or before the query (B, 1, T, T). A query's own position is always allowed, so no row is fully masked."""
     mask = padding_mask(attention_mask)
     if not causal:
         return mask
     left = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]  # (1, 1, T, T)
     return left if mask is None else mask & left
+
+
+def padded_at_the_end(attention_mask: torch.Tensor) -> bool:
+    """Whether each row of the (B, T) mask is its real tokens, then only padding."""
+    slots = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    return bool((attention_mask.bool() == (slots < attention_mask.sum(1, keepdim=True))).all())
 
 
 class RealTokens:
@@ -213,12 +251,16 @@ class RealTokens:
         padded = x.new_zeros(self.batch * self.seq_len, x.shape[-1]).index_copy(0, self.index, x)
         return padded.view(self.batch, self.seq_len, -1)
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, dropout_p: float):
+    def attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, dropout_p: float, is_causal: bool = False
+    ):
         """Attention of the real tokens q, k, v (N, H) -> (N, H), each length group padded to its own longest.
 
         The same result as attention over the (B, T) batch with the padding mask: every query attends to the real
-        keys of its own sequence. Attention's work grows with the square of the padded length, so a batch of mixed
-        lengths (fine-tuning: SST-2's sentences are a third of their batch's longest) does a fraction of it.
+        keys of its own sequence (left to right, `is_causal`: those at or before it; a group's padding is at the
+        end of each row, so the causal mask alone keeps real queries off it). Attention's work grows with the
+        square of the padded length, so a batch of mixed lengths (fine-tuning: SST-2's sentences are a third of
+        their batch's longest) does a fraction of it.
         """
         hidden = q.shape[-1]
         qkv = torch.cat([torch.cat([q, k, v], dim=1), q.new_zeros(1, 3 * hidden)])  # (N + 1, 3H); row N pads
@@ -226,7 +268,10 @@ class RealTokens:
         for group in self.groups.parts:
             b, t = group.mask.shape[0], group.mask.shape[-1]
             rows = qkv.index_select(0, group.gather).view(b, t, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
-            out = F.scaled_dot_product_attention(rows[0], rows[1], rows[2], attn_mask=group.mask, dropout_p=dropout_p)
+            mask = None if is_causal else group.mask
+            out = F.scaled_dot_product_attention(
+                rows[0], rows[1], rows[2], attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+            )
             outputs.append(out.transpose(1, 2).reshape(b * t, hidden).index_select(0, group.keep))  # (n_g, H)
         return torch.cat(outputs).index_select(0, self.groups.order)  # back to the tokens' order
 
@@ -303,17 +348,17 @@ class BertModel(nn.Module):
         as in Hugging Face.
         """
         causal = self.config.causal if causal is None else causal
-        attn_mask = attention_mask_for(attention_mask, input_ids.shape[1], causal, input_ids.device)
+        attn_mask, is_causal = attention_mask_for(attention_mask, input_ids.shape[1], causal, input_ids.device)
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         hidden_states = [x] if output_hidden_states else None
         tokens = None
         if self.unpad and attention_mask is not None and not bool(attention_mask.all()):
             tokens = RealTokens(attention_mask)
-            if causal:  # the length groups carry padding masks only: attend in the (B, T) layout with the full mask
+            if causal and not is_causal:  # groups carry padding masks only: attend in (B, T) with the full mask
                 tokens.groups = None
             x = tokens.unpad(x)  # (N, H)
         for layer in self.encoder.layer:
-            x = layer(x, attn_mask, tokens)
+            x = layer(x, attn_mask, tokens, is_causal)
             if hidden_states is not None:
                 hidden_states.append(tokens.pad(x) if tokens is not None else x)
         if tokens is not None:
@@ -340,7 +385,8 @@ class BertModel(nn.Module):
 
         A separate pass: the fused kernel of `forward` never materialises them.
         """
-        attn_mask = attention_mask_for(attention_mask, input_ids.shape[1], self.config.causal, input_ids.device)
+        # The probabilities are computed by hand, so the mask is spelled out.
+        attn_mask = explicit_attention_mask(attention_mask, input_ids.shape[1], self.config.causal, input_ids.device)
         x = self.embeddings(input_ids, token_type_ids)
         maps = []
         for layer in self.encoder.layer:
