@@ -201,8 +201,13 @@ def load_into(model: torch.nn.Module, pretrained: Pretrained) -> list[str]:
     missing = sorted(encoder_keys - set(pretrained.state_dict))
     pooler = [k for k in missing if k.startswith("bert.pooler.")]
     if pooler and len(pooler) == len(missing):
-        # A fine-tune without one (SQuAD, NER) started a classifier: its pooler starts fresh, like the head.
-        log.warning("%s has no pooler (it was fine-tuned without one): the pooler starts fresh", pretrained.source)
+        # A model trained without a sentence-level head (a SQuAD or NER fine-tune, pre-training without NSP) starts a
+        # classifier: its pooler starts fresh, like the head.
+        log.warning(
+            "%s has no pooler (it was trained without a sentence-level head: SQuAD, NER, or pre-training without "
+            "NSP): the pooler starts fresh",
+            pretrained.source,
+        )
         encoder_keys -= set(pooler)
         missing = []
     if missing:
