@@ -154,6 +154,11 @@ def test_predictions_do_not_depend_on_batch_size_or_order(run_name, request):
         predicted = predict_records(finetuned, order, batch_size=batch_size)[0].predictions
         by_line = dict(zip((n for n, _ in order), predicted, strict=True))
         for number, expected in zip((n for n, _ in records), reference, strict=True):
+            if "null_odds" in expected and abs(expected["null_odds"] - finetuned.settings["null_threshold"]) < 1e-5:
+                # Within float noise of the threshold the answer may go either way. The tuned threshold sits halfway
+                # between two dev questions' odds, so only two questions 2e-5 apart can come here.
+                assert by_line[number]["null_odds"] == pytest.approx(expected["null_odds"], abs=1e-5)
+                continue
             assert_close(by_line[number], expected)
 
 

@@ -269,8 +269,10 @@ def test_a_question_without_windows_is_answered_empty(tokenizer):
     assert answers[0].text == "" and answers[0].null_odds == NO_CANDIDATE_ODDS
 
 
-def test_the_tuned_threshold_reaches_the_official_best_f1(tokenizer, tmp_path):
-    rng = np.random.default_rng(0)
+# Random logits: with seed 0 nothing beats "no answer everywhere"; with seed 4 a threshold does.
+@pytest.mark.parametrize("seed", [0, 4])
+def test_the_tuned_threshold_reaches_the_official_best_f1(tokenizer, tmp_path, seed):
+    rng = np.random.default_rng(seed)
     articles = squad_articles(6, seed=3, unanswerable=True)
     raw = read_official_file(write_official(tmp_path / "dev.json", articles, "v2.0"), "dev")
     rows, _ = make_windows(raw, tokenizer, Windowing(48, 16, 16), training=False, version_2=True)
@@ -281,6 +283,15 @@ def test_the_tuned_threshold_reaches_the_official_best_f1(tokenizer, tmp_path):
     official = evaluate_v2(post.golds, {a.id: a.text for a in answers}, {a.id: a.null_odds for a in answers})
     assert scores["f1"] == pytest.approx(official["best_f1"])
     assert scores["null_threshold"] == threshold
+    # Clear of every question's odds, unlike the official value (one question's odds, on the boundary), and with the
+    # same predictions as the official threshold makes where one beats "no answer everywhere".
+    odds = [a.null_odds for a in answers]
+    assert min(abs(o - threshold) for o in odds) > 1e-3
+    if official["best_f1"] > official["NoAns_total"] * 100 / official["total"]:
+        assert official["best_f1_thresh"] in odds
+        assert post.predictions(answers, threshold) == post.predictions(answers, official["best_f1_thresh"])
+    else:
+        assert all(text == "" for text in post.predictions(answers, threshold).values())
 
 
 # -- the head --------------------------------------------------------------------------------------------------

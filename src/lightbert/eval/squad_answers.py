@@ -138,7 +138,10 @@ class SquadAnswers:
     # -- n-best -> predictions -> scores -----------------------------------------------------------------------
 
     def threshold(self, answers: list[Answer]) -> float | None:
-        """v2.0's null-odds threshold: the configured one, else the F1-best on this split (`best_f1_thresh`)."""
+        """v2.0's null-odds threshold: the configured one, else the F1-best on this split.
+
+        The F1-best is the official `best_f1_thresh` moved halfway to the next higher odds: the same predictions.
+        """
         if not self.version_2:
             return None
         if self.null_score_diff_threshold is not None:
@@ -149,7 +152,13 @@ class SquadAnswers:
         has_answer = {qid: bool(gold) for qid, gold in self.golds.items()}
         _, threshold, improved = best_threshold(texts, f1, odds, has_answer)
         # Where no threshold beats "no answer everywhere", the official 0.0 would still answer some: go below all.
-        return threshold if improved else min(odds.values()) - 1.0
+        if not improved:
+            return min(odds.values()) - 1.0
+        # The official threshold is one question's own odds, so that question sits on the boundary and float noise
+        # of 1e-6 (another batch size, another machine) flips it. Halfway to the next higher odds (at most 1 above)
+        # makes the same predictions on this split, hence the same F1, and keeps every question off the boundary.
+        next_up = min((value for value in odds.values() if value > threshold), default=threshold + 2.0)
+        return (threshold + min(next_up, threshold + 2.0)) / 2
 
     def predictions(self, answers: list[Answer], threshold: float | None) -> dict[str, str]:
         if threshold is None:
