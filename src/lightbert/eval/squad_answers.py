@@ -157,8 +157,8 @@ class SquadAnswers:
         # The official threshold is one question's own odds, so that question sits on the boundary and float noise
         # of 1e-6 (another batch size, another machine) flips it. Halfway to the next higher odds (at most 1 above)
         # makes the same predictions on this split, hence the same F1, and keeps every question off the boundary.
-        next_up = min((value for value in odds.values() if value > threshold), default=threshold + 2.0)
-        return (threshold + min(next_up, threshold + 2.0)) / 2
+        next_up = min([value for value in odds.values() if value > threshold] + [threshold + 2.0])
+        return (threshold + next_up) / 2
 
     def predictions(self, answers: list[Answer], threshold: float | None) -> dict[str, str]:
         if threshold is None:
