@@ -15,7 +15,7 @@ It runs the recipe of README "Reproducing the paper's ablations" as a user would
 3. the LTR jobs fine-tuned again with `task.module.bilstm=true` (Table 5's "+ BiLSTM" row);
 4. a control the paper does not need but a small study does: the same fine-tuning from a randomly initialised
    encoder (same size and tokenizer, one run per seed), to tell what pre-training at this budget added at all;
-5. `python -m lightbert.paper_tables` on the sweeps: the table beside the paper's.
+5. `python -m lightbert.analysis.paper_tables` on the sweeps: the table beside the paper's.
 
 The report (`--report`) holds the table, the commands and each stage's wall time.
 """
@@ -34,7 +34,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from finetune_vs_transformers import word_order_task
 
-from lightbert.paper_tables import Cell
+from lightbert.analysis.paper_tables import Cell
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -137,7 +137,7 @@ def main() -> None:
     commands.append(scratch)
     scores = [json.loads(p.read_text())["best_score"] for p in (out / "finetune_scratch").glob("*/results.json")]
     control = Cell([100 * score for score in scores])
-    tables = [python, "-m", "lightbert.paper_tables", str(out / "pretrain"), *map(str, finetune_dirs)]
+    tables = [python, "-m", "lightbert.analysis.paper_tables", str(out / "pretrain"), *map(str, finetune_dirs)]
     commands.append(tables)
     seconds["report"] = run(tables, out / "paper_tables.log")
     report = (out / "pretrain" / "paper_tables.md").read_text()

@@ -5,7 +5,7 @@
 The task is real text without a download: sentences of the demo corpus (Python's documentation), label 1 for the
 sentence as written and 0 for the same words shuffled (word-order acceptability, CoLA-like), in SST-2's schema.
 lightbert runs `src/train.py task=glue/sst2` on those files; the reference exports the checkpoint with
-`python -m lightbert.convert to-hf` and fine-tunes `transformers.BertForSequenceClassification` with the same
+`python -m lightbert.interop.convert to-hf` and fine-tunes `transformers.BertForSequenceClassification` with the same
 hyperparameters (AdamW, eps 1e-6, weight decay 0.01 except biases and LayerNorm, 10% linear warmup, gradient
 norm clipped at 1.0, dropout 0.1) in `bench/plain_transformers_finetune.py`. Both report dev accuracy after every
 epoch. Both are whole commands in their own processes, timed from start to exit: Python's start and imports, data
@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from lightbert.data.corpus import DemoCorpus
-from lightbert.interop import export_hf, load_pretrained
+from lightbert.interop.hf import export_hf, load_pretrained
+from lightbert.pretraining.corpus import DemoCorpus
 
 REPO = Path(__file__).resolve().parents[1]
 

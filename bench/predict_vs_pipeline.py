@@ -3,10 +3,12 @@
     python bench/predict_vs_pipeline.py --model bert_base --sentences 256 --threads 2
 
 A GLUE-style classifier (random weights of the given size; a WordPiece vocabulary learnt from the demo corpus,
-Python's documentation) is written once as a Hugging Face directory with `lightbert.convert`'s export; both sides
+Python's documentation) is written once as a Hugging Face directory with `lightbert.interop.convert`'s export;
+both sides
 load that directory. The inputs are sentences of the demo corpus of mixed length (3 to 60 words), shuffled.
 
-- lightbert: `lightbert.predict.predict_records`, what `src/predict.py` runs between reading and writing the file:
+- lightbert: `lightbert.inference.predict.predict_records`, what `src/predict.py` runs between reading and writing
+  the file:
   encoding, length-sorted batches of `--batch-size` padded per batch, the unpadded encoder, softmax and labels.
 - transformers: `pipeline("text-classification", top_k=None)` on the list of texts, once with the pipeline's
   default batch size (1: no padding, one forward per sentence) and once with `--batch-size` (padded to each
@@ -31,12 +33,12 @@ import torch
 import transformers
 import yaml
 
-from lightbert.data.corpus import DemoCorpus
 from lightbert.data.tokenizer import train_wordpiece
-from lightbert.finetuned import FineTuned, hf_head_config, load_finetuned
-from lightbert.interop import Pretrained, export_hf
+from lightbert.inference.finetuned import FineTuned, hf_head_config, load_finetuned
+from lightbert.inference.predict import predict_records
+from lightbert.interop.hf import Pretrained, export_hf
 from lightbert.model import BertConfig, BertForSequenceClassification
-from lightbert.predict import predict_records
+from lightbert.pretraining.corpus import DemoCorpus
 
 REPO = Path(__file__).resolve().parents[1]
 LABELS = ("negative", "positive")

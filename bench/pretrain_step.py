@@ -41,14 +41,14 @@ import transformers
 import yaml
 from omegaconf import open_dict
 
-from lightbert.callbacks import gpu_peak_flops, step_flops
 from lightbert.data.batches import PaddingCollator
-from lightbert.data.corpus import DemoCorpus, TextCorpus
-from lightbert.data.pretrain_datamodule import PretrainDataModule
-from lightbert.interop import lightbert_config_to_hf, lightbert_state_dict_to_hf
+from lightbert.interop.hf import lightbert_config_to_hf, lightbert_state_dict_to_hf
 from lightbert.model import BertConfig, BertForSequenceClassification
 from lightbert.optim import parameter_groups
-from lightbert.tasks.pretrain import PreTrainingModule
+from lightbert.pretraining.corpus import DemoCorpus, TextCorpus
+from lightbert.pretraining.datamodule import PretrainDataModule
+from lightbert.pretraining.module import PreTrainingModule
+from lightbert.run.callbacks import gpu_peak_flops, step_flops
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB_SIZE = 30522  # bert-base-uncased's: the sizes are BERT's even where the demo corpus yields fewer pieces
@@ -287,7 +287,7 @@ def step_seconds(ends: list[float], warmup: int) -> list[float]:
 
 def trainer_path_config(args, device: torch.device, out_dir: Path, steps: int):
     """The config `python src/train.py model=... trainer=...` runs, for `steps` steps without a validation."""
-    from lightbert.train import compose_config
+    from lightbert.run.jobs import compose_config
 
     overrides = [
         f"model={args.model}",
@@ -347,9 +347,9 @@ def hand_loop(cfg, steps: int, device: torch.device) -> list[float]:
 
 
 def bench_trainer_path(args, device: torch.device) -> float:
-    """Per-step time of pre-training through `lightbert.train.train` (L.Trainer with the configured trainer,
+    """Per-step time of pre-training through `lightbert.run.jobs.train` (L.Trainer with the configured trainer,
     callbacks, logger and the real DataModule) over the same steps in a hand-written loop; rounds alternate."""
-    from lightbert.train import train
+    from lightbert.run.jobs import train
 
     steps = args.warmup + args.repeats + 1
     times: dict[str, list[float]] = {"trainer": [], "hand loop": []}

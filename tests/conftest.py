@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from lightbert.train import compose_config as lightbert_compose_config
+from lightbert.run.jobs import compose_config as lightbert_compose_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"

@@ -16,7 +16,7 @@ from squad_files import squad_data_files
 from swag_files import ACTIONS, SUBJECTS, swag_data_files
 from test_interop import write_hf_bert
 
-from lightbert.train import train
+from lightbert.run.jobs import train
 
 NER_WORDS = FILLER + " ".join(n for names in NAMES.values() for n in names).split()
 COMMON = ["trainer=cpu", "logger=csv", "task.datamodule.num_workers=0", "trainer.max_steps=-1"]

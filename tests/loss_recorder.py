@@ -77,11 +77,11 @@ class KillDuringSave(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_step >= self.step and trainer.global_rank == 0:
-            import lightbert.checkpointing
+            import lightbert.run.checkpointing
             from lightbert.files import temporary_path
 
             def write_then_die(path, write):
                 write(temporary_path(path))
                 os.killpg(os.getpgid(0), signal.SIGKILL)
 
-            lightbert.checkpointing.replace_atomically = write_then_die
+            lightbert.run.checkpointing.replace_atomically = write_then_die

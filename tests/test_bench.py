@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from lightbert.callbacks import step_flops
 from lightbert.model import BertConfig
+from lightbert.run.callbacks import step_flops
 
 REPO = Path(__file__).resolve().parents[1]
 

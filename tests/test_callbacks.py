@@ -6,8 +6,8 @@ import pytest
 import torch
 from test_model import TINY
 
-from lightbert.callbacks import Throughput, gpu_peak_flops, step_flops
 from lightbert.model import BertForPreTraining, BertForSequenceClassification
+from lightbert.run.callbacks import Throughput, gpu_peak_flops, step_flops
 
 
 class RecordingModule(torch.nn.Module):

@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import run_train_script, write_bert_corpus
 
-from lightbert.checkpointing import AtomicCheckpointIO
-from lightbert.data.resumable import StepSampler
+from lightbert.pretraining.resumable import StepSampler
+from lightbert.run.checkpointing import AtomicCheckpointIO
 
 TINY_RUN = [
     "model=bert_tiny",

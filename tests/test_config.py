@@ -4,8 +4,8 @@ import pytest
 from conftest import CONF_DIR, compose_config, run_train_script
 from omegaconf import OmegaConf
 
-from lightbert.cli import check_command_line, group_options
 from lightbert.model import BertConfig
+from lightbert.run.cli import check_command_line, group_options
 
 # Values a config group needs before it resolves (its ??? fields).
 REQUIRED = {"corpus/text": ["corpus.paths=[corpus.txt]"], "corpus/hf": ["corpus.name=json"]}

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from conftest import CONF_DIR, REPO, compose_config
 
-from lightbert.cli import group_options, unknown_key_message
 from lightbert.data.tokenizer import train_wordpiece
 from lightbert.errors import UserError
-from lightbert.train import train
+from lightbert.run.cli import group_options, unknown_key_message
+from lightbert.run.jobs import train
 
 GROUPS = ("task", "optim", "trainer", "model", "corpus", "logger", "callbacks", "speed", "paths")
 # `+logger.wandb.notes=...` adds a key on purpose (the + says so): not matched.

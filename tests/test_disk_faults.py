@@ -16,8 +16,8 @@ from conftest import REPO, default_sigint, write_bert_corpus
 from test_feature_based import bert4, extract_config  # noqa: F401 (bert4: the fixture)
 from test_run_record import BASE
 
-from lightbert.embeddings import extract_to_file
 from lightbert.errors import UserError
+from lightbert.inference.embeddings import extract_to_file
 
 pytestmark = pytest.mark.slow
 

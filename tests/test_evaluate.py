@@ -15,9 +15,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from lightbert.cli import CONF_DIR
 from lightbert.errors import UserError
-from lightbert.train import evaluate
+from lightbert.run.cli import CONF_DIR
+from lightbert.run.jobs import evaluate
 
 
 def evaluate_config(overrides: list[str], output_dir: Path):

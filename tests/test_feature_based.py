@@ -17,15 +17,15 @@ from omegaconf import OmegaConf
 from test_interop import write_hf_bert
 from test_ner import NER_WORDS, read_conlleval
 
-from lightbert.data.conll import CONLL2003_LABELS, ConllDataModule
-from lightbert.embeddings import extract_to_file
 from lightbert.errors import ConfigError, UserError
-from lightbert.finetuned import load_finetuned
-from lightbert.interop import load_into, load_pretrained
+from lightbert.inference.embeddings import extract_to_file
+from lightbert.inference.finetuned import load_finetuned
+from lightbert.inference.predict import predict_records
+from lightbert.interop.hf import load_into, load_pretrained
 from lightbert.model import BertConfig
 from lightbert.model.feature_based import FeatureBasedTagger, layer_combinations
-from lightbert.predict import predict_records
-from lightbert.tasks.token_classification import TokenClassificationModule
+from lightbert.ner.data import CONLL2003_LABELS, ConllDataModule
+from lightbert.ner.module import TokenClassificationModule
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from glue_files import glue_data_files
 from test_glue import glue_overrides
 from test_interop import write_hf_bert
 
-from lightbert.tasks.classification import SequenceClassificationModule
-from lightbert.train import train
+from lightbert.glue.module import SequenceClassificationModule
+from lightbert.run.jobs import train
 
 
 class RecordTraining(L.Callback):

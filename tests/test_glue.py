@@ -17,13 +17,13 @@ from wandb_files import offline_run
 
 from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.encoding import truncate_pair
-from lightbert.data.glue import TASKS, encode_examples
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError
-from lightbert.eval.glue import glue_metrics
-from lightbert.interop import load_pretrained
-from lightbert.tasks.classification import SequenceClassificationModule
-from lightbert.train import size_name, train
+from lightbert.glue.data import TASKS, encode_examples
+from lightbert.glue.metrics import glue_metrics
+from lightbert.glue.module import SequenceClassificationModule
+from lightbert.interop.hf import load_pretrained
+from lightbert.run.jobs import size_name, train
 
 REFERENCE = {
     "accuracy": accuracy_score,

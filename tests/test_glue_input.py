@@ -6,9 +6,9 @@ import csv
 
 import pytest
 
-from lightbert.data.glue import GlueDataModule
 from lightbert.data.tokenizer import train_wordpiece
 from lightbert.errors import UserError
+from lightbert.glue.data import GlueDataModule
 
 WORDS = ["na", "null", "none", "n/a", "nan", "the film was good", "the film was bad", "a river"]
 

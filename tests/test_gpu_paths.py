@@ -8,15 +8,15 @@ from unittest import mock
 import lightning as L
 import torch
 
-from lightbert.checkpointing import rng_states, set_rng_states
-from lightbert.data.resumable import StepSampler
 from lightbert.model import BertConfig, BertForPreTraining
 from lightbert.model.bert import BertLayer
+from lightbert.pretraining.resumable import StepSampler
+from lightbert.run.checkpointing import rng_states, set_rng_states
 
 
 def test_fsdp_wraps_each_block_and_keeps_tied_weights_in_the_root():
     with mock.patch("torch.cuda.is_available", return_value=True):  # fsdp_strategy refuses a machine without CUDA
-        from lightbert.strategies import fsdp_strategy
+        from lightbert.run.strategies import fsdp_strategy
 
         strategy = fsdp_strategy()
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=32)

@@ -10,13 +10,13 @@ from conftest import compose_config
 from glue_files import WORDS
 from test_model import random_batch
 
-from lightbert.convert import main as convert
 from lightbert.data.tokenizer import train_wordpiece
 from lightbert.errors import ConfigError, UserError
-from lightbert.interop import load_into, load_pretrained
+from lightbert.interop.convert import main as convert
+from lightbert.interop.hf import load_into, load_pretrained
 from lightbert.model import BertConfig, BertForPreTraining
-from lightbert.tasks.pretrain import PreTrainingModule
-from lightbert.train import train
+from lightbert.pretraining.module import PreTrainingModule
+from lightbert.run.jobs import train
 
 ATOL = 1e-5
 

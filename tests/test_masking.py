@@ -5,9 +5,9 @@ import random
 import pytest
 import torch
 
-from lightbert.data.masking import IGNORE_INDEX, MaskingCollator
 from lightbert.errors import ParameterError
-from lightbert.objectives import MaskingShares
+from lightbert.pretraining.masking import IGNORE_INDEX, MaskingCollator
+from lightbert.pretraining.objectives import MaskingShares
 
 PAD, UNK, CLS, SEP, MASK = range(5)
 VOCAB = 1000

@@ -16,13 +16,13 @@ from seqeval.metrics import f1_score, precision_score, recall_score
 from seqeval.metrics.sequence_labeling import get_entities
 from test_interop import write_hf_bert
 
-from lightbert.data.conll import CONLL2003_LABELS, encode_sentences, read_conll_text
 from lightbert.data.tokenizer import train_wordpiece
 from lightbert.errors import UserError
-from lightbert.eval.ner import EntityF1, entities, entity_scores
-from lightbert.interop import load_into, load_pretrained
+from lightbert.interop.hf import load_into, load_pretrained
 from lightbert.model import BertConfig, BertForTokenClassification
-from lightbert.train import train
+from lightbert.ner.data import CONLL2003_LABELS, encode_sentences, read_conll_text
+from lightbert.ner.metrics import EntityF1, entities, entity_scores
+from lightbert.run.jobs import train
 
 NER_WORDS = FILLER + " ".join(n for names in NAMES.values() for n in names).split()
 

@@ -11,13 +11,13 @@ from conftest import TINY_PRETRAIN, compose_config, write_bert_corpus
 from test_model import random_batch
 
 from lightbert.data.encoding import IGNORE_INDEX
-from lightbert.data.masking import NextTokenCollator
 from lightbert.errors import ConfigError
-from lightbert.interop import load_pretrained
+from lightbert.interop.hf import load_pretrained
 from lightbert.model import BertConfig, BertModel
 from lightbert.model.bert import RealTokens, attention_mask_for, explicit_attention_mask
-from lightbert.tasks.pretrain import PreTrainingModule
-from lightbert.train import train
+from lightbert.pretraining.masking import NextTokenCollator
+from lightbert.pretraining.module import PreTrainingModule
+from lightbert.run.jobs import train
 
 TINY = {
     "vocab_size": 120,
@@ -217,7 +217,7 @@ def test_every_objective_pre_trains_and_its_checkpoint_fine_tunes(objective, obj
 def test_mlm_and_ltr_checkpoints_convert_to_their_hugging_face_classes(objective, hf_class, objective_runs, tmp_path):
     import transformers
 
-    from lightbert.convert import main as convert
+    from lightbert.interop.convert import main as convert
 
     run_dir, _ = objective_runs[objective]
     assert convert(["to-hf", str(run_dir), str(tmp_path / "hf")]) == 0
@@ -258,7 +258,7 @@ def test_the_bilstm_on_top_reads_real_tokens_only():
 
 @pytest.mark.slow
 def test_a_left_to_right_checkpoint_fine_tunes_with_a_bilstm_on_top(objective_runs, tmp_path):
-    from lightbert.finetuned import load_finetuned
+    from lightbert.inference.finetuned import load_finetuned
 
     run_dir, _ = objective_runs["ltr"]
     results = fine_tune_sst2(run_dir, tmp_path, "task.module.bilstm=true")

@@ -1,4 +1,5 @@
-"""`python -m lightbert.paper_tables`: the paper's ablation tables rebuilt exactly from the runs' results.json files."""
+"""`python -m lightbert.analysis.paper_tables`: the paper's ablation tables rebuilt exactly from the runs'
+results.json files."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lightbert.paper_tables import PAPER_TABLE_5, PAPER_TABLE_8, main
+from lightbert.analysis.paper_tables import PAPER_TABLE_5, PAPER_TABLE_8, main
 
 SIZES = {"bert_tiny": (2, 128, 2), "bert_mini": (4, 256, 4)}
 
@@ -119,5 +120,7 @@ def test_figure_5_from_checkpoints_along_one_run(tmp_path):
 def test_fine_tuning_that_started_elsewhere_is_one_clear_error(tmp_path, capsys):
     pretrain_job(tmp_path / "pretrain" / "0")
     finetune_job(tmp_path / "finetune" / "0", tmp_path / "elsewhere", "sst2", 0.7)
-    assert main([str(tmp_path / "pretrain"), str(tmp_path / "finetune")]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "pretrain"), str(tmp_path / "finetune")])
+    assert exit_info.value.code == 2
     assert "no fine-tuning job started from one of the pre-training jobs" in capsys.readouterr().err

@@ -17,8 +17,8 @@ from test_trainers import cpu_twin, pretrain_overrides
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from lightbert.optim import clip_gradients
-from lightbert.tasks.pretrain import PreTrainingModule
-from lightbert.train import train
+from lightbert.pretraining.module import PreTrainingModule
+from lightbert.run.jobs import train
 
 
 def recorded_norms(path: Path) -> list[tuple[float, float]]:
@@ -122,7 +122,7 @@ def test_losses_and_their_softmax_stay_fp32_under_bf16_autocast(monkeypatch):
         seen.append(logits.dtype)
         return original(logits, *args, **kwargs)
 
-    monkeypatch.setattr("lightbert.tasks.pretrain.F.cross_entropy", recording)
+    monkeypatch.setattr("lightbert.pretraining.module.F.cross_entropy", recording)
     config = {"vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
     module = PreTrainingModule({**config, "intermediate_size": 32}, {"lr": 1e-3})
     input_ids = torch.randint(5, 50, (2, 8))

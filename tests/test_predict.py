@@ -17,8 +17,8 @@ from hydra import compose, initialize_config_dir
 from test_ner import read_conlleval
 
 from lightbert.errors import UserError
-from lightbert.finetuned import load_finetuned
-from lightbert.predict import predict_records, predict_to_file, read_records
+from lightbert.inference.finetuned import load_finetuned
+from lightbert.inference.predict import predict_records, predict_to_file, read_records
 
 
 def predict_config(init_from, input_file, output_file, *extra: str):

@@ -3,9 +3,9 @@
 import torch
 from conftest import write_bert_corpus
 
-from lightbert.data.corpus import TextCorpus
-from lightbert.data.masking import IGNORE_INDEX
-from lightbert.data.pretrain_datamodule import PretrainDataModule
+from lightbert.pretraining.corpus import TextCorpus
+from lightbert.pretraining.datamodule import PretrainDataModule
+from lightbert.pretraining.masking import IGNORE_INDEX
 
 
 def datamodule(path, cache, **kwargs) -> PretrainDataModule:

@@ -5,7 +5,12 @@ import random
 import datasets
 import pytest
 
-from lightbert.data.pretraining import IS_NEXT, NOT_NEXT, create_instances_from_document, create_pretraining_examples
+from lightbert.pretraining.examples import (
+    IS_NEXT,
+    NOT_NEXT,
+    create_instances_from_document,
+    create_pretraining_examples,
+)
 
 CLS, SEP = 2, 3
 

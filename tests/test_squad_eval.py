@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchmetrics.text import SQuAD
 
-from lightbert.eval.squad import (
+from lightbert.squad.official_eval import (
     best_threshold,
     evaluate_v1,
     evaluate_v2,
@@ -152,7 +152,9 @@ def official_file(path, questions: dict[str, list[str]], version: str) -> str:
 
 
 def squad_eval(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lightbert.eval.squad", *args], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "lightbert.squad.official_eval", *args], capture_output=True, text=True
+    )
 
 
 def test_cli_scores_a_v1_file_and_reports_missing_and_unknown_ids(tmp_path):

@@ -6,11 +6,11 @@ from itertools import islice
 import pytest
 from conftest import compose_config, write_bert_corpus
 
-from lightbert.data.corpus import TextCorpus, read_bert_format
-from lightbert.data.streaming import StreamingExamples
 from lightbert.data.tokenizer import iter_sentences, train_wordpiece
 from lightbert.errors import UserError
-from lightbert.train import train
+from lightbert.pretraining.corpus import TextCorpus, read_bert_format
+from lightbert.pretraining.streaming import StreamingExamples
+from lightbert.run.jobs import train
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,13 @@ from conftest import compose_config
 from swag_files import ACTIONS, SUBJECTS, swag_data_files, swag_rows, write_swag_file
 from test_interop import write_hf_bert
 
-from lightbert.data.swag import ChoiceCollator, encode_choices
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError
-from lightbert.interop import load_into, load_pretrained
+from lightbert.interop.hf import load_into, load_pretrained
 from lightbert.model import BertConfig, BertForMultipleChoice
-from lightbert.tasks.multiple_choice import MultipleChoiceModule
-from lightbert.train import train
+from lightbert.run.jobs import train
+from lightbert.swag.data import ChoiceCollator, encode_choices
+from lightbert.swag.module import MultipleChoiceModule
 
 SWAG_WORDS = " ".join(SUBJECTS + ACTIONS).split()
 

@@ -11,7 +11,7 @@ from conftest import CONF_DIR, run_train_script
 from glue_files import glue_data_files
 from test_interop import write_hf_bert
 
-from lightbert.sweep import write_summary
+from lightbert.analysis.sweep import write_summary
 
 
 def fake_job(sweep_dir, num: int, overrides: list[str], best: float | None, task: str = "rte"):
@@ -112,7 +112,7 @@ def test_every_multirun_job_is_its_own_wandb_run_in_the_sweeps_group(tmp_path):
     from hydra.types import RunMode
     from omegaconf import open_dict
 
-    from lightbert.loggers import wandb_logger
+    from lightbert.run.loggers import wandb_logger
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["task=glue/rte"], return_hydra_config=True)
@@ -137,8 +137,8 @@ def test_every_multirun_job_is_its_own_wandb_run_in_the_sweeps_group(tmp_path):
 def test_report_turns_a_real_multirun_into_linked_plots_that_show_its_results(hf_dir, tmp_path):
     import matplotlib.image
 
-    from lightbert.report import grid_figure, main, mean_by_config, swept_keys
-    from lightbert.sweep import job_rows
+    from lightbert.analysis.report import grid_figure, main, mean_by_config, swept_keys
+    from lightbert.analysis.sweep import job_rows
 
     result, _, sweep = run_sweep(
         "sst2",
@@ -176,18 +176,22 @@ def test_report_turns_a_real_multirun_into_linked_plots_that_show_its_results(hf
             assert len(scores) == 2  # two seeds
             assert cells[i, j] == pytest.approx(statistics.mean(scores))
             assert mean_by_config(jobs, ["optim.lr", "task.batch_size"])[(lr, batch)] == pytest.approx(cells[i, j])
-    assert main([str(tmp_path / "nowhere")]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "nowhere")])
+    assert exit_info.value.code == 2
 
 
 def test_report_names_a_directory_that_is_not_a_sweep(tmp_path, capsys):
-    from lightbert.report import main
+    from lightbert.analysis.report import main
 
-    assert main([str(tmp_path)]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path)])
+    assert exit_info.value.code == 2
     assert "holds no multirun jobs" in capsys.readouterr().err
 
 
 def test_report_keeps_the_papers_order_marks_failed_jobs_and_never_draws_an_empty_panel(tmp_path):
-    from lightbert.report import curves_figure, grid_figure
+    from lightbert.analysis.report import curves_figure, grid_figure
 
     def row(job, features, best, status="ok"):
         overrides = {"task.features": features}

@@ -10,8 +10,8 @@ from conftest import compose_config, run_train_script
 from wandb_files import offline_run
 
 from lightbert.errors import ConfigError, UserError
-from lightbert.tasks.pretrain import PreTrainingModule
-from lightbert.train import train
+from lightbert.pretraining.module import PreTrainingModule
+from lightbert.run.jobs import train
 
 # A tiny model on short sequences: a run of a few steps takes a second or two.
 SMALL = [

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from squad_files import squad_data_files
 from swag_files import swag_data_files
 
-from lightbert.train import train
+from lightbert.run.jobs import train
 
 pytestmark = pytest.mark.slow
 

@@ -6,6 +6,13 @@ traceback. Anything else is a bug in lightbert and keeps its traceback.
 
 from __future__ import annotations
 
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
 
 class UserError(Exception):
     """A mistake in the user's input or config, with a message that says what to do."""
@@ -32,3 +39,23 @@ class ParameterError(ConfigError):
     def naming(self, keys: dict[str, str]) -> ConfigError:
         """The same error with each parameter named by its key in `keys` (parameter -> config key)."""
         return ConfigError(self.template.format(*(keys.get(p, p) for p in self.parameters)))
+
+
+def exits_on_user_error(
+    main: Callable[..., T], on_refusal: Callable[[UserError], bool] | None = None
+) -> Callable[..., T]:
+    """Every entry point's rule, in one place: a `UserError` ends the command with one line on stderr and exit 2,
+    without a traceback. `on_refusal` may take the error over instead (a multirun job records it and the sweep goes
+    on): it returns True when it did."""
+
+    @functools.wraps(main)
+    def entry(*args: Any, **kwargs: Any) -> T:
+        try:
+            return main(*args, **kwargs)
+        except UserError as error:
+            if on_refusal is not None and on_refusal(error):
+                return None  # type: ignore[return-value]
+            print(f"lightbert: error: {error}", file=sys.stderr)
+            sys.exit(2)
+
+    return entry

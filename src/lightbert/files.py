@@ -18,6 +18,10 @@ from typing import IO
 
 from lightbert.errors import UserError
 
+# What a finished run leaves in its directory: written by lightbert.run.jobs, read by init_from=<run dir>
+# (lightbert.interop.hf) and by the sweep summary.
+RESULTS_FILE = "results.json"
+
 
 def temporary_path(path: Path) -> Path:
     """Where `path` is written before it is renamed into place."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import sys
 from collections.abc import Iterator
@@ -145,3 +146,14 @@ def progress_bars_for(num_rows: int) -> Iterator[None]:
         yield
     finally:
         (datasets_logging.enable_progress_bar if was_on else datasets_logging.disable_progress_bar)()
+
+
+def digest(obj: object) -> str:
+    """A short stable hash of JSON-able values: the cache keys of corpora, tokenizers and examples."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def file_identity(path: Path) -> list:
+    """Path, size and modification time: a file's part of a cache key."""
+    stat = path.stat()
+    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]

@@ -1,1 +1,0 @@
-"""LightningModules, one per objective family, each wrapping the shared encoder."""
