@@ -11,8 +11,8 @@ import shutil
 import subprocess
 import sys
 
-from conftest import REPO
-from test_interop import write_hf_bert
+from helpers.models import write_hf_bert
+from helpers.runs import REPO
 
 
 def readme_diff() -> str:
@@ -39,7 +39,9 @@ def test_the_readme_diff_adds_a_glue_style_task(tmp_path):
 
     copy = tmp_path / "repo"
     for part in ("src", "conf"):
-        shutil.copytree(REPO / part, copy / part, symlinks=True, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+        shutil.copytree(
+            REPO / part, copy / part, symlinks=True, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__")
+        )
     applied = subprocess.run(["git", "apply", "-"], input=diff, text=True, cwd=copy, capture_output=True)
     assert applied.returncode == 0, applied.stderr
 

@@ -11,12 +11,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_train_script, write_bert_corpus
-from glue_files import glue_data_files
-from ner_files import ner_sentences, write_conll_text
-from squad_files import squad_data_files
-from swag_files import swag_data_files
-from test_interop import write_hf_bert
+from helpers.glue_files import glue_data_files
+from helpers.models import write_hf_bert
+from helpers.ner_files import ner_sentences, write_conll_text
+from helpers.runs import run_train_script, write_bert_corpus
+from helpers.squad_files import squad_data_files
+from helpers.swag_files import swag_data_files
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_model import TINY
+from helpers.models import TINY
 
 from lightbert.model import BertForPreTraining, BertForSequenceClassification
 from lightbert.run.callbacks import Throughput, gpu_peak_flops, step_flops

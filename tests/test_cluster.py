@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 import torch
-from conftest import run_train_script, write_bert_corpus
+from helpers.runs import run_train_script, write_bert_corpus
 
 from lightbert.pretraining.resumable import StepSampler
 from lightbert.run.checkpointing import AtomicCheckpointIO

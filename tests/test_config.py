@@ -1,7 +1,7 @@
 """Every config composes; the headline commands compose as documented; user mistakes get one clear message."""
 
 import pytest
-from conftest import CONF_DIR, compose_config, run_train_script
+from helpers.runs import CONF_DIR, compose_config, run_train_script
 from omegaconf import OmegaConf
 
 from lightbert.model import BertConfig

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONF_DIR, REPO, compose_config
+from helpers.runs import CONF_DIR, REPO, compose_config
 
 from lightbert.data.tokenizer import train_wordpiece
 from lightbert.errors import UserError

@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, default_sigint, write_bert_corpus
-from test_feature_based import bert4, extract_config  # noqa: F401 (bert4: the fixture)
-from test_run_record import BASE
+from helpers.models import extract_config
+from helpers.runs import BASE, REPO, default_sigint, write_bert_corpus
 
 from lightbert.errors import UserError
 from lightbert.inference.embeddings import extract_to_file
@@ -54,7 +53,7 @@ def killed_run(tmp_path) -> tuple[Path, list[str]]:
     run_dir = tmp_path / "run"
     args = [*ARGS, f"corpus.paths=[{corpus}]", f"hydra.run.dir={run_dir}"]
     killed = train(
-        *args, "+callbacks.kill._target_=loss_recorder.KillAtStep", "+callbacks.kill.step=6", new_session=True
+        *args, "+callbacks.kill._target_=helpers.loss_recorder.KillAtStep", "+callbacks.kill.step=6", new_session=True
     )
     assert killed.returncode == -signal.SIGKILL
     return run_dir, args
@@ -78,7 +77,7 @@ def test_a_kill_during_a_save_keeps_the_last_checkpoint_and_the_next_run_removes
     run_dir, args = killed_run
     last = run_dir / "checkpoints" / "last.ckpt"
     before = last.read_bytes()  # step 4's
-    killed = train(*args, "resume=true", "+callbacks.kill._target_=loss_recorder.KillDuringSave",
+    killed = train(*args, "resume=true", "+callbacks.kill._target_=helpers.loss_recorder.KillDuringSave",
                    "+callbacks.kill.step=5", new_session=True)  # fmt: skip
     assert killed.returncode == -signal.SIGKILL
     assert last.read_bytes() == before  # the save of step 8 never replaced it
@@ -102,7 +101,7 @@ def test_a_checkpoints_that_cannot_hold_checkpoints_is_found_before_training(tmp
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints"]  # nothing else written
 
 
-def test_feature_extraction_leaves_no_temporary_file_after_an_error(tmp_path, bert4):  # noqa: F811
+def test_feature_extraction_leaves_no_temporary_file_after_an_error(tmp_path, bert4):
     cfg = extract_config(bert4, tmp_path, [-5])
     with pytest.raises(UserError, match="from -4 to 3"):
         extract_to_file(cfg)

@@ -10,27 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
+from helpers.runs import REPO
 
 from lightbert.errors import UserError
-from lightbert.run.cli import CONF_DIR
-from lightbert.run.jobs import evaluate
+from lightbert.run.jobs import compose_config, evaluate
 
 
 def evaluate_config(overrides: list[str], output_dir: Path):
     """The config `python src/evaluate.py OVERRIDES` runs, with its run directory at `output_dir`."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("evaluate", overrides=overrides, return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(output_dir)
-        cfg.paths.output_dir = str(output_dir)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
+    return compose_config(overrides, output_dir, config_name="evaluate")
 
 
 def snapshot(directory: Path) -> dict[str, str]:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from test_model import random_batch
-from test_predict import predict, records_of
+from helpers.models import random_batch
+from helpers.predictions import predict, records_of
 
 from lightbert.inference.finetuned import load_finetuned
 from lightbert.interop.convert import main as convert

@@ -11,11 +11,10 @@ import lightning as L
 import pytest
 import torch
 import transformers
-from conftest import REPO, run_train_script
-from ner_files import ner_data_files
+from helpers.models import extract_config, write_hf_bert
+from helpers.ner_files import ner_data_files, read_conlleval
+from helpers.runs import REPO, run_train_script
 from omegaconf import OmegaConf
-from test_interop import write_hf_bert
-from test_ner import NER_WORDS, read_conlleval
 
 from lightbert.errors import ConfigError, UserError
 from lightbert.inference.embeddings import extract_to_file
@@ -26,11 +25,6 @@ from lightbert.model import BertConfig
 from lightbert.model.feature_based import FeatureBasedTagger, layer_combinations
 from lightbert.ner.data import CONLL2003_LABELS, ConllDataModule
 from lightbert.ner.module import TokenClassificationModule
-
-
-@pytest.fixture(scope="module")
-def bert4(tmp_path_factory):
-    return write_hf_bert(tmp_path_factory.mktemp("features") / "bert", num_hidden_layers=4, words=NER_WORDS)
 
 
 def tagger(bert_dir, features: str) -> FeatureBasedTagger:
@@ -198,21 +192,6 @@ def test_extracted_features_equal_transformers_hidden_states(tmp_path):
                 expected = hidden[layer["index"]][0, position]
                 torch.testing.assert_close(torch.tensor(layer["values"]), expected, atol=2e-5, rtol=0)
     assert len(records[3]["features"]) == 64  # cut to max_seq_length
-
-
-def extract_config(bert_dir, directory, layers) -> OmegaConf:
-    """conf/extract_features.yaml for `in.txt` (one line) in `directory`, written to `out.jsonl` there."""
-    (directory / "in.txt").write_text("the city\n")
-    cfg = OmegaConf.load(REPO / "conf" / "extract_features.yaml")
-    cfg.pop("defaults")
-    cfg.pop("hydra")
-    cfg.init_from, cfg.input_file, cfg.output_file = (
-        str(bert_dir),
-        str(directory / "in.txt"),
-        str(directory / "out.jsonl"),
-    )
-    cfg.layers = layers
-    return cfg
 
 
 def test_feature_extraction_errors_are_named(tmp_path, bert4):

@@ -9,10 +9,9 @@ Dropout is off on both sides so the comparison is exact rather than statistical.
 import lightning as L
 import torch
 import transformers
-from conftest import compose_config
-from glue_files import glue_data_files
-from test_glue import glue_overrides
-from test_interop import write_hf_bert
+from helpers.glue_files import glue_data_files, glue_overrides
+from helpers.models import write_hf_bert
+from helpers.runs import compose_config
 
 from lightbert.glue.module import SequenceClassificationModule
 from lightbert.run.jobs import train

@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import compose_config, run_train_script
-from glue_files import glue_data_files, write_glue_file
+from helpers.glue_files import glue_data_files, glue_overrides, write_glue_file
+from helpers.models import write_hf_bert
+from helpers.runs import compose_config, run_train_script
+from helpers.wandb_files import offline_run
 from omegaconf import OmegaConf
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
-from test_interop import write_hf_bert
-from wandb_files import offline_run
 
 from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.encoding import truncate_pair
@@ -100,20 +100,6 @@ def test_pairs_are_encoded_as_cls_a_sep_b_sep_with_segments(hf_dir):
     assert [i for i, t in enumerate(ids) if t == tokenizer.sep_id] == [12, 15]
     assert types == [0] * 13 + [1] * 3
     assert tokenizer.convert_ids_to_tokens(ids[13:15]) == ["the", "river"]
-
-
-def glue_overrides(task: str, files: dict, hf_dir) -> list[str]:
-    return [
-        f"task=glue/{task}",
-        f"init_from={hf_dir}",
-        "trainer=cpu",
-        "logger=csv",
-        "task.batch_size=8",
-        "task.max_seq_length=32",
-        "task.datamodule.num_workers=0",
-        "trainer.max_epochs=2",
-        *(f"task.data_files.{split}={path}" for split, path in files.items()),
-    ]
 
 
 FORMATS = ["csv", "tsv", "json", "jsonl", "parquet"]

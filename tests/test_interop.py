@@ -1,16 +1,13 @@
 """Checkpoints in and out: Hugging Face directories <-> lightbert, with equal numerics both ways."""
 
 import json
-import random
 
 import pytest
 import torch
 import transformers
-from conftest import compose_config
-from glue_files import WORDS
-from test_model import random_batch
+from helpers.models import random_batch, write_hf_bert
+from helpers.runs import compose_config
 
-from lightbert.data.tokenizer import train_wordpiece
 from lightbert.errors import ConfigError, UserError
 from lightbert.interop.convert import main as convert
 from lightbert.interop.hf import load_into, load_pretrained
@@ -19,27 +16,6 @@ from lightbert.pretraining.module import PreTrainingModule
 from lightbert.run.jobs import train
 
 ATOL = 1e-5
-
-
-def write_hf_bert(
-    directory, seed: int = 0, bare_encoder: bool = False, num_hidden_layers: int = 2, words: list[str] = WORDS
-):
-    """A small random transformers BERT saved with save_pretrained, plus a WordPiece vocab.txt learnt from `words`."""
-    rng = random.Random(seed)
-    tokenizer = train_wordpiece([" ".join(rng.choice(words) for _ in range(10)) for _ in range(200)], vocab_size=200)
-    torch.manual_seed(seed)
-    config = transformers.BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    model = transformers.BertModel(config) if bare_encoder else transformers.BertForPreTraining(config)
-    model.save_pretrained(directory)
-    tokenizer.save_vocab_txt(directory / "vocab.txt")
-    return directory
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +97,7 @@ def test_bare_encoder_checkpoint_loads_and_leaves_heads_fresh(tmp_path):
 def pretraining_run(tmp_path_factory):
     """A real lightbert pre-training run (issue #2's pipeline) of a few steps: its directory."""
     root = tmp_path_factory.mktemp("pretrain")
-    from conftest import write_bert_corpus
+    from helpers.runs import write_bert_corpus
 
     corpus = write_bert_corpus(root / "corpus.txt")
     cfg = compose_config(

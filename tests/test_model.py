@@ -4,18 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from helpers.models import TINY, random_batch
 
 from lightbert.errors import ConfigError
 from lightbert.model import BertConfig, BertForPreTraining, BertModel
-
-TINY = BertConfig(
-    vocab_size=300,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=256,
-    max_position_embeddings=64,
-)
 
 
 def hf_twin(config: BertConfig, ours: torch.nn.Module) -> transformers.BertForPreTraining:
@@ -25,18 +17,6 @@ def hf_twin(config: BertConfig, ours: torch.nn.Module) -> transformers.BertForPr
     state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
     hf.load_state_dict(state, strict=True)
     return hf.eval()
-
-
-def random_batch(batch: int = 3, seq_len: int = 20, vocab: int = 300):
-    torch.manual_seed(0)
-    input_ids = torch.randint(5, vocab, (batch, seq_len))
-    token_type_ids = torch.zeros_like(input_ids)
-    token_type_ids[:, seq_len // 2 :] = 1
-    attention_mask = torch.ones_like(input_ids)
-    if batch >= 3:
-        attention_mask[1, 13:] = 0
-        attention_mask[2, 7:] = 0
-    return input_ids, token_type_ids, attention_mask
 
 
 def test_state_dict_names_are_hugging_face_names():

@@ -10,11 +10,18 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import compose_config
-from ner_files import FILLER, NAMES, ner_data_files, ner_sentences, write_conll_text, write_hub_schema
+from helpers.models import write_hf_bert
+from helpers.ner_files import (
+    NER_WORDS,
+    ner_data_files,
+    ner_sentences,
+    read_conlleval,
+    write_conll_text,
+    write_hub_schema,
+)
+from helpers.runs import compose_config
 from seqeval.metrics import f1_score, precision_score, recall_score
 from seqeval.metrics.sequence_labeling import get_entities
-from test_interop import write_hf_bert
 
 from lightbert.data.tokenizer import train_wordpiece
 from lightbert.errors import UserError
@@ -23,8 +30,6 @@ from lightbert.model import BertConfig, BertForTokenClassification
 from lightbert.ner.data import CONLL2003_LABELS, encode_sentences, read_conll_text
 from lightbert.ner.metrics import EntityF1, entities, entity_scores
 from lightbert.run.jobs import train
-
-NER_WORDS = FILLER + " ".join(n for names in NAMES.values() for n in names).split()
 
 
 @pytest.fixture(scope="module")
@@ -177,17 +182,6 @@ def ner_overrides(bert, files, *extra):
         *(f"task.data_files.{k}={v}" for k, v in files.items()),
         *extra,
     ]
-
-
-def read_conlleval(path):
-    """Sentences of (word, gold, predicted) from a conlleval-format file."""
-    sentences = [[]]
-    for line in path.read_text().splitlines():
-        if line:
-            sentences[-1].append(line.split(" "))
-        elif sentences[-1]:
-            sentences.append([])
-    return [s for s in sentences if s]
 
 
 @pytest.mark.slow

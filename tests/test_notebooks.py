@@ -6,7 +6,7 @@ import os
 
 import nbformat
 import pytest
-from conftest import REPO
+from helpers.runs import REPO
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))

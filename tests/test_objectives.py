@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY_PRETRAIN, compose_config, write_bert_corpus
-from test_model import random_batch
+from helpers.models import random_batch
+from helpers.runs import TINY_PRETRAIN, compose_config, write_bert_corpus
 
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.errors import ConfigError
@@ -179,7 +179,7 @@ def objective_runs(tmp_path_factory):
 
 def fine_tune_sst2(run_dir, tmp_path, *extra: str) -> dict:
     """A short SST-2 fine-tune of a pre-trained run, in tmp_path/sst2."""
-    from glue_files import glue_data_files
+    from helpers.glue_files import glue_data_files
 
     files = glue_data_files(tmp_path / "data", "sst2")
     overrides = [

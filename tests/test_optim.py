@@ -2,7 +2,7 @@
 
 import numpy as np
 import torch
-from test_model import TINY, random_batch
+from helpers.models import TINY, random_batch
 
 from lightbert.model import BertForPreTraining
 from lightbert.optim import Lamb, OptimConfig, build_optimizer, poly_warmup_decay

@@ -11,9 +11,8 @@ from unittest import mock
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import compose_config
-from loss_recorder import global_norm
-from test_trainers import cpu_twin, pretrain_overrides
+from helpers.loss_recorder import global_norm
+from helpers.runs import compose_config, cpu_twin, pretrain_overrides
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from lightbert.optim import clip_gradients
@@ -32,7 +31,7 @@ def test_bf16_clipping_caps_the_global_norm_the_optimizer_applies(corpus_file, t
         *cpu_twin("gpu"),  # bf16-mixed, gradient_clip_val 1.0, the default optimizer (fused AdamW) or LAMB
         *pretrain_overrides(corpus_file, optimizer, phases=1),
         "trainer.max_steps=6",
-        "+callbacks.grad_norms._target_=loss_recorder.RecordGradNorms",
+        "+callbacks.grad_norms._target_=helpers.loss_recorder.RecordGradNorms",
         f"+callbacks.grad_norms.path={norms}",
     ]
     train(compose_config(overrides, tmp_path / "run"))

@@ -1,7 +1,7 @@
 """The pre-training DataModule: prepared once and cached, held-out documents, masked batches."""
 
 import torch
-from conftest import write_bert_corpus
+from helpers.runs import write_bert_corpus
 
 from lightbert.pretraining.corpus import TextCorpus
 from lightbert.pretraining.datamodule import PretrainDataModule

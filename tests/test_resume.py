@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_PRETRAIN, WORDS, run_train_script, write_bert_corpus
+from helpers.runs import TINY_PRETRAIN, WORDS, run_train_script, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, corpus, devices, streaming):
         "task.checkpoint_every_n_steps=4",
         f"trainer.devices={devices}",
         *(["trainer.strategy=ddp"] if devices > 1 else []),
-        "+callbacks.record._target_=loss_recorder.RecordLosses",
+        "+callbacks.record._target_=helpers.loss_recorder.RecordLosses",
     ]
     whole = run([*args, f"+callbacks.record.path={tmp_path / 'whole.txt'}", f"hydra.run.dir={tmp_path / 'whole'}"])
     assert whole.returncode == 0, whole.stderr[-3000:]
@@ -69,7 +69,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, corpus, devices, streaming):
         [
             *args,
             f"+callbacks.record.path={tmp_path / 'before.txt'}",
-            "+callbacks.kill._target_=loss_recorder.KillAtStep",
+            "+callbacks.kill._target_=helpers.loss_recorder.KillAtStep",
             "+callbacks.kill.step=10",
             f"hydra.run.dir={crashed}",
         ],
@@ -105,7 +105,7 @@ def test_two_process_ddp_equals_one_process_with_the_same_global_batch(tmp_path,
         "trainer.val_check_interval=3",
         "model.hidden_dropout_prob=0",
         "model.attention_probs_dropout_prob=0",
-        "+callbacks.record._target_=loss_recorder.RecordLosses",
+        "+callbacks.record._target_=helpers.loss_recorder.RecordLosses",
     ]
     logs = {}
     for devices, accumulate in ((1, 2), (2, 1)):
@@ -146,7 +146,7 @@ def test_stop_signal_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp
         "trainer.max_steps=9",
         "trainer.val_check_interval=4",
         "task.checkpoint_every_n_steps=100",  # no periodic checkpoint: only SIGTERM's
-        "+callbacks.record._target_=loss_recorder.RecordLosses",
+        "+callbacks.record._target_=helpers.loss_recorder.RecordLosses",
     ]
     whole = run([*args, f"+callbacks.record.path={tmp_path / 'whole.txt'}", f"hydra.run.dir={tmp_path / 'whole'}"])
     assert whole.returncode == 0, whole.stderr[-3000:]
@@ -155,7 +155,7 @@ def test_stop_signal_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp
         [
             *args,
             f"+callbacks.record.path={tmp_path / 'before.txt'}",
-            "+callbacks.term._target_=loss_recorder.SignalAtStep",
+            "+callbacks.term._target_=helpers.loss_recorder.SignalAtStep",
             "+callbacks.term.step=5",
             f"+callbacks.term.name={name}",
             f"hydra.run.dir={stopped}",
@@ -195,7 +195,7 @@ def test_paper_recipe_runs_both_phases_and_phase_two_starts_from_phase_one(tmp_p
         f"corpus.paths=[{corpus}]",
         "trainer.max_steps=10",
         "trainer.val_check_interval=3",
-        "+callbacks.record._target_=loss_recorder.RecordLosses",
+        "+callbacks.record._target_=helpers.loss_recorder.RecordLosses",
         f"+callbacks.record.path={tmp_path / 'losses.txt'}",
     ]
     result = run([*args, f"hydra.run.dir={run_dir}"])

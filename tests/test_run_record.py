@@ -14,17 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY_PRETRAIN, default_sigint, run_train_script, write_bert_corpus
+from helpers.runs import BASE, REPO, default_sigint, run_train_script, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).parent
-BASE = [
-    *TINY_PRETRAIN,
-    "trainer.log_every_n_steps=1",
-    "trainer.val_check_interval=4",
-    "task.checkpoint_every_n_steps=4",
-]
 
 
 def run(*args: str, new_session: bool = False) -> subprocess.CompletedProcess:
@@ -57,7 +51,7 @@ def killed_run(tmp_path_factory, corpus) -> tuple[Path, list[str]]:
     run_dir = tmp_path_factory.mktemp("killed") / "run"
     args = [*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=10", f"hydra.run.dir={run_dir}"]
     args.append("+logger.csv.flush_logs_every_n_steps=1")  # rows past the checkpoint reach the disk before the kill
-    killed = run(*args, "+callbacks.kill._target_=loss_recorder.KillAtStep", "+callbacks.kill.step=6", new_session=True)
+    killed = run(*args, "+callbacks.kill._target_=helpers.loss_recorder.KillAtStep", "+callbacks.kill.step=6", new_session=True)
     assert killed.returncode == -signal.SIGKILL
     return run_dir, args
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import compose_config, run_train_script
-from squad_files import squad_articles, squad_data_files, write_flat, write_official
-from test_interop import write_hf_bert
+from helpers.models import write_hf_bert
+from helpers.runs import compose_config, run_train_script
+from helpers.squad_files import squad_articles, squad_data_files, write_flat, write_official
 
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError

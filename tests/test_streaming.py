@@ -4,7 +4,7 @@ import json
 from itertools import islice
 
 import pytest
-from conftest import compose_config, write_bert_corpus
+from helpers.runs import compose_config, write_bert_corpus
 
 from lightbert.data.tokenizer import iter_sentences, train_wordpiece
 from lightbert.errors import UserError

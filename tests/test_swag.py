@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from conftest import compose_config
-from swag_files import ACTIONS, SUBJECTS, swag_data_files, swag_rows, write_swag_file
-from test_interop import write_hf_bert
+from helpers.models import write_hf_bert
+from helpers.runs import compose_config
+from helpers.swag_files import ACTIONS, SUBJECTS, swag_data_files, swag_rows, write_swag_file
 
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError

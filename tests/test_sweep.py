@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CONF_DIR, run_train_script
-from glue_files import glue_data_files
-from test_interop import write_hf_bert
+from helpers.glue_files import glue_data_files
+from helpers.models import write_hf_bert
+from helpers.runs import CONF_DIR, run_train_script
 
 from lightbert.analysis.sweep import write_summary
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-from conftest import compose_config, run_train_script
-from wandb_files import offline_run
+from helpers.runs import compose_config, run_train_script
+from helpers.wandb_files import offline_run
 
 from lightbert.errors import ConfigError, UserError
 from lightbert.pretraining.module import PreTrainingModule

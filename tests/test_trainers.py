@@ -12,44 +12,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_config, run_train_script, write_bert_corpus
-from glue_files import glue_data_files
-from ner_files import ner_data_files, ner_sentences, write_conll_text
+from helpers.glue_files import glue_data_files
+from helpers.ner_files import ner_data_files, ner_sentences, write_conll_text
+from helpers.runs import (
+    DEVICES,
+    compose_config,
+    cpu_twin,
+    pretrain_overrides,
+    run_train_script,
+    write_bert_corpus,
+)
+from helpers.squad_files import squad_data_files
+from helpers.swag_files import swag_data_files
 from omegaconf import OmegaConf
-from squad_files import squad_data_files
-from swag_files import swag_data_files
 
 from lightbert.run.jobs import train
 
 pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).parent
-DEVICES = {"gpu": 1, "ddp": 2, "ddp8": 2}  # the CPU twin's device count per trainer config
-TWO_PHASES = "task.phases=[{until:0.5,datamodule:{max_seq_length:32}},{until:1.0,datamodule:{max_seq_length:64}}]"
-
-
-def cpu_twin(trainer: str) -> list[str]:
-    """The README's dry run: the trainer config as it is, on CPU processes instead of GPUs."""
-    return [f"trainer={trainer}", "trainer.accelerator=cpu", f"trainer.devices={DEVICES[trainer]}"]
-
-
-def pretrain_overrides(corpus: Path, optimizer: str, phases: int) -> list[str]:
-    return [
-        "model=bert_tiny",
-        "corpus=text",
-        f"corpus.paths=[{corpus}]",
-        f"optim={optimizer}",
-        "task.batch_size=4",
-        "task.max_seq_length=64",
-        "task.datamodule.vocab_size=400",
-        "task.datamodule.dupe_factor=2",
-        "task.datamodule.num_workers=0",
-        "trainer.max_steps=4",
-        "trainer.val_check_interval=2",
-        "task.checkpoint_every_n_steps=2",
-        "logger=csv",
-        *([TWO_PHASES] if phases == 2 else []),
-    ]
 
 
 def finetune_overrides(family: str, data: Path, init_from: Path) -> list[str]:

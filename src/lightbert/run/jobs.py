@@ -102,15 +102,18 @@ def _checked_model_config(cfg: DictConfig, pretrained: Pretrained | None) -> dic
     return model
 
 
-def compose_config(overrides: list[str], output_dir: str | Path, conf_dir: Path = CONF_DIR) -> DictConfig:
-    """The config `python src/train.py OVERRIDES` would run, with its run directory at `output_dir`.
+def compose_config(
+    overrides: list[str], output_dir: str | Path, conf_dir: Path = CONF_DIR, config_name: str = "train"
+) -> DictConfig:
+    """The config `python src/train.py OVERRIDES` would run (`config_name="evaluate"`: src/evaluate.py's), with its
+    run directory at `output_dir`.
 
     For notebooks and tests: `train(compose_config([...], dir))` is a run without the command line.
     """
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+        cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = str(output_dir)
         cfg.paths.output_dir = str(output_dir)

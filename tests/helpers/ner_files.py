@@ -75,3 +75,17 @@ def ner_data_files(directory: Path, fmt: str = "conll", scheme: str = "bio", siz
         else:
             files[split] = write_hub_schema(directory / f"{split}.{fmt}", sentences)
     return files
+
+
+NER_WORDS = FILLER + " ".join(n for names in NAMES.values() for n in names).split()
+
+
+def read_conlleval(path):
+    """Sentences of (word, gold, predicted) from a conlleval-format file."""
+    sentences = [[]]
+    for line in path.read_text().splitlines():
+        if line:
+            sentences[-1].append(line.split(" "))
+        elif sentences[-1]:
+            sentences.append([])
+    return [s for s in sentences if s]

@@ -1,4 +1,4 @@
-"""Callbacks that the resume and DDP tests add to real runs: `+callbacks.x._target_=loss_recorder.RecordLosses`."""
+"""Callbacks that the resume and DDP tests add to real runs: `+callbacks.x._target_=helpers.loss_recorder.RecordLosses`."""
 
 import os
 import signal

@@ -61,3 +61,17 @@ def glue_data_files(directory: Path, task: str, ext: str = "csv", num_rows: int 
     for i, split in enumerate(spec.test_splits):
         files[split] = write_glue_file(directory / f"{task}_{split}.{ext}", task, num_rows // 2, 10 + i, labelled=False)
     return files
+
+
+def glue_overrides(task: str, files: dict, hf_dir) -> list[str]:
+    return [
+        f"task=glue/{task}",
+        f"init_from={hf_dir}",
+        "trainer=cpu",
+        "logger=csv",
+        "task.batch_size=8",
+        "task.max_seq_length=32",
+        "task.datamodule.num_workers=0",
+        "trainer.max_epochs=2",
+        *(f"task.data_files.{split}={path}" for split, path in files.items()),
+    ]

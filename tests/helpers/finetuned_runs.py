@@ -9,13 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import compose_config
-from glue_files import glue_data_files
-from ner_files import FILLER, NAMES, ner_data_files
-from squad_files import squad_data_files
-from swag_files import ACTIONS, SUBJECTS, swag_data_files
-from test_interop import write_hf_bert
-
+from helpers.glue_files import glue_data_files
+from helpers.models import write_hf_bert
+from helpers.ner_files import FILLER, NAMES, ner_data_files
+from helpers.runs import compose_config
+from helpers.squad_files import squad_data_files
+from helpers.swag_files import ACTIONS, SUBJECTS, swag_data_files
 from lightbert.run.jobs import train
 
 NER_WORDS = FILLER + " ".join(n for names in NAMES.values() for n in names).split()

@@ -1,0 +1,1 @@
+"""Analysis of finished runs: sweep summaries, reports, the paper's tables."""

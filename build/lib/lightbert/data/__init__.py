@@ -1,0 +1,1 @@
+"""Data: tokenizer, corpora, pre-training examples, masking and DataModules."""

@@ -1,0 +1,84 @@
+"""Batching shared by the fine-tuning DataModules: per-batch padding and an evaluation sampler for many devices."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from itertools import chain
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from lightbert.distributed import is_distributed
+
+
+@dataclass
+class PaddingCollator:
+    """Pads each batch to its longest sequence (rounded up to a multiple, for tensor cores).
+
+    `fields` maps a per-example number in the rows to its name and dtype in the batch, e.g. GLUE's
+    `{"label": ("labels", torch.long), "idx": ("idx", torch.long)}`; rows without a field leave it out.
+    """
+
+    pad_id: int
+    fields: dict[str, tuple[str, torch.dtype]] = field(default_factory=dict)
+    pad_to_multiple_of: int | None = 8
+
+    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        return pad_batch(rows, self.pad_id, self.pad_to_multiple_of, self.fields)
+
+
+def pad_batch(
+    rows: list[dict],
+    pad_id: int,
+    pad_to_multiple_of: int | None = None,
+    fields: dict[str, tuple[str, torch.dtype]] | None = None,
+) -> dict[str, torch.Tensor]:
+    """`input_ids`, `token_type_ids` and `attention_mask` (B, T) padded to the longest row; plus `fields`."""
+    length = max(len(r["input_ids"]) for r in rows)
+    if pad_to_multiple_of:
+        length = math.ceil(length / pad_to_multiple_of) * pad_to_multiple_of
+    # One tensor per field from all rows at once, scattered under the mask: no per-row tensor.
+    lengths = torch.tensor([len(r["input_ids"]) for r in rows])
+    attention_mask = (torch.arange(length) < lengths[:, None]).long()  # (B, T)
+    real = attention_mask.bool()
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    input_ids[real] = torch.tensor(list(chain.from_iterable(r["input_ids"] for r in rows)), dtype=torch.long)
+    token_type_ids = torch.zeros((len(rows), length), dtype=torch.long)
+    token_type_ids[real] = torch.tensor(list(chain.from_iterable(r["token_type_ids"] for r in rows)), dtype=torch.long)
+    batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+    for key, (name, dtype) in (fields or {}).items():
+        if key in rows[0]:
+            batch[name] = torch.tensor([r[key] for r in rows], dtype=dtype)
+    return batch
+
+
+class UnpaddedDistributedSampler(DistributedSampler):
+    """Rank r gets examples r, r + W, r + 2W, ...: every example exactly once, none repeated.
+
+    `DistributedSampler` pads the split to a multiple of the world size by repeating examples, which would count
+    them twice in validation metrics. Subclassing it keeps Lightning from replacing this sampler with its own.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+
+    def __iter__(self):
+        return iter(range(self.rank, len(self.dataset), self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, len(self.dataset), self.num_replicas))
+
+
+def make_loader(dataset: Dataset, collate_fn, batch_size: int, train: bool, num_workers: int) -> DataLoader:
+    """Shuffled for training; for evaluation in order, each device its own share (`UnpaddedDistributedSampler`)."""
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=train,
+        sampler=UnpaddedDistributedSampler(dataset) if not train and is_distributed() else None,
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0 and train,
+        pin_memory=torch.cuda.is_available(),
+    )

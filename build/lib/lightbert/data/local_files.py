@@ -1,0 +1,159 @@
+"""Task data from local files, one per split (`task.data_files.<split>=PATH`), and from the Hugging Face hub."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import datasets
+
+from lightbert.errors import UserError
+from lightbert.files import publish_directory
+
+LOCAL_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def check_data_files(
+    data_files: dict[str, str],
+    required: tuple[str, ...],
+    known: tuple[str, ...],
+    task: str,
+    formats: tuple[str, ...] | None = tuple(LOCAL_FORMATS),
+) -> None:
+    """Every required split has a file, every split is known, every file exists (with a suffix in `formats`,
+    unless `formats` is None: any file)."""
+    if not data_files:
+        return
+    unknown = sorted(set(data_files) - set(known))
+    if unknown:
+        raise UserError(f"task.data_files has unknown split(s) {unknown} for {task}; valid: {list(known)}")
+    missing = [s for s in required if s not in data_files]
+    if missing:
+        raise UserError(
+            f"task.data_files gives no file for the split(s) {missing}; {task} needs "
+            + ", ".join(f"task.data_files.{s}=PATH" for s in required)
+        )
+    for split, path in data_files.items():
+        file = Path(path).expanduser()
+        if not file.is_file():
+            raise UserError(f"task.data_files.{split}: {file} does not exist")
+        if formats is not None and file.suffix.lower() not in formats:
+            raise UserError(f"task.data_files.{split}: {file} has an unknown format; use one of {sorted(formats)}")
+
+
+def read_local(file: Path, cache_dir: Path, where: str) -> datasets.Dataset:
+    """One file as a Dataset, by its extension (csv, tsv, json, jsonl, parquet)."""
+    suffix = file.suffix.lower()
+    # Task text is full of quotes: read TSV cells verbatim, as the GLUE distribution's own readers do.
+    options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if suffix == ".tsv" else {}
+    if suffix in (".csv", ".tsv"):
+        # Text is text: "NA", "null", "None" or "n/a" in a sentence stay words (pandas would make them missing).
+        options |= {"keep_default_na": False, "na_filter": False}
+    try:
+        return datasets.load_dataset(
+            LOCAL_FORMATS[suffix],
+            data_files={"data": str(file)},
+            split="data",
+            cache_dir=str(cache_dir / "datasets"),
+            **options,
+        )
+    except Exception as error:
+        raise UserError(f"could not read {where}: {diagnose(file, error)}") from None
+
+
+def diagnose(file: Path, error: Exception) -> str:
+    """What is wrong with a file datasets could not read, with its line and column where there is one: datasets'
+    own messages name neither (or say `Instruction "data" corresponds to no data!` for a file without rows)."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as bad:
+        return f"it is not UTF-8 text ({bad}); convert it, e.g. iconv -f latin1 -t utf-8"
+    lines = [line for line in text.splitlines() if line.strip()]
+    suffix = file.suffix.lower()
+    if not lines:
+        return "the file is empty"
+    if suffix in (".csv", ".tsv") and len(lines) == 1:
+        return "it holds a header and no rows"
+    if suffix in (".json", ".jsonl"):
+        try:
+            json.loads(text)
+            return f"{type(error).__name__}: {error}"  # one JSON document that datasets still refused
+        except json.JSONDecodeError:
+            pass
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as bad:
+                return f"line {number}, column {bad.colno}: not valid JSON ({bad.msg}); write one JSON object per line"
+    return f"{type(error).__name__}: {error}"
+
+
+def read_hub(name: str, config: str | None, split: str, required: tuple[str, ...], where: str) -> datasets.Dataset:
+    """`where` names the source in messages; `required` lists the splits a user would give as local files."""
+    try:
+        return datasets.load_dataset(name, config, split=split)
+    except Exception as error:
+        raise UserError(
+            f"could not load {where} from the Hugging Face hub ({type(error).__name__}); without a network, "
+            "give local files: " + ", ".join(f"task.data_files.{s}=PATH" for s in required)
+        ) from None
+
+
+def require_tokenizer(tokenizer: object, tokenizer_path: str | None, task: str) -> None:
+    """Fine-tuning starts from a pre-trained model, which brings its tokenizer."""
+    if tokenizer is None and not tokenizer_path:
+        raise UserError(
+            f"task={task} fine-tunes a pre-trained model: set init_from=<checkpoint> (a lightbert .ckpt or "
+            "run directory, a Hugging Face directory, or a hub id); its tokenizer comes with it"
+        )
+
+
+def save_cache(parts: dict[str, datasets.Dataset], cached_dir: Path, extra_files: dict[str, str] | None = None) -> None:
+    """`parts` as a DatasetDict at `cached_dir` (plus small text files), all or nothing (`publish_directory`)."""
+
+    def write(tmp: Path) -> None:
+        datasets.DatasetDict(parts).save_to_disk(str(tmp))
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+
+    if not cached_dir.exists():
+        publish_directory(cached_dir, write)
+
+
+# datasets' progress bars are worth watching from this many rows on; a map of a few thousand rows takes seconds.
+PROGRESS_BAR_ROWS = 10_000
+
+
+@contextmanager
+def progress_bars_for(num_rows: int) -> Iterator[None]:
+    """datasets' progress bars on for a map of at least PROGRESS_BAR_ROWS rows with a terminal to show them, off
+    otherwise (the tiny maps of a quick run, or a log file under SLURM where bars are noise)."""
+    from datasets.utils import logging as datasets_logging
+
+    was_on = datasets_logging.is_progress_bar_enabled()
+    if num_rows >= PROGRESS_BAR_ROWS and sys.stderr.isatty():
+        datasets_logging.enable_progress_bar()
+    else:
+        datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        (datasets_logging.enable_progress_bar if was_on else datasets_logging.disable_progress_bar)()
+
+
+def digest(obj: object) -> str:
+    """A short stable hash of JSON-able values: the cache keys of corpora, tokenizers and examples."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def file_identity(path: Path) -> list:
+    """Path, size and modification time: a file's part of a cache key."""
+    stat = path.stat()
+    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]

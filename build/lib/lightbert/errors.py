@@ -1,0 +1,61 @@
+"""Errors a user can cause and fix: a missing file, a bad column, a bad size.
+
+Raising `UserError` means "print this one message and stop": the entry point shows it without a
+traceback. Anything else is a bug in lightbert and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class UserError(Exception):
+    """A mistake in the user's input or config, with a message that says what to do."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config value that can't work, e.g. a hidden size not divisible by the number of heads."""
+
+
+class ParameterError(ConfigError):
+    """A bad value of a class's own parameter, e.g. `max_seq_length`. The message names parameters through
+    `{0}`, `{1}`, ...: where the class was built from the config, the entry point names the config keys the user
+    sets instead (`task.max_seq_length`), so the message names keys the command line accepts."""
+
+    def __init__(self, template: str, *parameters: str):
+        self.template, self.parameters = template, parameters
+        super().__init__(template.format(*parameters))
+
+    @classmethod
+    def about(cls, parameter: str, error: Exception) -> ParameterError:
+        """`error`'s message, said of `parameter` (e.g. a tokenizer file that does not exist)."""
+        return cls("{0}: " + str(error).replace("{", "{{").replace("}", "}}"), parameter)
+
+    def naming(self, keys: dict[str, str]) -> ConfigError:
+        """The same error with each parameter named by its key in `keys` (parameter -> config key)."""
+        return ConfigError(self.template.format(*(keys.get(p, p) for p in self.parameters)))
+
+
+def exits_on_user_error(
+    main: Callable[..., T], on_refusal: Callable[[UserError], bool] | None = None
+) -> Callable[..., T]:
+    """Every entry point's rule, in one place: a `UserError` ends the command with one line on stderr and exit 2,
+    without a traceback. `on_refusal` may take the error over instead (a multirun job records it and the sweep goes
+    on): it returns True when it did."""
+
+    @functools.wraps(main)
+    def entry(*args: Any, **kwargs: Any) -> T:
+        try:
+            return main(*args, **kwargs)
+        except UserError as error:
+            if on_refusal is not None and on_refusal(error):
+                return None  # type: ignore[return-value]
+            print(f"lightbert: error: {error}", file=sys.stderr)
+            sys.exit(2)
+
+    return entry

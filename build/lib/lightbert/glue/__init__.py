@@ -1,0 +1,1 @@
+"""GLUE: its data, its LightningModule (sequence classification) and its metrics and submission files."""

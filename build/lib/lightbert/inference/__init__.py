@@ -1,0 +1,1 @@
+"""Inference: fine-tuned models, predictions, contextual embeddings."""

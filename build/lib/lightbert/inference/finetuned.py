@@ -1,0 +1,180 @@
+"""A fine-tuned model, whoever saved it: which head it has, that head's network with its weights, and the settings
+its run used (label names, lengths, SQuAD's windows and null threshold).
+
+`load_finetuned(init_from)` reads a lightbert run directory or .ckpt (the head from the task module's arguments, the
+settings from the run's `.hydra/config.yaml` and `predictions/eval.json`) or a Hugging Face directory (the head from
+`architectures`, labels from `id2label`, lightbert's settings from the `lightbert` entry that `convert to-hf`
+writes). `predict.py` and `convert to-hf` / `to-onnx` start from it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from omegaconf import OmegaConf
+from torch import nn
+
+from lightbert.data.tokenizer import BertTokenizer
+from lightbert.errors import UserError
+from lightbert.heads import HEADS, HeadArguments, head_named, head_of_hf_class
+from lightbert.interop.hf import Pretrained, load_into, load_pretrained
+from lightbert.model import BertConfig
+
+RUN_SETTING_KEYS = ("max_seq_length", "doc_stride", "max_query_length", "n_best_size", "max_answer_length", "version")
+
+
+@dataclass
+class FineTuned:
+    head: str  # a name in lightbert.heads.HEADS
+    model: nn.Module  # in eval mode
+    tokenizer: BertTokenizer
+    config: BertConfig
+    labels: tuple[str, ...] = ()  # class names or tags; () for regression, question answering and multiple choice
+    task: str | None = None  # the lightbert task that trained it (sst2, squad_v2, conll2003, swag), when known
+    settings: dict = field(default_factory=dict)  # the head's `defaults` keys, as the run used them
+    source: str = ""
+    feature_based: dict | None = None  # the feature-based tagger's arguments (no Hugging Face class has it)
+    bilstm: bool = False  # a BiLSTM between the encoder and the head (paper Table 5's + BiLSTM row)
+
+    @property
+    def is_regression(self) -> bool:
+        return HEADS[self.head].labelled and not self.labels  # one unnamed output
+
+    def describe(self) -> str:
+        what = self.head.replace("_", " ")
+        task = f" ({self.task})" if self.task else ""
+        return f"a {what} model{task}"
+
+
+def load_finetuned(init_from: str) -> FineTuned:
+    return finetuned_from(load_pretrained(str(init_from)), init_from)
+
+
+def finetuned_from(pretrained: Pretrained, init_from: str) -> FineTuned:
+    if pretrained.tokenizer is None:
+        raise UserError(f"init_from={init_from} comes without a tokenizer (tokenizer.json or vocab.txt beside it)")
+    found = head_of(pretrained)
+    if found is None:
+        raise UserError(
+            f"init_from={init_from} has no fine-tuned head: it is a pre-trained model (masked LM and next-sentence "
+            "prediction, or a bare encoder). Fine-tune it first, e.g. python src/train.py task=glue/sst2 "
+            f"init_from={init_from}, and use that run"
+        )
+    head, arguments = found
+    config = BertConfig.from_dict(pretrained.config)
+    recorded_task, recorded = _recorded(pretrained)
+    settings = {**HEADS[head].defaults, **recorded}
+    task = arguments.task or recorded_task
+    model = HEADS[head].build(config, arguments)
+    fresh = load_into(model, pretrained)
+    if fresh:
+        raise UserError(
+            f"init_from={init_from} lacks weights of its {head.replace('_', ' ')} head ({', '.join(fresh[:3])}); "
+            "it is not a complete fine-tuned checkpoint"
+        )
+    return FineTuned(
+        head,
+        model.eval(),
+        pretrained.tokenizer,
+        config,
+        arguments.labels,
+        task,
+        settings,
+        pretrained.source,
+        arguments.feature_based,
+        arguments.bilstm,
+    )
+
+
+def head_of(pretrained: Pretrained) -> tuple[str, HeadArguments] | None:
+    """The head of a checkpoint and what its network was built with; None for one without a fine-tuned head.
+
+    A lightbert checkpoint records its head (lightbert.heads); a Hugging Face directory names its class in
+    `architectures`, and its labels in `id2label`."""
+    if pretrained.head is not None:
+        head = head_named(pretrained.head, pretrained.source)
+        return head.name, head.arguments(pretrained.hyper_parameters)
+    hf = pretrained.hf_config
+    head = head_of_hf_class((hf.get("architectures") or [""])[0])
+    if head is None:
+        return None
+    labels: tuple[str, ...] = ()
+    if head.labelled:
+        id2label = hf.get("id2label") or {}
+        labels = tuple(id2label[k] for k in sorted(id2label, key=int))
+        if hf.get("problem_type") == "regression":
+            labels = ()
+    return head.name, HeadArguments(labels)
+
+
+def hf_head_config(finetuned: FineTuned) -> dict:
+    """config.json's entries that make a Hugging Face directory of this head: what `AutoModelFor...` and
+    `pipeline` read (architectures, labels), and lightbert's own (the task and the run's settings) for predict.py."""
+    if finetuned.feature_based is not None:
+        raise UserError(
+            f"{finetuned.source} is a feature-based tagger (a frozen BERT feeding a BiLSTM), which no Hugging Face "
+            "class holds; run it with src/predict.py, or export it with to-onnx"
+        )
+    if finetuned.bilstm:
+        raise UserError(
+            f"{finetuned.source} has a BiLSTM between its encoder and its head, which no Hugging Face class holds; "
+            "run it with src/predict.py"
+        )
+    head = HEADS[finetuned.head]
+    config: dict = {"architectures": [head.hf_class]}
+    if finetuned.config.causal:
+        if head.reads_cls:
+            raise UserError(
+                f"{finetuned.source} is a left-to-right model (task.objective=ltr): its classifier reads each "
+                "sequence's last token, and Hugging Face's reads [CLS]; run it with src/predict.py or export it with "
+                "to-onnx"
+            )
+        config["is_decoder"] = True  # transformers' BertModel then attends left to right, as this model does
+    if head.labelled:
+        names = finetuned.labels or ("LABEL_0",)
+        config["id2label"] = dict(enumerate(names))
+        config["label2id"] = {name: i for i, name in enumerate(names)}
+        # transformers reads a single unnamed output as a regression only when told so
+        config["problem_type"] = "regression" if finetuned.is_regression else "single_label_classification"
+    config["lightbert"] = {"task": finetuned.task, "settings": finetuned.settings}
+    return config
+
+
+def pretraining_head_config(pretrained: Pretrained) -> dict:
+    """config.json's architecture for a pre-trained model of each objective (lightbert.pretraining.objectives):
+    MLM + NSP is `BertForPreTraining`, MLM alone `BertForMaskedLM`, the left-to-right LM `BertLMHeadModel` as a
+    decoder (its causal self-attention is this model's)."""
+    if BertConfig.from_dict(pretrained.config).causal:
+        return {"architectures": ["BertLMHeadModel"], "is_decoder": True}
+    if "cls.seq_relationship.weight" not in pretrained.state_dict:
+        return {"architectures": ["BertForMaskedLM"]}
+    return {}
+
+
+def _recorded(pretrained: Pretrained) -> tuple[str | None, dict]:
+    """The task and settings of the run that trained it: from its .hydra/config.yaml and, for SQuAD v2.0, the null
+    threshold its dev predictions used (predictions/eval.json); from a Hugging Face directory, config.json's
+    `lightbert` entry (which `convert to-hf` writes)."""
+    if pretrained.hf_config:
+        recorded = pretrained.hf_config.get("lightbert") or {}
+        return recorded.get("task"), dict(recorded.get("settings") or {})
+    run = pretrained.run_dir
+    if run is None or not (run / ".hydra" / "config.yaml").is_file():
+        return None, {}
+    recorded = OmegaConf.load(run / ".hydra" / "config.yaml")
+    settings = {}
+    for key in RUN_SETTING_KEYS:
+        value = OmegaConf.select(recorded, f"task.{key}", default=None, throw_on_resolution_failure=False)
+        if value is not None:
+            settings[key] = str(value) if key == "version" else int(value)
+    threshold = OmegaConf.select(
+        recorded, "task.null_score_diff_threshold", default=None, throw_on_resolution_failure=False
+    )
+    scores = run / "predictions" / "eval.json"
+    if scores.is_file():  # the threshold the run tuned on its dev set (or was given), as its predictions used
+        threshold = json.loads(scores.read_text()).get("null_threshold", threshold)
+    if threshold is not None:
+        settings["null_threshold"] = float(threshold)
+    task = OmegaConf.select(recorded, "task.name", default=None, throw_on_resolution_failure=False)
+    return (str(task) if task is not None else None), settings

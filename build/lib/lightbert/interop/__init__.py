@@ -1,0 +1,1 @@
+"""Interoperability: Hugging Face directories, ONNX export, the convert command."""

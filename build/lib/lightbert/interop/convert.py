@@ -1,0 +1,67 @@
+"""Convert checkpoints between lightbert and Hugging Face.
+
+    python -m lightbert.interop.convert to-hf   outputs/pretrain/runs/<run>      exported/      # or a .ckpt file
+    python -m lightbert.interop.convert to-onnx outputs/sst2/runs/<run>          onnx/          # needs the onnx extra
+    python -m lightbert.interop.convert from-hf path/to/hf-bert-dir              imported/      # or a hub id
+
+`to-hf` writes config.json, model.safetensors and the tokenizer (tokenizer.json, vocab.txt,
+tokenizer_config.json). A pre-training checkpoint loads with `transformers.BertForPreTraining.from_pretrained`; a
+fine-tuned one with its head's class and `AutoModelFor...` (sequence classification with id2label / label2id, token
+classification, question answering, multiple choice) and with `transformers.pipeline`.
+`to-onnx` writes encoder.onnx, model.onnx for a fine-tuned head, config.json and the tokenizer
+(lightbert.interop.onnx_export).
+`from-hf` writes model.ckpt and tokenizer.json: use the directory's model.ckpt as `init_from=`, or the
+Hugging Face directory itself, which `init_from=` reads directly.
+The output directory must be new or empty; it appears only once fully written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lightbert.errors import exits_on_user_error
+from lightbert.inference.finetuned import finetuned_from, head_of, hf_head_config, pretraining_head_config
+from lightbert.interop.hf import export_hf, import_hf, load_pretrained
+
+
+def to_hf(checkpoint: str, out_dir: str) -> Path:
+    """A pre-training checkpoint as `BertForPreTraining`; a fine-tuned one as its head's class."""
+    pretrained = load_pretrained(checkpoint)
+    if head_of(pretrained) is None:
+        return export_hf(pretrained, out_dir, pretraining_head_config(pretrained))
+    finetuned = finetuned_from(pretrained, checkpoint)
+    return export_hf(pretrained, out_dir, hf_head_config(finetuned), finetuned.model.state_dict())
+
+
+@exits_on_user_error
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lightbert.interop.convert", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    to_hf_command = commands.add_parser("to-hf", help="lightbert checkpoint (.ckpt or run dir) -> Hugging Face dir")
+    to_hf_command.add_argument("checkpoint")
+    to_hf_command.add_argument("out_dir")
+    to_onnx_command = commands.add_parser(
+        "to-onnx", help="lightbert checkpoint -> encoder.onnx (+ model.onnx for a fine-tuned head), needs [onnx]"
+    )
+    to_onnx_command.add_argument("checkpoint")
+    to_onnx_command.add_argument("out_dir")
+    from_hf = commands.add_parser("from-hf", help="Hugging Face directory or hub id -> lightbert checkpoint dir")
+    from_hf.add_argument("source")
+    from_hf.add_argument("out_dir")
+    args = parser.parse_args(argv)
+    if args.command == "to-hf":
+        out = to_hf(args.checkpoint, args.out_dir)
+    elif args.command == "to-onnx":
+        from lightbert.interop.onnx_export import export_onnx  # torch.onnx loads only when asked for
+
+        out = export_onnx(args.checkpoint, args.out_dir)
+    else:
+        out = import_hf(load_pretrained(args.source), args.out_dir)
+    print(f"lightbert: wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Optimisers and learning-rate schedules shared by every task.
+
+- `optim=adamw`: AdamW as in the paper's Appendix A.2 (beta1 0.9, beta2 0.999, weight decay 0.01), with no decay
+  on biases and LayerNorm weights (the reference's `exclude_from_weight_decay`), linear warmup then linear decay
+  to 0.
+- `optim=lamb`: LAMB (You et al. 2019, Algorithm 2), the large-batch optimiser of NVIDIA's BERT recipe: Adam's
+  bias-corrected step plus weight decay, scaled per tensor by the trust ratio ||w|| / ||step||. As in the
+  reference LAMB and NVIDIA's (`use_nvlamb=False`), biases and LayerNorm weights get neither weight decay nor the
+  trust ratio. Its schedule is NVIDIA's `PolyWarmUpScheduler`: linear warmup, then (1 - step/total)^power.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    import lightning as L
+
+from lightbert.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: str = "adamw"  # adamw | lamb
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.01
+    warmup_steps: int | None = None  # when set, overrides warmup_ratio
+    fused: bool | None = None  # None: the fused kernel where torch has one for the device (CPU, CUDA)
+    decay_power: float | None = None  # None: linear decay from the end of warmup; else NVIDIA's (1 - step/total)^p
+    total_steps: int | None = None  # the schedule's length; None: the trainer's (a recipe spans several phases)
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ConfigError(f"optim.name {self.name!r} is not known; valid: {sorted(OPTIMIZERS)}")
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr must be positive, got {self.lr}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ConfigError(f"optim.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ConfigError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.decay_power is not None and self.decay_power <= 0:
+            raise ConfigError(f"optim.decay_power must be positive, got {self.decay_power}")
+
+    def warmup(self, total_steps: int) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else round(self.warmup_ratio * total_steps)
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: matrices decay (and LAMB adapts them); biases and LayerNorm weights (every 1-d parameter) not."""
+    decay, no_decay = [], []
+    for parameter in model.parameters():  # tied weights appear once
+        if parameter.requires_grad:
+            (decay if parameter.ndim >= 2 else no_decay).append(parameter)
+    return [
+        {"params": decay, "weight_decay": weight_decay, "adapt": True},
+        {"params": no_decay, "weight_decay": 0.0, "adapt": False},
+    ]
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB, Algorithm 2 of You et al. (2019), with phi the identity, for every parameter of a group with
+    `adapt=True`; the others take the plain bias-corrected Adam step (trust ratio 1)."""
+
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
+        super().__init__(
+            params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "adapt": True}
+        )
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)  # m_t
+                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)  # v_t
+                # r_t = m_hat / (sqrt(v_hat) + eps), with the bias corrections 1 - beta^t
+                update = (m / (1 - beta1**t)) / ((v / (1 - beta2**t)).sqrt_().add_(group["eps"]))
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])  # r_t + lambda x_t
+                trust = 1.0
+                if group["adapt"]:
+                    weight_norm, update_norm = p.norm(), update.norm()
+                    trust = torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, 1.0)
+                p.sub_(update * (group["lr"] * trust))
+        return loss
+
+
+OPTIMIZERS = {"adamw", "lamb"}
+
+
+def linear_warmup_decay(warmup_steps: int, total_steps: int):
+    """LR multiplier: 0 -> 1 over the warmup, then linearly down to 0 at `total_steps`.
+
+    The same numbers as the reference's warmup + polynomial decay (power 1) and transformers'
+    `get_linear_schedule_with_warmup`: the first step has lr 0 when there is a warmup.
+    """
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return step / warmup_steps
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return factor
+
+
+def poly_warmup_decay(warmup_steps: int, total_steps: int, power: float):
+    """LR multiplier of NVIDIA's `PolyWarmUpScheduler`: step/warmup, then (1 - step/total)^power."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return step / warmup_steps
+        return max(0.0, 1.0 - step / total_steps) ** power
+
+    return factor
+
+
+def clip_gradients(trainer: L.Trainer, optimizer: torch.optim.Optimizer, max_value: float | None, algorithm) -> None:
+    """Clips the true gradients (global L2 norm, or each value) before `optimizer` steps, for every precision and
+    strategy the trainer configs use.
+
+    - fp32 and bf16-mixed: the gradients are already true values (bf16 autocast keeps fp32 weights and grads).
+    - 16-mixed: the gradients are scaled. Lightning unscales them before clipping, except for an optimizer that
+      unscales inside its step (the fused AdamW); for that one they are unscaled here, and `GradScaler.step` then
+      knows not to unscale again (it still skips the step on inf/NaN).
+    - FSDP: each device holds a shard, so the global norm is the FSDP module's `clip_grad_norm_`, which reduces the
+      shards' norms across devices (`torch.nn.utils.clip_grad_norm_` would clip each shard by its own norm).
+    """
+    if not max_value:
+        return
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+        scaler.unscale_(optimizer)
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    if algorithm == "value":  # Lightning's GradClipAlgorithmType is a str enum
+        torch.nn.utils.clip_grad_value_(parameters, max_value)
+    elif isinstance(trainer.strategy.model, FullyShardedDataParallel):
+        trainer.strategy.model.clip_grad_norm_(max_value)
+    else:
+        torch.nn.utils.clip_grad_norm_(parameters, max_value)
+
+
+def build_optimizer(model: nn.Module, config: OptimConfig, total_steps: int) -> dict:
+    """What `LightningModule.configure_optimizers` returns: the optimiser and a per-step scheduler."""
+    total_steps = config.total_steps or total_steps
+    groups = parameter_groups(model, config.weight_decay)
+    if config.name == "lamb":
+        optimizer = Lamb(groups, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)
+    else:
+        fused = config.fused
+        if fused is None:  # one kernel for all tensors: faster than foreach on CPU too (bench/RESULTS.md)
+            fused = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
+        for group in groups:
+            del group["adapt"]  # LAMB's; AdamW would keep it in its state dict
+        optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=fused)
+    warmup = config.warmup(total_steps)
+    if config.decay_power is None:
+        factor = linear_warmup_decay(warmup, total_steps)
+    else:
+        factor = poly_warmup_decay(warmup, total_steps, config.decay_power)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -1,0 +1,285 @@
+"""Pre-training corpora: where documents (lists of sentences) come from.
+
+Every corpus gives a `datasets.Dataset` with one column, `sentences` (list of str), one row per document,
+and a `fingerprint` that changes when its content may have changed, so caches built from it are rebuilt.
+
+- `TextCorpus`: local files in the original BERT format, one sentence per line, blank line between documents.
+- `HFCorpus`: a Hugging Face dataset (hub name, or a local builder such as `json`/`parquet` with
+  `data_files`), one row per document, split into sentences with `lightbert.pretraining.sentences`.
+- `DemoCorpus`: real English text that needs no network: the Python documentation that ships with every
+  CPython (`pydoc_data.topics`, the language reference) and the docstrings of the standard library,
+  written once to a BERT-format file in the cache. Nothing third-party is committed.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import sys
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+import datasets
+
+from lightbert.data.local_files import digest, file_identity, progress_bars_for
+from lightbert.errors import UserError
+from lightbert.files import open_atomically
+from lightbert.pretraining.sentences import split_document, split_sentences
+
+
+class TextCorpus:
+    """Local BERT-format text files."""
+
+    def __init__(self, paths: list[str] | str):
+        if isinstance(paths, str):
+            paths = [paths]
+        if not paths:
+            raise UserError("corpus.paths is empty; give the corpus files, e.g. corpus.paths=[data/wiki.txt]")
+        self.paths = []
+        for given in paths:
+            path = Path(given).expanduser()
+            if glob.has_magic(str(path)):  # a pattern the shell did not expand (it was quoted, or in a list)
+                matches = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
+                if not matches:
+                    raise UserError(f"corpus.paths: the pattern {given} matches no file")
+                self.paths += matches
+            elif path.is_dir():
+                raise UserError(
+                    f"corpus.paths: {path} is a directory; give its files, e.g. corpus.paths=[{path}/*.txt]"
+                )
+            else:
+                self.paths.append(path)
+        for path in self.paths:
+            if not path.is_file():
+                raise UserError(
+                    f"corpus file {path} does not exist; check corpus.paths (relative paths start "
+                    f"from the directory you ran the command in: {Path.cwd()})"
+                )
+            if path.stat().st_size == 0:
+                raise UserError(
+                    f"corpus file {path} is empty; it needs sentences, one per line, with a blank "
+                    "line between documents"
+                )
+
+    @property
+    def fingerprint(self) -> str:
+        return digest(["text", [file_identity(p) for p in self.paths]])
+
+    def documents(self) -> Iterator[list[str]]:
+        for path in self.paths:
+            yield from read_bert_format(path)
+
+    def load(self, cache_dir: Path, num_proc: int | None = None) -> datasets.Dataset:
+        return _dataset_from_documents(self.documents, self.fingerprint, cache_dir)
+
+    def stream(self, cache_dir: Path) -> Iterator[list[str]]:
+        """The documents read one at a time, nothing cached (task.datamodule.streaming=true)."""
+        return self.documents()
+
+
+def read_bert_format(path: Path) -> Iterator[list[str]]:
+    """Documents of one BERT-format file: a sentence per line, documents separated by blank lines."""
+    document: list[str] = []
+    with open(path, "rb") as f:
+        for line_number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as error:
+                raise UserError(
+                    f"corpus file {path} is not UTF-8 text (line {line_number}: {error.reason} at byte "
+                    f"{error.start}); convert it, e.g. `iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8.txt`"
+                ) from None
+            if line:
+                document.append(line)
+            elif document:
+                yield document
+                document = []
+    if document:
+        yield document
+
+
+def _dataset_from_documents(documents, fingerprint: str, cache_dir: Path) -> datasets.Dataset:
+    if next(iter(documents()), None) is None:  # datasets would say `Instruction "train" corresponds to no data!`
+        raise UserError(
+            "the corpus has 0 usable documents: every line of it is blank. Pre-training needs text: sentences, one "
+            "per line, with a blank line between documents (corpus.paths)"
+        )
+
+    def generate(fingerprint: str):  # the fingerprint argument keys the datasets cache on the content
+        for document in documents():
+            yield {"sentences": document}
+
+    try:
+        return datasets.Dataset.from_generator(
+            generate,
+            gen_kwargs={"fingerprint": fingerprint},
+            features=datasets.Features({"sentences": datasets.Sequence(datasets.Value("string"))}),
+            cache_dir=str(cache_dir / "corpora"),
+        )
+    except datasets.exceptions.DatasetGenerationError as error:
+        cause = error.__cause__ or error.__context__
+        if isinstance(cause, UserError):
+            raise cause from None
+        raise
+
+
+class HFCorpus:
+    """A Hugging Face dataset with a text column; each row is a document."""
+
+    def __init__(
+        self,
+        name: str,
+        text_column: str = "text",
+        config: str | None = None,
+        split: str = "train",
+        data_files: str | list[str] | dict | None = None,
+        revision: str | None = None,
+    ):
+        if not name:
+            raise UserError(
+                "corpus.name is empty; give a dataset, e.g. corpus.name=wikimedia/wikipedia "
+                "corpus.config=20231101.en, or corpus.name=json corpus.data_files=[my.jsonl]"
+            )
+        self.name, self.config, self.split, self.text_column = name, config, split, text_column
+        self.data_files, self.revision = data_files, revision
+
+    @property
+    def fingerprint(self) -> str:
+        files = self.data_files
+        if files is not None:
+            listed = [files] if isinstance(files, str) else files
+            if not isinstance(listed, dict):
+                files = [file_identity(Path(p)) if Path(p).is_file() else p for p in listed]
+        return digest(["hf", self.name, self.config, self.split, self.text_column, files, self.revision])
+
+    def _load_dataset(self, cache_dir: Path, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:
+        try:
+            return datasets.load_dataset(
+                self.name,
+                self.config,
+                split=self.split,
+                data_files=self.data_files,
+                revision=self.revision,
+                cache_dir=str(cache_dir / "hf"),
+                streaming=streaming,
+            )
+        except FileNotFoundError as error:
+            raise UserError(f"could not load corpus {self.name!r} (split {self.split!r}): {error}") from None
+        except (ConnectionError, OSError) as error:
+            raise UserError(
+                f"could not reach dataset {self.name!r} on the hub ({error}); without a network, "
+                "use corpus=text or corpus.name=json corpus.data_files=[...]"
+            ) from None
+
+    def _check_text_column(self, columns) -> None:
+        if self.text_column not in columns:
+            raise UserError(
+                f"corpus {self.name!r} has no column {self.text_column!r}; its columns are "
+                f"{sorted(columns)}: set corpus.text_column to the one that holds the text"
+            )
+
+    def load(self, cache_dir: Path, num_proc: int | None = None) -> datasets.Dataset:
+        raw = self._load_dataset(cache_dir, streaming=False)
+        self._check_text_column(raw.column_names)
+        with progress_bars_for(len(raw)):
+            return raw.map(
+                _split_rows,
+                batched=True,
+                input_columns=[self.text_column],
+                remove_columns=raw.column_names,
+                num_proc=num_proc if num_proc and len(raw) >= 1000 else None,
+                desc="Splitting documents into sentences",
+            )
+
+    def stream(self, cache_dir: Path) -> Iterator[list[str]]:
+        """The rows read one at a time with `streaming=True`, each split into sentences; nothing downloaded whole."""
+        rows = self._load_dataset(cache_dir, streaming=True)
+        # iter() rather than __iter__: inside a DataLoader worker the latter would shard by worker itself, and
+        # lightbert.pretraining.streaming already gives each worker its own documents.
+        for batch in rows.iter(batch_size=256):
+            self._check_text_column(batch)
+            for text in batch[self.text_column]:
+                yield split_document(text or "")
+
+
+def _split_rows(texts: list[str | None]) -> dict:
+    return {"sentences": [split_document(text or "") for text in texts]}
+
+
+class DemoCorpus:
+    """The Python documentation shipped with this interpreter, as a BERT-format corpus built at first use."""
+
+    VERSION = 1  # bump when the extraction below changes, so cached copies are rebuilt
+
+    @property
+    def fingerprint(self) -> str:
+        return digest(["demo", self.VERSION, sys.version_info[:2]])
+
+    def path(self, cache_dir: Path) -> Path:
+        return cache_dir / "demo" / f"python{sys.version_info[0]}{sys.version_info[1]}-docs-v{self.VERSION}.txt"
+
+    def build(self, cache_dir: Path) -> Path:
+        path = self.path(cache_dir)
+        if path.is_file():
+            return path
+        with open_atomically(path) as f:
+            for document in python_documentation():
+                f.write("\n".join(document) + "\n\n")
+        return path
+
+    def load(self, cache_dir: Path, num_proc: int | None = None) -> datasets.Dataset:
+        path = self.build(cache_dir)
+        return _dataset_from_documents(lambda: read_bert_format(path), self.fingerprint, cache_dir)
+
+    def stream(self, cache_dir: Path) -> Iterator[list[str]]:
+        return read_bert_format(self.build(cache_dir))
+
+
+def _prose_sentences(text: str) -> list[str]:
+    """Sentences from the prose paragraphs of reStructuredText-ish documentation; code and tables dropped."""
+    sentences = []
+    for paragraph in text.split("\n\n"):
+        lines = [line for line in paragraph.splitlines() if line.strip()]
+        if not lines or any(line.lstrip().startswith((">>>", "...", "|", "+-", "::")) for line in lines):
+            continue
+        indents = {len(line) - len(line.lstrip()) for line in lines}
+        if len(indents) > 1 and min(indents) == 0:  # a definition list or code under a heading, not prose
+            continue
+        for sentence in split_sentences(" ".join(line.strip() for line in lines)):
+            words = sentence.split()
+            letters = sum(c.isalpha() for c in sentence)
+            if len(words) >= 4 and letters >= 0.6 * len(sentence) and not sentence.endswith(":"):
+                sentences.append(sentence)
+    return sentences
+
+
+def python_documentation() -> Iterator[list[str]]:
+    """Documents of English prose from CPython itself: reference topics, then standard-library docstrings."""
+    from pydoc_data.topics import topics
+
+    for name in sorted(topics):
+        document = _prose_sentences(topics[name])
+        if len(document) >= 2:
+            yield document
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(stdlib.rglob("*.py")):
+        relative = path.relative_to(stdlib).parts
+        if any(part in {"test", "tests", "site-packages", "idle_test", "lib2to3"} for part in relative):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        document = []
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                docstring = ast.get_docstring(node)
+                if docstring:
+                    document.extend(_prose_sentences(docstring))
+        if len(document) >= 4:
+            yield document
+
+
+CORPORA = {"text": TextCorpus, "hf": HFCorpus, "demo": DemoCorpus}

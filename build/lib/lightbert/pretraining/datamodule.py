@@ -1,0 +1,391 @@
+"""The pre-training DataModule: corpus -> WordPiece tokenizer -> sentence-pair examples -> masked batches.
+
+The examples come from one of two sources, chosen by `streaming`:
+
+- `CachedExamples` (the default): built once in `prepare_data` (local rank 0 of each node) from the whole corpus
+  through `datasets.map` and saved under the cache directory, keyed by everything they depend on; `setup` only
+  loads them. `dupe_factor` pairings per document, `validation_fraction` of the documents held out.
+- `StreamedExamples`: made on the fly from the corpus read as a stream, for corpora larger than the disk cache
+  (`lightbert.pretraining.streaming` says how it differs); the first `validation_documents` are held out.
+
+Either way the tokenizer is trained (or loaded) once when first asked for, and masking happens in the collator,
+per batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import islice
+from pathlib import Path
+from typing import NamedTuple
+
+import datasets
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from lightbert.data.batches import UnpaddedDistributedSampler
+from lightbert.data.local_files import digest, progress_bars_for
+from lightbert.data.tokenizer import BertTokenizer, iter_sentences, load_tokenizer, train_wordpiece
+from lightbert.distributed import is_distributed
+from lightbert.errors import ParameterError, UserError
+from lightbert.files import publish_directory
+from lightbert.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus
+from lightbert.pretraining.examples import create_pretraining_examples
+from lightbert.pretraining.masking import MaskingCollator, NextTokenCollator
+from lightbert.pretraining.objectives import MaskingShares, check_objective
+from lightbert.pretraining.resumable import SeededExamples, StepSampler
+from lightbert.pretraining.streaming import StreamingExamples, held_out_examples
+
+Corpus = TextCorpus | HFCorpus | DemoCorpus
+EXAMPLES_VERSION = 2  # bump when example creation changes, so cached examples are rebuilt
+
+
+def _tokenize_documents(batch: dict, tokenizer: BertTokenizer) -> dict:
+    """Token ids of every sentence; empty sentences dropped, and documents left with none (fewer rows out)."""
+    lengths = [len(document) for document in batch["sentences"]]
+    flat = tokenizer.encode_batch([s for document in batch["sentences"] for s in document])
+    out, start = [], 0
+    for n in lengths:
+        document = [ids for ids in flat[start : start + n] if ids]
+        if document:
+            out.append(document)
+        start += n
+    return {"sentence_ids": out}
+
+
+@dataclass
+class CachedExamples:
+    """Examples built once from the whole corpus and cached; shuffled by `StepSampler`, resumable by step."""
+
+    corpus: Corpus
+    cache_dir: Path
+    max_seq_length: int
+    short_seq_prob: float
+    seed: int
+    dupe_factor: int = 10
+    validation_fraction: float = 0.05
+    preprocessing_workers: int = 1
+    datasets: datasets.DatasetDict | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.validation_fraction < 1:
+            raise ParameterError(f"{{0}} must be in (0, 1), got {self.validation_fraction}", "validation_fraction")
+
+    def tokenizer_sample(self) -> tuple[Callable[[], Iterable[list[str]]], list]:
+        """The documents a new vocabulary is trained on (all of them), and what else its cache key needs."""
+        return lambda: self.documents["sentences"], []
+
+    @cached_property
+    def documents(self) -> datasets.Dataset:
+        """The corpus as a dataset of documents; loaded once, shared by tokenizer training and example creation."""
+        return self.corpus.load(self.cache_dir, num_proc=self.preprocessing_workers)
+
+    def examples_dir(self, tokenizer: BertTokenizer) -> Path:
+        key = digest(
+            [
+                EXAMPLES_VERSION,
+                self.corpus.fingerprint,
+                hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest(),
+                self.max_seq_length,
+                self.short_seq_prob,
+                self.dupe_factor,
+                self.validation_fraction,
+                self.seed,
+            ]
+        )
+        return self.cache_dir / "examples" / key
+
+    def prepare(self, tokenizer: BertTokenizer) -> None:
+        examples_dir = self.examples_dir(tokenizer)
+        if (examples_dir / "dataset_dict.json").is_file():
+            return
+        documents = self.documents
+        with progress_bars_for(len(documents)):
+            documents = documents.map(
+                _tokenize_documents,
+                batched=True,
+                remove_columns=documents.column_names,
+                fn_kwargs={"tokenizer": tokenizer},
+                features=datasets.Features(
+                    {"sentence_ids": datasets.Sequence(datasets.Sequence(datasets.Value("int32")))}
+                ),
+                num_proc=self._num_proc(len(documents)),
+                load_from_cache_file=False,  # cached as a whole below, under a key datasets' hash can't compute
+                desc="Tokenizing sentences",
+            )
+        if len(documents) < 2:
+            raise UserError(
+                f"the corpus has {len(documents)} usable document(s) (documents with at least one sentence that "
+                "has text); pre-training needs at least 2, for next-sentence pairs and a validation split. "
+                "In corpus=text files, separate documents with a blank line"
+            )
+        num_validation = min(len(documents) - 1, max(1, round(self.validation_fraction * len(documents))))
+        splits = documents.train_test_split(test_size=num_validation, seed=self.seed)
+        pairing = {name: getattr(self, name) for name in ("max_seq_length", "short_seq_prob", "dupe_factor", "seed")}
+        examples = datasets.DatasetDict(
+            {
+                name: create_pretraining_examples(
+                    split,
+                    **pairing,
+                    cls_id=tokenizer.cls_id,
+                    sep_id=tokenizer.sep_id,
+                    num_proc=self._num_proc(len(split)),
+                )
+                for name, split in (("train", splits["train"]), ("validation", splits["test"]))
+            }
+        )
+        publish_directory(examples_dir, lambda tmp: examples.save_to_disk(str(tmp)))
+        documents.cleanup_cache_files()  # the intermediate maps; the saved examples are all that is needed
+
+    def _num_proc(self, num_rows: int) -> int | None:
+        # Forking workers costs about a second per map: worth it from a few MB of text (~1000 documents) on.
+        workers = min(self.preprocessing_workers, num_rows // 1000)
+        return workers if workers > 1 else None
+
+    def setup(self, tokenizer: BertTokenizer) -> None:
+        if self.datasets is None:
+            self.datasets = datasets.load_from_disk(str(self.examples_dir(tokenizer)))
+
+    def train(self, tokenizer: BertTokenizer, batch_size: int, position: Position) -> tuple[Dataset, Sampler]:
+        assert self.datasets is not None, "call setup() first"
+        train = self.datasets["train"]
+        sampler = StepSampler(len(train), batch_size, self.seed, *position)
+        return SeededExamples(train, self.seed), sampler
+
+    def validation(self) -> Sequence[dict]:
+        assert self.datasets is not None, "call setup() first"
+        return self.datasets["validation"]
+
+
+@dataclass
+class StreamedExamples:
+    """Examples made on the fly from the corpus read as a stream; every device and DataLoader worker takes its
+    own documents. Nothing is tokenised into the cache."""
+
+    corpus: Corpus
+    cache_dir: Path
+    max_seq_length: int
+    short_seq_prob: float
+    seed: int
+    validation_documents: int = 1000  # the first documents of the stream, held out
+    tokenizer_documents: int = 100000  # the documents a new vocabulary is trained on
+    shuffle_buffer: int = 10000  # examples shuffled together
+    validation_examples: list[dict] | None = None
+
+    def stream(self):
+        """The corpus's documents, read one at a time."""
+        return self.corpus.stream(self.cache_dir)
+
+    def tokenizer_sample(self) -> tuple[Callable[[], Iterable[list[str]]], list]:
+        return lambda: islice(self.stream(), self.tokenizer_documents), [self.tokenizer_documents]
+
+    def prepare(self, tokenizer: BertTokenizer) -> None:
+        """Nothing to build ahead: the tokenizer, trained and cached once per node, is all."""
+
+    def setup(self, tokenizer: BertTokenizer) -> None:
+        if self.validation_examples is None:
+            documents = islice(self.stream(), self.validation_documents)
+            self.validation_examples = held_out_examples(
+                documents, tokenizer, self.max_seq_length, self.short_seq_prob, self.seed
+            )
+
+    def train(self, tokenizer: BertTokenizer, batch_size: int, position: Position) -> tuple[Dataset, None]:
+        rank, world_size, accumulate, steps_done = position
+        examples = StreamingExamples(
+            self.stream,
+            tokenizer,
+            self.max_seq_length,
+            self.short_seq_prob,
+            self.seed,
+            batch_size,
+            skip_documents=self.validation_documents,
+            rank=rank,
+            world_size=world_size,
+            start_batch=steps_done * accumulate,
+            shuffle_buffer=self.shuffle_buffer,
+        )
+        return examples, None
+
+    def validation(self) -> Sequence[dict]:
+        assert self.validation_examples is not None, "call setup() first"
+        return self.validation_examples
+
+
+class Position(NamedTuple):
+    """Where a run stands: its rank, world size, batches accumulated per step and steps this data has given."""
+
+    rank: int
+    world_size: int
+    accumulate: int
+    steps_done: int
+
+
+class PretrainDataModule(L.LightningDataModule):
+    """The tokenizer, one example source (`streaming` picks which; each takes its own settings) and masked batches."""
+
+    predict_splits: tuple[str, ...] = ()  # pre-training predicts nothing after training
+
+    def prediction_writer(self) -> None:
+        return None
+
+    def evaluator(self) -> None:
+        return None
+
+    def __init__(
+        self,
+        corpus: Corpus,
+        cache_dir: str,
+        tokenizer: BertTokenizer | None = None,
+        tokenizer_path: str | None = None,
+        vocab_size: int = 30522,
+        lowercase: bool = True,
+        max_seq_length: int = 128,
+        max_predictions_per_seq: int = 20,
+        masked_lm_prob: float = 0.15,
+        short_seq_prob: float = 0.1,
+        whole_word_masking: bool = False,
+        masking: dict[str, float] | None = None,
+        objective: str = "mlm_nsp",
+        batch_size: int = 32,
+        num_workers: int = 2,
+        pad_to_multiple_of: int | None = 8,
+        seed: int = 12345,
+        first_step: int = 0,
+        streaming: bool = False,
+        # CachedExamples' settings
+        dupe_factor: int = 10,
+        validation_fraction: float = 0.05,
+        preprocessing_workers: int | None = None,
+        # StreamedExamples' settings
+        validation_documents: int = 1000,
+        tokenizer_documents: int = 100000,
+        shuffle_buffer: int = 10000,
+    ):
+        super().__init__()
+        if max_seq_length < 8:
+            raise ParameterError(f"{{0}} must be at least 8, got {max_seq_length}", "max_seq_length")
+        if not 0 < masked_lm_prob < 1:
+            raise ParameterError(f"{{0}} must be in (0, 1), got {masked_lm_prob}", "masked_lm_prob")
+        self.corpus = corpus
+        self.cache_dir = Path(cache_dir).expanduser()
+        self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
+        self.vocab_size, self.lowercase = vocab_size, lowercase
+        self.max_seq_length = max_seq_length
+        self.max_predictions_per_seq, self.masked_lm_prob = max_predictions_per_seq, masked_lm_prob
+        self.whole_word_masking = whole_word_masking
+        self.masking = MaskingShares(**(masking or {}))
+        check_objective(objective)
+        self.objective = objective  # the same sentence pairs for every objective; ltr's batches are not masked
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
+        self.first_step = first_step  # the global step this data starts at (a recipe's later phase)
+        shared = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "seed": seed}
+        self.examples: CachedExamples | StreamedExamples
+        if streaming:
+            self.examples = StreamedExamples(
+                corpus, self.cache_dir, **shared, validation_documents=validation_documents,
+                tokenizer_documents=tokenizer_documents, shuffle_buffer=shuffle_buffer,
+            )  # fmt: skip
+        else:
+            workers = preprocessing_workers or min(8, os.cpu_count() or 1)
+            self.examples = CachedExamples(
+                corpus, self.cache_dir, **shared, dupe_factor=dupe_factor,
+                validation_fraction=validation_fraction, preprocessing_workers=workers,
+            )  # fmt: skip
+
+    # -- tokenizer ---------------------------------------------------------------------------------------
+
+    @cached_property
+    def tokenizer(self) -> BertTokenizer:
+        """The given tokenizer, or one trained on this corpus (cached, so every rank and rerun shares it)."""
+        if self._tokenizer is not None:  # from init_from's checkpoint
+            return self._tokenizer
+        if self.tokenizer_path:
+            try:
+                return load_tokenizer(self.tokenizer_path, lowercase=self.lowercase)
+            except UserError as error:
+                raise ParameterError.about("tokenizer_path", error) from None
+        documents, sample = self.examples.tokenizer_sample()
+        key = digest([self.corpus.fingerprint, self.vocab_size, self.lowercase, *sample])
+        path = self.cache_dir / "tokenizers" / key / "tokenizer.json"
+        if not path.is_file():
+            tokenizer = train_wordpiece(
+                iter_sentences(documents()), vocab_size=self.vocab_size, lowercase=self.lowercase
+            )
+            tokenizer.save(path)
+        return load_tokenizer(path)
+
+    # -- examples ----------------------------------------------------------------------------------------
+
+    @property
+    def examples_dir(self) -> Path:
+        """Where the cached examples are (CachedExamples only)."""
+        return self.examples.examples_dir(self.tokenizer)
+
+    @property
+    def documents(self) -> datasets.Dataset:
+        return self.examples.documents
+
+    @property
+    def datasets(self) -> datasets.DatasetDict | None:
+        return self.examples.datasets
+
+    def prepare_data(self) -> None:
+        self.examples.prepare(self.tokenizer)
+
+    def setup(self, stage: str | None = None) -> None:
+        self.examples.setup(self.tokenizer)
+
+    # -- batches -----------------------------------------------------------------------------------------
+
+    def collator(self, generator: torch.Generator | None = None) -> MaskingCollator | NextTokenCollator:
+        tokenizer = self.tokenizer
+        if self.objective == "ltr":
+            return NextTokenCollator(tokenizer.pad_id, self.pad_to_multiple_of)
+        return MaskingCollator(
+            vocab_size=tokenizer.vocab_size,
+            pad_id=tokenizer.pad_id,
+            mask_id=tokenizer.mask_id,
+            special_ids=tokenizer.special_ids,
+            masked_lm_prob=self.masked_lm_prob,
+            max_predictions_per_seq=self.max_predictions_per_seq,
+            whole_word_masking=self.whole_word_masking,
+            subword_ids=tokenizer.subword_ids if self.whole_word_masking else [],
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            generator=generator,
+            shares=self.masking,
+        )
+
+    def _loader(self, dataset, sampler) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            collate_fn=self.collator(),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+            generator=torch.Generator().manual_seed(self.seed),  # worker seeds never draw from the global RNG
+        )
+
+    def _position(self) -> Position:
+        trainer = self.trainer
+        if trainer is None:  # used outside a Trainer, e.g. in a notebook
+            return Position(0, 1, 1, 0)
+        steps_done = max(0, trainer.global_step - self.first_step)
+        return Position(trainer.global_rank, trainer.world_size, trainer.accumulate_grad_batches, steps_done)
+
+    def train_dataloader(self) -> DataLoader:
+        """Batches in `StepSampler`'s order (or the stream's), from the step a resumed run left off at."""
+        return self._loader(*self.examples.train(self.tokenizer, self.batch_size, self._position()))
+
+    def val_dataloader(self) -> DataLoader:
+        # The same masks at every validation and on any number of devices, so validation metrics compare.
+        validation = SeededExamples(self.examples.validation(), self.seed, epoch="validation")
+        sampler = UnpaddedDistributedSampler(validation) if is_distributed() else None
+        return self._loader(validation, sampler)

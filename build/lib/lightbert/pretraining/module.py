@@ -1,0 +1,75 @@
+"""The pre-training LightningModule: masked LM + next sentence prediction on the shared encoder (paper §3.1)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torchmetrics import MeanMetric
+
+from lightbert.data.encoding import IGNORE_INDEX
+from lightbert.finetuning.module import TaskModule
+from lightbert.model import BertForPreTraining
+from lightbert.pretraining.objectives import check_objective
+
+
+class PreTrainingModule(TaskModule):
+    """loss = LM cross-entropy (over the predicted positions) + NSP cross-entropy where the objective has NSP.
+
+    `objective` is one of `lightbert.pretraining.objectives.OBJECTIVES`.
+    `ltr` trains a left-to-right encoder: its config's
+    attention becomes `left_to_right`, recorded in the checkpoint, so that fine-tuning and exports attend the same
+    way; the labels (from the data's collator) are each position's next token. Takes plain dicts so
+    `save_hyperparameters` stores plain containers and checkpoints load with `torch.load(weights_only=True)`.
+    """
+
+    def __init__(self, model: dict, optim: dict, sparse_mlm_head: bool = True, objective: str = "mlm_nsp"):
+        check_objective(objective)
+        # In place, before the base records the hyperparameters: the checkpoint's model config says left_to_right.
+        model["attention"] = "left_to_right" if objective == "ltr" else model.get("attention", "bidirectional")
+        super().__init__(model, optim)
+        self.sparse_mlm_head, self.objective = sparse_mlm_head, objective
+        self.next_sentence = objective == "mlm_nsp"
+        self.model = BertForPreTraining(self.config, next_sentence=self.next_sentence)
+        # Validation aggregates besides the loss (the base's): exact over the split and across devices.
+        names = ("mlm_loss", "mlm_accuracy", *(("nsp_loss", "nsp_accuracy") if self.next_sentence else ()))
+        self.val_sums = torch.nn.ModuleDict({name: MeanMetric() for name in names})
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+        masked = batch["labels"] != IGNORE_INDEX if self.sparse_mlm_head else None
+        return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], masked)
+
+    def _step(self, batch: dict) -> dict[str, torch.Tensor]:
+        mlm_logits, nsp_logits = self(batch)
+        labels = batch["labels"]
+        mlm_labels = labels[labels != IGNORE_INDEX] if self.sparse_mlm_head else labels.flatten()
+        mlm_logits = mlm_logits.reshape(-1, mlm_logits.shape[-1]).float()  # (N, V); fp32 for a stable softmax
+        mlm_loss = F.cross_entropy(mlm_logits, mlm_labels, ignore_index=IGNORE_INDEX)
+        predicted = mlm_labels != IGNORE_INDEX
+        out = {
+            "loss": mlm_loss,
+            "mlm_loss": mlm_loss.detach(),
+            "mlm_accuracy": (mlm_logits.argmax(-1) == mlm_labels)[predicted].float().mean(),
+            "num_predictions": predicted.sum(),
+        }
+        if nsp_logits is not None:
+            nsp_loss = F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
+            out["loss"] = mlm_loss + nsp_loss
+            out["nsp_loss"] = nsp_loss.detach()
+            out["nsp_accuracy"] = (nsp_logits.argmax(-1) == batch["next_sentence_label"]).float().mean()
+        return out
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        out = self._step(batch)
+        batch_size = batch["input_ids"].shape[0]
+        for name in ("loss", *self.val_sums):
+            self.log(f"train/{name}", out[name], prog_bar=name == "loss", batch_size=batch_size)
+        return out["loss"]
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        out = self._step(batch)
+        batch_size = batch["input_ids"].shape[0]
+        self.log_mean("val/loss", self.val_losses[0], out["loss"], batch_size)
+        # MLM numbers are per predicted token, NSP numbers per sequence: weight each accordingly.
+        weights = {"mlm_loss": out["num_predictions"], "mlm_accuracy": out["num_predictions"]}
+        for name, metric in self.val_sums.items():
+            self.log_mean(f"val/{name}", metric, out[name], weights.get(name, batch_size))

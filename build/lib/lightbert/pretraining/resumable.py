@@ -1,0 +1,103 @@
+"""A training order that any number of devices share and that a resumed run picks up at the exact next batch.
+
+- `StepSampler` shuffles the examples once per epoch with a seed of its own (never the global RNG), cuts the
+  permutation into batches, and gives device r of W the batches r, r + W, r + 2W, ...: every example at most once
+  per epoch, and optimizer step k always sees the same global batch, whether it comes from W devices or from
+  one device accumulating W micro-batches. A resumed run starts at the batch after the last optimizer step.
+- `SeededExamples` hands the collator, with each example, a seed derived from (seed, epoch, example index), so an
+  example's masks depend on nothing else: not on the batch it lands in, the device, the DataLoader worker or
+  the point a run was resumed at.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+
+def example_seed(seed: int, epoch: int | str, index: int) -> int:
+    """A 63-bit seed for one example in one epoch ("validation" for the fixed validation masks)."""
+    digest = hashlib.blake2b(f"{seed}/{epoch}/{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class SeededExamples(Dataset):
+    """Rows of `dataset`, each with a `mask_seed`; indexed by the (epoch, index) pairs `StepSampler` yields."""
+
+    def __init__(self, dataset, seed: int, epoch: int | str | None = None):
+        self.dataset, self.seed, self.epoch = dataset, seed, epoch
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def _key(self, key) -> tuple[int | str, int]:
+        if self.epoch is not None:  # a fixed epoch: plain indices (validation)
+            return self.epoch, key
+        # A plain index where a pair is expected: Lightning's own sampler replaced StepSampler (debug=overfit's
+        # overfit_batches), so every pass sees the same rows with the same masks.
+        return key if isinstance(key, tuple | list) else (0, key)
+
+    def __getitem__(self, key) -> dict:
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list) -> list[dict]:
+        pairs = [self._key(k) for k in keys]
+        indices = [index for _, index in pairs]
+        if isinstance(self.dataset, list):  # examples in memory (a streamed corpus's validation split)
+            rows = [self.dataset[i] for i in indices]
+        else:
+            columns = self.dataset[indices]  # one Arrow read for the whole batch
+            rows = [{c: values[i] for c, values in columns.items()} for i in range(len(indices))]
+        seeds = [example_seed(self.seed, epoch, index) for epoch, index in pairs]
+        return [{**row, "mask_seed": seed} for row, seed in zip(rows, seeds, strict=True)]
+
+
+class StepSampler(DistributedSampler):
+    """Yields this device's (epoch, example index) pairs, a batch after another, from `start_step` on.
+
+    Subclassing `DistributedSampler` keeps Lightning from wrapping it in one of its own. Each epoch holds a whole
+    number of optimizer steps: the batches that do not fill one (at most W·A - 1) are dropped, as `drop_last`
+    drops a partial batch.
+    """
+
+    def __init__(
+        self,
+        num_examples: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        accumulate: int = 1,
+        start_step: int = 0,
+    ):
+        # DistributedSampler's own state is not used; it only needs a sized dataset.
+        super().__init__(range(num_examples), num_replicas=world_size, rank=rank, shuffle=False)
+        self.num_examples, self.batch_size, self.seed = num_examples, batch_size, seed
+        self.rank, self.world_size, self.accumulate = rank, world_size, accumulate
+        per_step = batch_size * world_size * accumulate  # examples per optimizer step, all devices
+        self.steps_per_epoch = num_examples // per_step
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"{num_examples} training examples do not fill one optimizer step of {per_step} "
+                f"(batch {batch_size} x {world_size} device(s) x {accumulate} accumulated)"
+            )
+        self.next_epoch, self.skip_steps = divmod(start_step, self.steps_per_epoch)
+
+    def __len__(self) -> int:  # this device's examples in a full epoch
+        return self.steps_per_epoch * self.accumulate * self.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Ignored: the epoch follows from the steps taken, also when a run resumes at the end of an epoch."""
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch, skip = self.next_epoch, self.skip_steps
+        self.next_epoch, self.skip_steps = epoch + 1, 0
+        order = torch.randperm(self.num_examples, generator=torch.Generator().manual_seed(self.seed + epoch))
+        batches = self.steps_per_epoch * self.accumulate  # of this device in this epoch
+        for batch in range(skip * self.accumulate, batches):
+            start = (batch * self.world_size + self.rank) * self.batch_size
+            for index in order[start : start + self.batch_size].tolist():
+                yield epoch, index

@@ -1,0 +1,186 @@
+"""What makes a killed run resumable bit for bit: atomic checkpoint files, RNG states, a checkpoint on SIGTERM.
+
+Lightning's checkpoints hold the weights, optimizer, schedule, loop counters and callback states. The data
+position needs nothing more: `StepSampler` restarts from the global step. What is missing is the RNG, which
+draws dropout: `ResumableRNG` saves every device's generators as they were right after the last optimizer step,
+and sets them back right before the first step after a resume, when the DataLoader has started and would
+not draw from them any more. `LatestCheckpoint` writes the latest checkpoint at the end and when the process is told to
+stop (SIGTERM, which SLURM sends before a preemption or at the time limit).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from lightbert.distributed import is_distributed
+from lightbert.errors import UserError
+from lightbert.files import replace_atomically
+
+log = logging.getLogger(__name__)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes a checkpoint next to its destination, then renames it into place.
+
+    A crash during the write leaves the previous file whole (rename is atomic on POSIX file systems).
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        path = Path(path)
+        try:
+            replace_atomically(path, lambda tmp: super(AtomicCheckpointIO, self).save_checkpoint(checkpoint, tmp))
+        except (OSError, RuntimeError) as error:  # torch reports a failed write as a RuntimeError around the OSError
+            cause = error if isinstance(error, OSError) else error.__cause__ or error.__context__ or error
+            kept = f"the previous {path.name} is kept whole" if path.exists() else f"no {path.name} was written"
+            raise UserError(
+                f"could not write the checkpoint {path} ({cause}): is the disk full, or the directory not writable? "
+                f"{kept}, and the temporary file was removed. Make room and rerun the command with resume=true"
+            ) from None
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's generators, as plain containers and tensors (loadable with weights_only=True)."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    states = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": [kind, keys.tolist(), position, has_gauss, cached],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class ResumableRNG(L.Callback):
+    """Saves each device's RNG states as of the last optimizer step; restores them before the next step."""
+
+    def __init__(self) -> None:
+        self._at_last_step: dict[str, Any] | None = None
+        self._pending: dict[str, Any] | None = None
+        self._step_seen = -1
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if self._pending is not None:
+            set_rng_states(self._pending)
+            self._pending = None
+        if self._step_seen != trainer.global_step:  # a step begins: what a checkpoint of the last one restores
+            self._at_last_step, self._step_seen = rng_states(), trainer.global_step
+
+    def on_save_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # Saved after the step that the checkpoint holds: the states the next step will start from.
+        states = rng_states() if trainer.global_step != self._step_seen else self._at_last_step
+        per_rank = [states]
+        if is_distributed():  # the file is written by rank 0 alone: it needs every rank's states
+            per_rank = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(per_rank, states)
+        checkpoint["rng_states"] = per_rank
+
+    def on_load_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        per_rank = checkpoint.get("rng_states")
+        if per_rank and len(per_rank) == trainer.world_size:
+            self._pending = per_rank[trainer.global_rank]
+        elif per_rank:
+            log.warning(
+                f"the checkpoint holds RNG states of {len(per_rank)} device(s), this run has {trainer.world_size}: "
+                "training continues, with other dropout draws than the original run would have made"
+            )
+
+
+def submitit_signal() -> signal.Signals | None:
+    """The signal SLURM sends a submitit job before its time limit or a preemption; None outside SLURM jobs."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return None
+    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+
+
+# The signal that stopped this process's training, for the entry point's message and exit code.
+stopped_by: signal.Signals = signal.SIGTERM
+
+
+class LatestCheckpoint(L.Callback):
+    """Writes the latest checkpoint (the `ModelCheckpoint` without a monitor) when training ends, and when the
+    process is told to stop: on SIGTERM Lightning stops after the current batch, and this saves before it exits.
+
+    In a SLURM job submitted by submitit (cluster=slurm), submitit's signal (USR2) is taken the same way: the batch
+    finishes on every device, the checkpoint is written, and then submitit's own handler requeues the job. So
+    `last.ckpt` is always the final state, even when the steps between periodic saves do not divide the run.
+
+    Ctrl-C (SIGINT) is taken like SIGTERM too, instead of Lightning's "graceful shutdown" that saves nothing: the
+    batch finishes, `last.ckpt` is written and the process exits with 130. (A process started with SIGINT ignored,
+    as a shell's background job is, keeps ignoring it.)
+    """
+
+    def __init__(self) -> None:
+        self._requeue_handler: Any = None
+        self._requeue_signal: signal.Signals | None = None
+        self._received: signal.Signals | None = None
+        self._interrupt_handler: Any = None
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        signum = submitit_signal()
+        if signum is not None and self._requeue_signal is None:
+            self._requeue_signal, self._requeue_handler = signum, signal.getsignal(signum)
+            signal.signal(signum, self._on_requeue_signal)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN and self._interrupt_handler is None:
+            self._interrupt_handler = signal.getsignal(signal.SIGINT)
+            signal.signal(signal.SIGINT, self._on_interrupt)
+
+    def _on_interrupt(self, signum: int, frame: Any) -> None:
+        global stopped_by
+        if self._received is None:  # a second Ctrl-C while the batch finishes changes nothing
+            self._received = stopped_by = signal.SIGINT
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def teardown(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
+        if self._interrupt_handler is not None:  # Ctrl-C outside training (predictions) is Python's again
+            signal.signal(signal.SIGINT, self._interrupt_handler)
+            self._interrupt_handler = None
+
+    def _on_requeue_signal(self, signum: int, frame: Any) -> None:
+        # Lightning's SIGTERM path stops every device after the same batch; this joins it.
+        self._received = signal.Signals(signum)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _save(self, trainer: L.Trainer, why: str) -> None:
+        checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
+        latest = next((c for c in checkpoints if not c.monitor), None)
+        if latest is None or latest.dirpath is None:
+            return
+        path = Path(latest.dirpath) / f"{latest.filename or 'last'}{latest.FILE_EXTENSION}"
+        trainer.save_checkpoint(path, weights_only=False)  # the whole state: what resume=true continues from
+        if why:
+            log.warning(f"{why}: saved {path} at step {trainer.global_step}; rerun the command with resume=true")
+
+    def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self._save(trainer, "")
+
+    def on_exception(self, trainer: L.Trainer, module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException):
+            return
+        received = self._received
+        self._save(trainer, received.name if received else "SIGTERM")
+        if received is not None and callable(self._requeue_handler):
+            self._requeue_handler(received, None)  # submitit: requeue this job (rank 0) and exit

@@ -1,0 +1,156 @@
+"""Friendlier command-line errors than Hydra's for the commonest mistakes: a misspelled config key or option.
+
+Hydra rejects a misspelled key (`max_stepz` for `max_steps`) with "Key 'max_stepz' is not in struct". Before
+Hydra runs, this composes the config the same way and, for a key that does not exist, names the valid keys at
+that level and the closest match. Anything it cannot judge (sweeps, `+`/`~` overrides, hydra.* keys, a config that
+does not compose) is left to Hydra.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+# conf/ at the repository's top level; the package reaches it as lightbert/conf (a link in a checkout, a copy in the
+# wheel), so an installed lightbert runs from any directory.
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def _is_group(key: str, conf_dir: Path) -> bool:
+    return (conf_dir / key.replace(".", "/")).is_dir()
+
+
+def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
+    """The options of a config group, nested ones as `glue/mrpc`; files starting with `_` are shared parts."""
+    root = conf_dir / group.replace(".", "/")
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml") if not p.name.startswith("_"))
+
+
+def unknown_option_message(group: str, option: str, conf_dir: Path = CONF_DIR) -> str | None:
+    """None when `group=option` names a config file, else a message listing the group's options."""
+    options = group_options(group, conf_dir)
+    if option in options or option == "null":
+        return None
+    close = difflib.get_close_matches(option, options, n=1)
+    hint = f" Did you mean {group}={close[0]}?" if close else ""
+    return f"unknown {group} '{option}'.{hint}\nValid options of {group}: {', '.join(options)}."
+
+
+def unknown_key_message(cfg: DictConfig, key: str) -> str | None:
+    """None when `key` (dotted) exists in `cfg`, else a message naming the valid keys where it went wrong."""
+    node, walked = cfg, []
+    for part in key.split("."):
+        if not isinstance(node, DictConfig):
+            return None  # a list index or a leaf: not ours to judge
+        valid = sorted(str(k) for k in node)  # iterate, not `in`: a ??? value is "not in" a DictConfig
+        if part not in valid:
+            where = ".".join(walked) or "the top level"
+            close = difflib.get_close_matches(part, valid, n=1)
+            hint = f" Did you mean {'.'.join([*walked, close[0]])}?" if close else ""
+            return (
+                f"unknown config key '{key}': '{part}' is not a key of {where}.{hint}\n"
+                f"Valid keys of {where}: {', '.join(valid)}.\nTo add a new key on purpose, write +{key}=..."
+            )
+        node = node._get_node(part)
+        walked.append(part)
+    return None
+
+
+def check_command_line(argv: list[str], conf_dir: Path = CONF_DIR, config_name: str = "train") -> None:
+    """Exit with a clear message when an override names a config key or a group option that does not exist."""
+    try:
+        from hydra import compose, initialize_config_dir
+        from hydra._internal.utils import get_args_parser
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        args = get_args_parser().parse_args(argv)
+        if args.shell_completion or args.help or args.hydra_help or args.info:
+            return  # Hydra's own flags: `-sc install=bash` and `-sc query=...` take words that are no overrides
+        overrides = OverridesParser.create().parse_overrides(args.overrides)
+    except BaseException:
+        return
+    groups, keys = [], []
+    for override in overrides:
+        key = override.key_or_group
+        if override.is_add() or override.is_force_add() or override.is_delete() or key.startswith("hydra"):
+            continue
+        if _is_group(key, conf_dir):
+            values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+            for value in values:
+                message = unknown_option_message(key, value, conf_dir) if isinstance(value, str) else None
+                if message:
+                    print(f"lightbert: error: {message}", file=sys.stderr)
+                    sys.exit(2)
+            if values and isinstance(values[0], str):
+                groups.append(f"{key}={values[0]}")
+        else:
+            keys.append(key)
+    if not keys:
+        return
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            cfg = compose(config_name, overrides=groups)
+    except BaseException:
+        return
+    for key in keys:
+        message = unknown_key_message(cfg, key)
+        if message:
+            print(f"lightbert: error: {message}", file=sys.stderr)
+            sys.exit(2)
+
+
+def complete_group_option(comp_line: str, conf_dir: Path = CONF_DIR) -> list[str] | None:
+    """Shell completion of `group=prefix` with the group's options, nested ones included (`task=glue/mrpc`) and
+    shared bases left out (`_squad`), which Hydra's own completion gets wrong; None for anything else (Hydra's)."""
+    words = comp_line.split()
+    if not words or comp_line.endswith(" ") or "=" not in words[-1]:
+        return None
+    group, prefix = words[-1].split("=", 1)
+    if group.startswith(("+", "~")) or not _is_group(group, conf_dir) or "," in prefix:
+        return None
+    return [f"{group}={option}" for option in group_options(group, conf_dir) if option.startswith(prefix)]
+
+
+def answer_completion_query(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
+    """`-sc query=bash` (what the installed completion script runs): answer group options here, exit; else return."""
+    if not any(a in ("-sc", "--shell-completion") for a in argv) or not any(a.startswith("query=") for a in argv):
+        return
+    import os
+
+    options = complete_group_option(os.environ.get("COMP_LINE", ""), conf_dir)
+    if options is not None:
+        print(" ".join(options))
+        sys.exit(0)
+
+
+def check_run_directory(argv: list[str], cwd: Path | None = None) -> None:
+    """Exit with one message when the run directory cannot be made: Hydra would make it before lightbert runs, and
+    fail with a traceback. The directory is `hydra.run.dir` (or `hydra.sweep.dir` with -m) when given, else under
+    `paths.log_dir` (default `outputs`)."""
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        return  # --cfg, --help, -sc ...: nothing is written
+    values = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith(("+", "~")))
+    multirun = "-m" in argv or "--multirun" in argv
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    default_log_dir = str(OmegaConf.load(CONF_DIR / "paths" / "default.yaml").log_dir)
+    directory = values.get(key) or values.get("paths.log_dir") or default_log_dir
+    if "${" in directory:
+        return  # an interpolation: Hydra resolves it
+    path = Path(cwd or Path.cwd()) / Path(directory).expanduser()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    given = f"{key}={directory}" if key in values else f"paths.log_dir={directory}"
+    if not existing.is_dir():
+        problem = f"{existing} is a file, not a directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"{existing} is not writable"
+    else:
+        return
+    print(f"lightbert: error: cannot make the run directory {path} ({given}): {problem}; choose another with "
+          f"{key}=...", file=sys.stderr)  # fmt: skip
+    sys.exit(2)

@@ -1,0 +1,105 @@
+"""The config's numbers checked before anything runs: a value of the wrong kind or out of range is one message that
+names its key, instead of a traceback from deep in Lightning or the data code (`trainer.max_steps=abc`,
+`task.batch_size=0`, `trainer.accumulate_grad_batches=0`, a run with neither a step nor an epoch limit)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from lightbert.errors import ConfigError, ParameterError
+from lightbert.pretraining.objectives import OBJECTIVES, MaskingShares
+
+_MISSING = object()
+
+# key -> (kind, smallest value allowed, whether null is allowed). Keys a config does not hold are skipped.
+NUMBERS: dict[str, tuple[type, float, bool]] = {
+    "seed": (int, 0, False),
+    "trainer.max_steps": (int, -1, False),
+    "trainer.max_epochs": (int, -1, True),
+    "trainer.accumulate_grad_batches": (int, 1, False),
+    "trainer.log_every_n_steps": (int, 1, False),
+    "trainer.num_nodes": (int, 1, False),
+    "trainer.gradient_clip_val": (float, 0, True),
+    "task.batch_size": (int, 1, False),
+    "task.max_seq_length": (int, 1, False),
+    "task.checkpoint_every_n_steps": (int, 1, True),
+    "task.cpu_val_check_interval": (int, 1, True),
+    "task.datamodule.eval_batch_size": (int, 1, True),
+    "task.datamodule.dupe_factor": (int, 1, False),
+    "task.datamodule.max_predictions_per_seq": (int, 1, False),
+    "task.datamodule.num_workers": (int, 0, False),
+    "task.datamodule.vocab_size": (int, 1, False),
+    "optim.lr": (float, 0, False),
+    "optim.warmup_ratio": (float, 0, False),
+    "optim.weight_decay": (float, 0, False),
+}
+POSITIVE = ("optim.lr",)  # > 0, not only >= the minimum
+AT_MOST_ONE = ("optim.warmup_ratio",)
+
+
+def _value(cfg: DictConfig, key: str) -> Any:
+    try:
+        return OmegaConf.select(cfg, key, default=_MISSING, throw_on_missing=False)
+    except Exception:  # an interpolation that does not resolve: left to the code that reads it
+        return _MISSING
+
+
+def check_config(cfg: DictConfig) -> None:
+    """The checks a command is refused by before anything is read or written: numbers in range, and a fine-tuning
+    task given the pre-trained model it starts from."""
+    check_numbers(cfg)
+    objective = OmegaConf.select(cfg, "task.objective", default=None)
+    if objective is not None and objective not in OBJECTIVES:
+        raise ConfigError(f"task.objective={objective!r} is not known; valid: {list(OBJECTIVES)}")
+    masking = OmegaConf.select(cfg, "task.datamodule.masking", default=None)
+    if masking is not None:
+        try:
+            MaskingShares(**masking)
+        except ParameterError as error:
+            raise error.naming({"masking": "task.datamodule.masking"}) from None
+    fine_tuning = OmegaConf.select(cfg, "task.data_files", default=None) is not None
+    if fine_tuning and not cfg.get("init_from") and not OmegaConf.select(cfg, "task.datamodule.tokenizer_path"):
+        choice = HydraConfig.get().runtime.choices.get("task") if HydraConfig.initialized() else None
+        raise ConfigError(
+            f"task={choice or cfg.task.name} fine-tunes a pre-trained model: set init_from=<checkpoint> (a lightbert "
+            ".ckpt or run directory, a Hugging Face directory, or a hub id); its tokenizer comes with it"
+        )
+
+
+def check_numbers(cfg: DictConfig) -> None:
+    for key, (kind, minimum, nullable) in NUMBERS.items():
+        value = _value(cfg, key)
+        if value is _MISSING or (value is None and nullable):
+            continue
+        number = _as_number(value, kind)
+        what = "an integer" if kind is int else "a number"
+        if number is None:
+            raise ConfigError(f"{key} must be {what}, got {value!r}")
+        if number < minimum or (key in POSITIVE and number <= 0) or (key in AT_MOST_ONE and number > 1):
+            bound = "> 0" if key in POSITIVE else f">= {minimum:g}" + (" and <= 1" if key in AT_MOST_ONE else "")
+            raise ConfigError(f"{key} must be {bound}, got {value!r}")
+    steps, epochs = _value(cfg, "trainer.max_steps"), _value(cfg, "trainer.max_epochs")
+    if steps == -1 and epochs in (-1, None):
+        raise ConfigError(
+            "trainer.max_steps=-1 and trainer.max_epochs=-1 leave the run without an end: set one of them, "
+            "e.g. trainer.max_steps=1000"
+        )
+
+
+def _as_number(value: Any, kind: type) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    if kind is int and value != int(value):
+        return None
+    return value

@@ -1,0 +1,70 @@
+"""What reaches the console: lightbert's own log records (data cut or repaired, the checkpoint `init_from` loaded,
+phases, "nothing to resume"), from the first process only. `conf/hydra/default.yaml` wires this in; every record
+also goes to the run's `train.log`."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import ClassVar
+
+# Where launchers put a process's global rank (the same variables Lightning's rank_zero_only reads).
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+
+
+def global_rank() -> int:
+    return next((int(os.environ[v]) for v in RANK_VARIABLES if os.environ.get(v, "").isdigit()), 0)
+
+
+class RankZero(logging.Filter):
+    """Passes the records of the first process: DDP's other processes run the same code and would repeat them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return global_rank() == 0
+
+
+class DropAdvertisements(logging.Filter):
+    """Drops Lightning's tips for other products (the litlogger tip at every Trainer start)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip: For seamless cloud logging" not in record.getMessage()
+
+
+def quiet_lightning_tips() -> None:
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch"):
+        target = logging.getLogger(name)
+        if not any(isinstance(f, DropAdvertisements) for f in target.filters):
+            target.addFilter(DropAdvertisements())
+
+
+class RunLogFile(logging.FileHandler):
+    """train.log, whose records are held in memory until the run's checks have passed (`RunLogFile.start()`): a
+    command that is refused (a finished run's directory, a changed resume) writes nothing into the run directory,
+    whatever a library logged while it started. Each handler starts held: in a multirun Hydra makes a new one for
+    every job, so a refused job writes nothing either."""
+
+    _configured: ClassVar[list[RunLogFile]] = []  # the handlers logging is configured with now
+
+    def __init__(self, filename: str, mode: str = "a", encoding: str | None = None, delay: bool = True):
+        super().__init__(filename, mode, encoding, delay=True)
+        self._held: list[logging.LogRecord] | None = []  # None once started
+        RunLogFile._configured.append(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._held is None:
+            super().emit(record)
+        else:
+            self._held.append(record)
+
+    def close(self) -> None:
+        if self in RunLogFile._configured:
+            RunLogFile._configured.remove(self)
+        super().close()
+
+    @classmethod
+    def start(cls) -> None:
+        """The run's checks have passed: write what was held, and every record from now on."""
+        for handler in cls._configured:
+            held, handler._held = handler._held or [], None
+            for record in held:
+                handler.emit(record)

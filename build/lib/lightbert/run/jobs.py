@@ -1,0 +1,456 @@
+"""`train(cfg)`: one experiment from a composed Hydra config. `src/train.py` calls it; so do the tests."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from datasets.utils import logging as datasets_logging
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from lightbert.data.tokenizer import load_tokenizer
+from lightbert.distributed import gather_dict
+from lightbert.errors import ConfigError, UserError
+from lightbert.interop.hf import Pretrained, load_into, load_pretrained
+from lightbert.model import BertConfig, BertModel
+from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
+from lightbert.run.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
+from lightbert.run.cli import CONF_DIR
+from lightbert.run.config_checks import check_config
+from lightbert.run.console import RunLogFile, quiet_lightning_tips
+from lightbert.run.instantiation import instantiate_config, parameters_named_by
+from lightbert.run.loggers import RunCSVLogger, finish_wandb, summarise_in_wandb
+from lightbert.run.phases import phases as recipe_phases
+from lightbert.run.run_dir import (
+    LAST_CHECKPOINT,
+    check_output_dir,
+    checkpoint_step,
+    locked,
+    record_run,
+    remove_stale_temporaries,
+    save_tokenizer,
+    write_results,
+)
+from lightbert.run.run_dir import results as run_results
+
+log = logging.getLogger(__name__)
+
+
+def _check_devices(cfg: DictConfig) -> None:
+    """Refuses, before anything is written, a trainer that cannot run on this machine's devices."""
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    choice = HydraConfig.get().runtime.choices.get("trainer") if HydraConfig.initialized() else None
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise UserError(
+            f"trainer={choice or accelerator} needs a CUDA GPU and none is visible here; use trainer=cpu, or check "
+            "the command on CPU first with trainer.accelerator=cpu trainer.devices=2 trainer.max_steps=3"
+        )
+    strategy = cfg.trainer.get("strategy")
+    fsdp = isinstance(strategy, DictConfig) and str(strategy.get("_target_", "")).endswith("fsdp_strategy")
+    if fsdp and accelerator not in ("gpu", "cuda"):
+        # Lightning refuses FSDP without a GPU accelerator, and torch's FSDP needs an accelerator device.
+        raise UserError(
+            f"trainer={choice or 'fsdp'} runs FSDP, which needs CUDA GPUs: FSDP cannot run on CPU processes "
+            f"(trainer.accelerator={accelerator}). To check the rest of the command without a GPU, use "
+            "trainer=ddp trainer.accelerator=cpu trainer.devices=2 trainer.max_steps=3"
+        )
+
+
+def _checked_model_config(cfg: DictConfig, pretrained: Pretrained | None) -> dict:
+    """The architecture as a plain dict, validated before any data work so a bad size fails at once.
+
+    With init_from the checkpoint decides the sizes; a `model=` asking for other sizes is an error rather than
+    a silent choice. Dropout set on the command line still applies (it does not change the weights).
+    """
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    if pretrained is not None:
+        # The command line's model=... / model.x=... overrides (cfg.overrides: the command line).
+        explicit = [o for o in cfg.get("overrides") or [] if o.lstrip("+~").startswith(("model=", "model."))]
+        if explicit:
+            # model=<size> asks for every size; model.<key>=... for that key only.
+            keys = [o.lstrip("+~").split("=", 1)[0] for o in explicit]
+            asked = SIZE_FIELDS if "model" in keys else [k.removeprefix("model.") for k in keys]
+            differ = [f for f in SIZE_FIELDS if f in asked and f in model and model[f] != pretrained.config[f]]
+            if differ:
+                sizes = ", ".join(f"{f} {pretrained.config[f]} (asked {model[f]})" for f in differ)
+                raise ConfigError(
+                    f"init_from={cfg.init_from} has other sizes than {' '.join(explicit)} asks for: {sizes}. "
+                    "The checkpoint sets the architecture: drop the model override"
+                )
+            model = {**pretrained.config, **{f: model[f] for f in REGULARISATION_FIELDS if f in model}}
+        else:
+            model = dict(pretrained.config)
+    config = BertConfig.from_dict({k: v for k, v in model.items() if k != "vocab_size"})
+    lengths = {"task.max_seq_length": OmegaConf.select(cfg, "task.max_seq_length", default=None)}
+    for number, phase in enumerate(OmegaConf.select(cfg, "task.phases", default=None) or []):
+        lengths[f"task.phases[{number}].datamodule.max_seq_length"] = phase.datamodule.get("max_seq_length")
+    for key, max_seq_length in lengths.items():
+        if max_seq_length and max_seq_length > config.max_position_embeddings:
+            raise ConfigError(
+                f"{key} ({max_seq_length}) exceeds model.max_position_embeddings "
+                f"({config.max_position_embeddings}); shorten the sequences or raise max_position_embeddings"
+            )
+    return model
+
+
+def compose_config(
+    overrides: list[str], output_dir: str | Path, conf_dir: Path = CONF_DIR, config_name: str = "train"
+) -> DictConfig:
+    """The config `python src/train.py OVERRIDES` would run (`config_name="evaluate"`: src/evaluate.py's), with its
+    run directory at `output_dir`.
+
+    For notebooks and tests: `train(compose_config([...], dir))` is a run without the command line.
+    """
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(output_dir)
+        cfg.paths.output_dir = str(output_dir)
+    HydraConfig.instance().set_config(cfg)  # so ${hydra:...} interpolations resolve outside a Hydra run
+    with open_dict(cfg):
+        del cfg["hydra"]  # as in a real run: the task function never sees Hydra's own node
+    return cfg
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train and validate as `cfg` says; write `results.json` in the run directory and return its content.
+
+    The run directory is the user's record: it is held for this run alone (`locked`), and a command refused by
+    the checks before training writes nothing into it.
+    """
+    check_config(cfg)  # before anything is read or written
+    output_dir = Path(cfg.paths.output_dir)
+    with locked(output_dir):
+        return _train(cfg, output_dir)
+
+
+def evaluate(cfg: DictConfig) -> dict[str, Any]:
+    """Score the fine-tuned model `init_from` names on the task's validation splits and write the prediction files a
+    training run writes, into a new run directory (`results.json` there); the checkpoint's own is never touched."""
+    check_config(cfg)
+    output_dir = Path(cfg.paths.output_dir)
+    with locked(output_dir):
+        return _evaluate(cfg, output_dir)
+
+
+def _prepare(
+    cfg: DictConfig, output_dir: Path, resume_from: Path | None, check: Callable[[Pretrained], None] | None = None
+) -> tuple[Pretrained | None, dict]:
+    """What every run does before its record is written: the checks that refuse a command (devices, init_from and
+    `check` of it, sizes), then `.hydra/` and train.log. Returns the checkpoint init_from names and the architecture."""
+    # The run directory holds .hydra/ when the CSV logger starts writing there: not a problem.
+    warnings.filterwarnings("ignore", message=".*exists and is not empty.*")
+    warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")  # Lightning internals vs newer torch
+    _check_devices(cfg)
+    quiet_lightning_tips()
+    datasets_logging.disable_progress_bar()  # on only around maps worth watching (data.local_files.progress_bars_for)
+    # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    L.seed_everything(cfg.seed, workers=True)
+    init_from = cfg.get("init_from")
+    pretrained = load_pretrained(str(init_from)) if init_from else None
+    if pretrained is not None and pretrained.tokenizer is None and not cfg.task.datamodule.get("tokenizer_path"):
+        raise UserError(
+            f"init_from={init_from} comes without its tokenizer (tokenizer.json or vocab.txt beside the weights); "
+            "copy the tokenizer it was trained with there, or give it with task.datamodule.tokenizer_path=..."
+        )
+    if check is not None and pretrained is not None:
+        check(pretrained)
+    model_config = _checked_model_config(cfg, pretrained)
+    if pretrained is not None:
+        _name_checkpoint_model(cfg, model_config)
+    record_run(cfg, output_dir, resuming=resume_from is not None)
+    RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
+    remove_stale_temporaries(output_dir)
+    log.info(_describe_run(cfg, model_config))
+    return pretrained, model_config
+
+
+def _data_and_module(cfg: DictConfig, pretrained: Pretrained | None, model_config: dict, tokenizer_kwargs: dict):
+    """The task's DataModule and LightningModule, the module holding init_from's weights; and the fresh ones."""
+    # Partial, then called: objects passed through instantiate() would be turned into configs.
+    with parameters_named_by(cfg.task.datamodule):
+        datamodule = instantiate_config(cfg.task.datamodule, _partial_=True)(**tokenizer_kwargs)
+        tokenizer = datamodule.tokenizer
+    module = instantiate_config(
+        cfg.task.module,
+        model=_with_vocabulary(model_config, tokenizer, pretrained),
+        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        _convert_="all",
+    )
+    fresh = load_into(module.model, pretrained) if pretrained is not None else []
+    # Scoring that needs the data (SQuAD's answers): the module calls it once the data is set up.
+    module.evaluator = datamodule.evaluator
+    _apply_speed_switches(module, cfg.get("speed") or {})
+    return datamodule, module, fresh
+
+
+def _loggers(cfg: DictConfig, resumed_step: int | None = None) -> list:
+    loggers = [instantiate_config(c) for c in (cfg.get("logger") or {}).values()]
+    for logger in loggers:  # the resolved config, and the command line that made it
+        if isinstance(logger, RunCSVLogger) and resumed_step is not None:
+            logger.resumed_step = resumed_step  # metrics.csv continues from the checkpoint's step
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    return loggers
+
+
+def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    started = time.time()
+    resume_from = check_output_dir(output_dir, bool(cfg.get("resume", False)))
+    # First on the console (train.log holds it until the checks below pass).
+    log.info(f"run directory: {output_dir}")
+    if cfg.get("resume") and resume_from is None:
+        log.info(f"resume=true and no {output_dir / LAST_CHECKPOINT} yet: starting from the beginning")
+    done = checkpoint_step(resume_from) if resume_from else 0  # the step it resumes from
+    pretrained, model_config = _prepare(cfg, output_dir, resume_from)
+    try:
+        tokenizer_kwargs = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}
+        if resume_from is not None and (output_dir / "tokenizer.json").is_file():
+            # The run's own tokenizer: the ids its checkpoint was trained on, whatever the corpus now holds.
+            tokenizer_kwargs = {"tokenizer": load_tokenizer(output_dir / "tokenizer.json")}
+        datamodule, module, _ = _data_and_module(cfg, pretrained, model_config, tokenizer_kwargs)
+        tokenizer = datamodule.tokenizer
+        loggers = _loggers(cfg, done if resume_from is not None else None)
+        if resume_from is None:
+            save_tokenizer(tokenizer, output_dir)
+        phases = recipe_phases(cfg)
+        for number, phase in enumerate(phases, start=1):
+            if len(phases) > 1:
+                if phase.end_step <= done and number < len(phases):
+                    continue  # finished before the checkpoint this run resumes from
+                steps = f"steps {phase.first_step}-{phase.end_step}"
+                log.info(f"phase {number}/{len(phases)}: {steps}, {phase.datamodule}")
+                phase_kwargs = {"tokenizer": tokenizer, "first_step": phase.first_step}
+                with parameters_named_by(cfg.task.datamodule):
+                    datamodule = instantiate_config(cfg.task.datamodule, **phase.datamodule, _partial_=True)(
+                        **phase_kwargs
+                    )
+            # Fresh callbacks for each phase: their state comes back from the checkpoint the phase starts from.
+            callbacks = [instantiate_config(c) for c in (cfg.get("callbacks") or {}).values()]
+            trainer = _trainer(cfg, callbacks, loggers, **({"max_steps": phase.end_step} if len(phases) > 1 else {}))
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+            resume_from = output_dir / LAST_CHECKPOINT  # the next phase starts from this one's weights and optimizer
+        results = run_results(trainer, output_dir, time.time() - started)
+        results["predictions"] = _write_test_predictions(trainer, module, datamodule, output_dir)
+        return _finish(trainer, results, output_dir)
+    finally:
+        finish_wandb()
+
+
+def _finish(trainer: L.Trainer, results: dict[str, Any], output_dir: Path) -> dict[str, Any]:
+    """results.json and the console's last line, the W&B summary, and the end of the process group."""
+    write_results(results, output_dir)
+    summarise_in_wandb(trainer, results)
+    _end_distributed()
+    return results
+
+
+def _trainer(cfg: DictConfig, callbacks: list, loggers: list, **overrides: Any) -> L.Trainer:
+    return instantiate_config(
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers or False,
+        plugins=[AtomicCheckpointIO(), *[instantiate_config(p) for p in cfg.trainer.get("plugins") or []]],
+        **overrides,
+    )
+
+
+# What evaluation runs without: it saves no checkpoint and trains no step.
+TRAINING_ONLY_CALLBACKS = (ModelCheckpoint, LatestCheckpoint, ResumableRNG, LearningRateMonitor)
+
+
+def _evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    started = time.time()
+    init_from = cfg.get("init_from")
+    if not init_from:
+        raise ConfigError("src/evaluate.py scores a fine-tuned model: set init_from=<run directory | .ckpt | HF dir>")
+    check_output_dir(output_dir, resume=False)
+    log.info(f"run directory: {output_dir}")
+    pretrained, model_config = _prepare(cfg, output_dir, None, lambda p: _check_head(cfg, p))
+    try:
+        kwargs = {"tokenizer": pretrained.tokenizer} if pretrained.tokenizer else {}
+        if OmegaConf.select(cfg, "task.data_files") is not None:  # fine-tuning data: no training split needed
+            kwargs["fit"] = False
+        datamodule, module, fresh = _data_and_module(cfg, pretrained, model_config, kwargs)
+        if fresh:
+            raise UserError(
+                f"init_from={init_from} has no fine-tuned {cfg.task.name} head: {', '.join(fresh[:3])} would be "
+                f"untrained. Evaluate a model fine-tuned for task={_task_option()} (its run directory or .ckpt)"
+            )
+        trained_for = pretrained.hyper_parameters.get("task")
+        if trained_for and trained_for != cfg.task.name:
+            log.warning(f"init_from={init_from} was fine-tuned on {trained_for}, and is evaluated on {cfg.task.name}")
+        callbacks = [instantiate_config(c) for c in (cfg.get("callbacks") or {}).values()]
+        callbacks = [c for c in callbacks if not isinstance(c, TRAINING_ONLY_CALLBACKS)]
+        trainer = _trainer(cfg, callbacks, _loggers(cfg))
+        trainer.validate(module, datamodule=datamodule)
+        results = {
+            "evaluated": pretrained.source,
+            "metrics": {name: float(value) for name, value in sorted(trainer.callback_metrics.items())},
+            "predictions": _write_test_predictions(trainer, module, datamodule, output_dir),
+            "output_dir": str(output_dir),
+            "seconds": round(time.time() - started, 1),
+        }
+        return _finish(trainer, results, output_dir)
+    finally:
+        finish_wandb()
+
+
+def _check_head(cfg: DictConfig, pretrained: Pretrained) -> None:
+    """Refuses, before anything is written, a checkpoint whose head is not the task's: evaluating it would score a
+    head that starts untrained."""
+    from hydra.utils import get_class
+
+    from lightbert.heads import head_of_module
+    from lightbert.inference.finetuned import head_of
+
+    wanted = head_of_module(get_class(str(cfg.task.module._target_)))
+    found = head_of(pretrained)
+    labels = found[1].labels if found else ()
+    if wanted is None or (found is not None and found[0] == wanted.name and _label_count_fits(cfg, labels)):
+        return  # pre-training is evaluated on its own heads; the fresh-weights check after loading still holds
+    what = f"a {found[0].replace('_', ' ')} model" if found else "a pre-trained model without a fine-tuned head"
+    if found and found[0] == wanted.name:
+        what += f" with {len(labels) or 1} output(s)"
+    raise UserError(
+        f"init_from={cfg.init_from} is {what}, and task={_task_option()} evaluates a "
+        f"{wanted.name.replace('_', ' ')} head of its own label set; evaluate a model fine-tuned for this task (its "
+        "run directory or .ckpt)"
+    )
+
+
+def _label_count_fits(cfg: DictConfig, labels: tuple[str, ...]) -> bool:
+    task_labels = OmegaConf.select(cfg, "task.label_names", default=None)  # NER's tag set
+    if task_labels is not None:
+        return len(labels) == len(task_labels)
+    task = OmegaConf.select(cfg, "task.module.task", default=None)  # GLUE
+    if task is not None:
+        from lightbert.glue.data import glue_task
+
+        return (len(labels) or 1) == glue_task(str(task)).num_labels
+    return True
+
+
+def _task_option() -> str:
+    choice = HydraConfig.get().runtime.choices.get("task") if HydraConfig.initialized() else None
+    return choice or "..."
+
+
+def _end_distributed() -> None:
+    """Ends the process group Lightning's DDP started, once every process has finished (a failed run leaves it to
+    the exit, as a barrier could wait for a process that is gone). Left to the interpreter's exit, gloo's threads
+    were seen to abort a finished DDP run ("terminate called without an active exception", exit -6)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()  # no process leaves while another still gathers predictions
+        torch.distributed.destroy_process_group()
+
+
+DEFAULT_MODEL_NAME = "${hydra:runtime.choices.model}"
+
+
+def size_name(model: dict, conf_dir: Path = CONF_DIR) -> str:
+    """The conf/model/ size with these sizes (e.g. bert_base), else L<layers>-H<hidden>-A<heads>."""
+    for path in sorted((conf_dir / "model").glob("*.yaml")):
+        sizes = OmegaConf.to_container(OmegaConf.load(path))
+        if all(model.get(field) == sizes.get(field) for field in SIZE_FIELDS if field in sizes):
+            return path.stem
+    return f"L{model['num_hidden_layers']}-H{model['hidden_size']}-A{model['num_attention_heads']}"
+
+
+def _name_checkpoint_model(cfg: DictConfig, model: dict) -> None:
+    """Under init_from the checkpoint decides the model: the config, the run's name and its W&B tags say the model
+    that runs, not the `model=` default (a fine-tune of a bert_tiny checkpoint is not "sst2-bert_mini")."""
+    name = size_name(model)
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    with open_dict(cfg):
+        cfg.model = {k: v for k, v in model.items() if k != "vocab_size"}
+        if raw.get("run_name") == "${task.name}-" + DEFAULT_MODEL_NAME:
+            cfg.run_name = f"{cfg.task.name}-{name}"
+        wandb = (raw.get("logger") or {}).get("wandb") or {}
+        if DEFAULT_MODEL_NAME in (wandb.get("tags") or []):
+            cfg.logger.wandb.tags = [name if t == DEFAULT_MODEL_NAME else t for t in wandb["tags"]]
+
+
+def _describe_run(cfg: DictConfig, model: dict) -> str:
+    """One line: what is trained on what data, where, how long."""
+    sizes = f"L{model['num_hidden_layers']}/H{model['hidden_size']}/A{model['num_attention_heads']}"
+    source = f"init_from={cfg.init_from}" if cfg.get("init_from") else "from scratch"
+    if cfg.task.name == "pretrain":
+        corpus = cfg.get("corpus") or {}
+        data = f"corpus {corpus.get('name') or ','.join(corpus.get('paths') or []) or 'demo'}"
+    else:
+        files = {k: v for k, v in (cfg.task.get("data_files") or {}).items() if v}
+        data = ", ".join(f"{k}={v}" for k, v in files.items()) if files else "the hub's data"
+    trainer = cfg.trainer
+    devices = f"{trainer.devices} x {trainer.accelerator}" + (
+        f" x {trainer.num_nodes} nodes" if trainer.num_nodes > 1 else ""
+    )
+    strategy = trainer.strategy if isinstance(trainer.strategy, str) else "fsdp"
+    length = (
+        f"{trainer.max_steps} steps" if trainer.max_steps and trainer.max_steps > 0 else f"{trainer.max_epochs} epochs"
+    )
+    return (
+        f"{cfg.task.name}: {sizes} ({source}) on {data}; {devices}, strategy {strategy}, {trainer.precision}, "
+        f"{length}, batch {cfg.task.batch_size} per device"
+    )
+
+
+def _apply_speed_switches(module: L.LightningModule, speed: DictConfig | dict) -> None:
+    for submodule in module.modules():
+        if isinstance(submodule, BertModel):
+            submodule.unpad = bool(speed.get("unpad", True))
+    if speed.get("compile", False):
+        module.model.compile()  # in place, so parameter names and checkpoints stay those of the plain model
+
+
+def _with_vocabulary(model_config: dict, tokenizer, pretrained: Pretrained | None) -> dict:
+    """The size files leave the vocabulary to the tokenizer; a checkpoint brings its own embedding size."""
+    if pretrained is None:
+        return {**model_config, "vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_id}
+    if tokenizer.vocab_size > model_config["vocab_size"]:
+        raise UserError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but init_from={pretrained.source} embeds only "
+            f"{model_config['vocab_size']}; use the tokenizer that came with the checkpoint"
+        )
+    return model_config
+
+
+def _write_test_predictions(trainer: L.Trainer, module, datamodule, output_dir: Path) -> list[str]:
+    """Predict the task's prediction splits with the best checkpoint and write their files, as the DataModule
+    declares (`predict_splits`, `prediction_writer`; pre-training and SWAG declare none).
+
+    Each prediction is one example's row of the batch's "prediction" (a class, a score, or a QA window's logits),
+    as a numpy array so that gathering from other devices pickles just that row.
+    """
+    splits = datamodule.predict_splits
+    if not splits or datamodule.prediction_writer() is None:
+        return []
+    checkpoint = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
+    ckpt_path = checkpoint.best_model_path if checkpoint is not None and checkpoint.best_model_path else None
+    batches = trainer.predict(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    if len(splits) == 1:
+        batches = [batches]
+    predictions = {}
+    for split, split_batches in zip(splits, batches, strict=True):
+        by_idx = {}
+        for out in split_batches:
+            prediction = out["prediction"].detach().cpu()
+            if prediction.is_floating_point():
+                prediction = prediction.float()  # numpy has no bfloat16
+            by_idx.update(zip(out["idx"].tolist(), prediction.numpy(), strict=True))
+        predictions[split] = gather_dict(by_idx)  # each rank predicted its share of every split
+    if trainer.global_rank != 0:
+        return []
+    written = datamodule.prediction_writer().write(predictions, output_dir / "predictions")
+    return [str(p) for p in written]

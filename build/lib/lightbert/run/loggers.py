@@ -1,0 +1,154 @@
+"""Loggers built from config. W&B never prompts: without credentials it runs offline."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import inspect
+import netrc
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_only
+
+from lightbert.errors import UserError
+from lightbert.files import open_atomically
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+def wandb_has_credentials() -> bool:
+    """True when W&B could log in without asking: an API key in the environment or in ~/.netrc."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        hosts = netrc.netrc(os.environ.get("NETRC", Path.home() / ".netrc")).hosts
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+    return any("wandb" in host for host in hosts)
+
+
+def wandb_logger(
+    project: str,
+    save_dir: str,
+    name: str | None = None,
+    group: str | None = None,
+    tags: list[str] | None = None,
+    mode: str = "auto",
+    **init_settings,
+) -> WandbLogger:
+    """A WandbLogger for this run. Any other `wandb.init` setting passes through: `+logger.wandb.entity=myteam`,
+    `+logger.wandb.notes=...`, `+logger.wandb.dir=...`."""
+    if mode not in WANDB_MODES:
+        raise UserError(f"logger.wandb.mode {mode!r} is not one of {list(WANDB_MODES)}")
+    import wandb
+
+    valid = set(inspect.signature(wandb.init).parameters) - {"id", "resume", "reinit", "config"}
+    unknown = sorted(set(init_settings) - valid)
+    if unknown:
+        raise UserError(f"logger.wandb.{unknown[0]} is not a wandb.init setting; valid: {', '.join(sorted(valid))}")
+    if mode == "auto":
+        mode = os.environ.get("WANDB_MODE") or ("online" if wandb_has_credentials() else "offline")
+    tags = [str(t) for t in tags or [] if t not in (None, "", "None")]  # e.g. no sweep= choice
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        # Every job of a sweep is its own run, named by its number; the sweep is one group, named by the task, the
+        # model and the sweep's directory (its start time), so the dashboard groups, compares and averages jobs.
+        hydra = HydraConfig.get()
+        group = group or (f"{name}-{Path(hydra.sweep.dir).name}" if name else str(hydra.sweep.dir))
+        name = f"{name}-{hydra.job.num}" if name else None
+        tags.append("multirun")
+    Path(save_dir).mkdir(parents=True, exist_ok=True)
+    # One W&B run per run directory: a run resumed there (resume=true, a SLURM requeue) continues the same W&B run.
+    run_id = hashlib.sha256(str(Path(save_dir).resolve()).encode()).hexdigest()[:16]
+    logger = WandbLogger(
+        id=run_id,
+        resume="allow",
+        project=project,
+        name=name,
+        group=group,
+        job_type=init_settings.pop("job_type", "multirun" if "multirun" in tags else "run"),
+        tags=tags,
+        save_dir=save_dir,
+        mode=mode,
+        log_model=False,  # checkpoints stay in the run directory; uploading them is the user's choice
+        **init_settings,
+    )
+    # Lightning passes wandb.init an `anonymous` setting even when unset, and wandb warns that it has no effect.
+    if logger._wandb_init.get("anonymous") is None:
+        logger._wandb_init.pop("anonymous", None)
+    return logger
+
+
+def finish_wandb() -> None:
+    """Ends the W&B run, if one was started (also after a failed run: its state is uploaded, not left open)."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and wandb.run is not None:
+        wandb.finish()
+
+
+@rank_zero_only
+def summarise_in_wandb(trainer: L.Trainer, results: dict[str, Any]) -> None:
+    """The run's headline numbers in the W&B summary: what the runs table and a sweep's parallel-coordinates
+    chart show. `best/<monitor>` is the best validation value (the checkpoint kept), not the last one."""
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger):
+            summary = {"global_step": results["global_step"], "seconds": results["seconds"]}
+            if results["monitor"] and results["best_score"] is not None:
+                summary[f"best/{results['monitor']}"] = results["best_score"]
+            logger.experiment.summary.update(summary)
+
+
+class HistoryWriter(ExperimentWriter):
+    """Lightning's metrics.csv writer, except that it never deletes what a run directory holds: a resumed run
+    appends to its metrics.csv, after dropping the rows of the steps it will log again (those after the checkpoint
+    it resumes from: the work a kill lost). The file is rewritten only once the run logs its first metrics."""
+
+    def __init__(self, log_dir: str, resumed_step: int | None):
+        self.resumed_step = resumed_step
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        """Lightning's deletes metrics.csv here, before anything has trained."""
+
+    def save(self) -> None:
+        if self.resumed_step is not None and self.metrics and os.path.isfile(self.metrics_file_path):
+            with open(self.metrics_file_path, newline="") as file:
+                reader = csv.DictReader(file)
+                kept = [row for row in reader if _step(row) < self.resumed_step]  # row steps count from 0
+                header = list(reader.fieldnames or [])
+            self.metrics_keys = sorted(set(header) | set(self.metrics_keys))
+            with open_atomically(Path(self.metrics_file_path), newline="") as file:
+                writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
+                writer.writeheader()
+                writer.writerows(kept)
+            self.resumed_step = None  # the history is in place: append from here on
+        super().save()
+
+
+def _step(row: dict) -> float:
+    try:
+        return float(row.get("step") or 0)
+    except ValueError:
+        return 0.0
+
+
+class RunCSVLogger(CSVLogger):
+    """metrics.csv in the run directory, continued by a resumed run (train() sets `resumed_step`)."""
+
+    resumed_step: int | None = None
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> HistoryWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = HistoryWriter(self.log_dir, self.resumed_step)
+        return self._experiment

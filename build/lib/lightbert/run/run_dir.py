@@ -1,0 +1,225 @@
+"""The run directory, the user's record of a run: what may be trained into it, and what a finished run leaves.
+
+Light to import (torch and Lightning only inside the functions that need them): the entry point refuses a command
+with these checks before it loads the rest, in a second rather than several.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from lightbert.errors import UserError
+from lightbert.files import RESULTS_FILE, write_atomically
+from lightbert.run.console import global_rank
+
+log = logging.getLogger(__name__)
+
+LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
+
+
+def check_output_dir(output_dir: Path, resume: bool) -> Path | None:
+    """The checkpoint to resume from, if any. Nothing a user saved is ever lost: a finished run's directory is
+    not trained into again, and an unfinished one only to continue it."""
+    if (output_dir / RESULTS_FILE).exists():
+        raise UserError(
+            f"{output_dir} already holds a finished run ({RESULTS_FILE}); choose another directory "
+            "with hydra.run.dir=... or leave it to the default, which is new for every run"
+        )
+    checkpoints = output_dir / LAST_CHECKPOINT.parent
+    if checkpoints.exists() and (not checkpoints.is_dir() or not os.access(checkpoints, os.W_OK | os.X_OK)):
+        # Found now, not when the first checkpoint is written after hours of training.
+        problem = "a file, not a directory" if not checkpoints.is_dir() else "not writable"
+        raise UserError(f"{checkpoints} is {problem}: the run could not save its checkpoints; fix it, or choose "
+                        "another directory with hydra.run.dir=...")  # fmt: skip
+    last = output_dir / LAST_CHECKPOINT
+    if not resume and not last.is_file() and (output_dir / "metrics.csv").is_file():
+        raise UserError(
+            f"{output_dir} holds a metrics.csv from another run, which this one would replace; choose another "
+            "directory with hydra.run.dir=..., or add resume=true to continue that run from its checkpoint"
+        )
+    if resume:
+        return last if last.is_file() else None  # nothing to resume yet: train() says so, after the run directory
+    if last.is_file():
+        raise UserError(
+            f"{output_dir} holds an unfinished run ({LAST_CHECKPOINT}); add resume=true to continue it, "
+            "or choose another directory with hydra.run.dir=..."
+        )
+    return None
+
+
+def checkpoint_step(path: Path) -> int:
+    """The global step of a checkpoint to resume from, read without loading its weights (mmap); a file that is no
+    checkpoint (truncated by a full disk, or something else) is one message, not torch's traceback."""
+    try:
+        import torch
+
+        return int(torch.load(path, mmap=True, weights_only=True)["global_step"])
+    except Exception as error:
+        raise UserError(
+            f"{path} cannot be read as a checkpoint ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
+            "the run cannot resume from it. Move it aside to resume from nothing, or start a new run directory"
+        ) from None
+
+
+def remove_stale_temporaries(output_dir: Path) -> None:
+    """Temporary files a killed save left (`.last.ckpt.tmp-<host>-<pid>`, up to a checkpoint's size): with the run
+    directory locked, no process is writing them any more. Never a finished file."""
+    stale = [p for d in (output_dir, output_dir / "checkpoints") if d.is_dir() for p in d.glob(".*.tmp-*")]
+    if stale and is_global_zero():
+        size = sum(p.stat().st_size for p in stale if p.is_file())
+        for path in stale:
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        log.warning(
+            f"removed {len(stale)} temporary file(s) ({size / 2**20:.1f} MB) that a killed save left in {output_dir}"
+        )
+
+
+def save_tokenizer(tokenizer, output_dir: Path) -> None:
+    if not is_global_zero():
+        return
+    # Next to the checkpoints, so a run directory is enough to load the model again.
+    tokenizer.save(output_dir / "tokenizer.json")
+
+
+def results(trainer, output_dir: Path, seconds: float) -> dict[str, Any]:
+    """What `results.json` holds: the final metrics, the best checkpoint by the task's monitor, where things are."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    checkpoints = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
+    checkpoint = next((c for c in checkpoints if c.monitor), None)  # the best by the task's monitor
+    metrics = {name: float(value) for name, value in sorted(trainer.callback_metrics.items())}
+    best = checkpoint.best_model_score if checkpoint is not None else None
+    return {
+        "metrics": metrics,
+        "monitor": checkpoint.monitor if checkpoint else None,
+        "best_score": float(best) if best is not None else None,
+        "global_step": trainer.global_step,
+        "best_checkpoint": (checkpoint.best_model_path or None) if checkpoint else None,  # None: no validation ran
+        "last_checkpoint": str(output_dir / LAST_CHECKPOINT) if (output_dir / LAST_CHECKPOINT).is_file() else None,
+        "tokenizer": str(output_dir / "tokenizer.json"),
+        "output_dir": str(output_dir),
+        "seconds": round(seconds, 1),
+    }
+
+
+def write_results(results: dict[str, Any], output_dir: Path) -> None:
+    """results.json, and one console line that says how the run ended and where its outputs are (first process)."""
+    if not is_global_zero():
+        return
+    write_atomically(output_dir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
+    metrics = results["metrics"]
+    shown = [f"{k}={v:.4f}" for k, v in metrics.items() if k.startswith("val/")][:6]
+    if results.get("evaluated"):  # src/evaluate.py: no training, no checkpoint
+        outputs = [RESULTS_FILE, "metrics.csv", *(["predictions/"] if results.get("predictions") else [])]
+        print(
+            f"lightbert: evaluated {results['evaluated']} in {results['seconds']:.0f}s ({', '.join(shown)}). "
+            f"Outputs in {output_dir}: {', '.join(outputs)}"
+        )
+        return
+    if results["monitor"] and results["best_score"] is not None:
+        shown.append(f"best {results['monitor']}={results['best_score']:.4f}")
+    if not shown:
+        shown = ["no validation ran: raise trainer.max_steps or lower trainer.val_check_interval"]
+    outputs = [RESULTS_FILE, "metrics.csv", "checkpoints/", "tokenizer.json"]
+    if results.get("predictions"):
+        outputs.append("predictions/")
+    print(
+        f"lightbert: finished {results['global_step']} steps in {results['seconds']:.0f}s ({', '.join(shown)}). "
+        f"Outputs in {output_dir}: {', '.join(outputs)}"
+    )
+
+
+RECORD_DIR = ".hydra"  # where Hydra would write it; lightbert writes it once the run's checks have passed
+# What a resumed run may set differently from the run it continues: where metrics go, what observes the run
+# (callbacks) and how progress is shown. Everything else (data, model, optimiser, length) continues as recorded.
+CHANGEABLE_ON_RESUME = ("resume", "logger", "callbacks", "trainer.enable_progress_bar", "trainer.log_every_n_steps")
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out or {prefix.rstrip("."): {}}
+    return {prefix.rstrip("."): node}
+
+
+def record_run(cfg: DictConfig, output_dir: Path, resuming: bool) -> None:
+    """The run's record in `.hydra/`: the config (as composed, interpolations kept), the command line's overrides
+    and, in a Hydra run, Hydra's own config. A resumed run continues the run as recorded: a setting it changes is
+    refused with the keys named (only `CHANGEABLE_ON_RESUME` may change), and the record is left as it was."""
+    record = output_dir / RECORD_DIR
+    config = OmegaConf.to_container(cfg, resolve=False)
+    if resuming and (record / "config.yaml").is_file():
+        recorded = _flat(OmegaConf.to_container(OmegaConf.load(record / "config.yaml"), resolve=False))
+        now = _flat(config)
+        changed = [
+            key
+            for key in sorted(set(recorded) | set(now))
+            if recorded.get(key) != now.get(key)
+            and not any(key == c or key.startswith(c + ".") for c in CHANGEABLE_ON_RESUME)
+        ]
+        if changed:
+            shown = "; ".join(f"{k}: {recorded.get(k)!r} recorded, {now.get(k)!r} now" for k in changed[:6])
+            raise UserError(
+                f"resume=true continues the run in {output_dir} as recorded in {record / 'config.yaml'}, and this "
+                f"command changes {len(changed)} setting(s): {shown}. Drop those overrides to resume, or start a new "
+                "run in another directory (e.g. with init_from=<this run> to fine-tune from it)"
+            )
+        return
+    if not is_global_zero():
+        return
+    write_atomically(record / "config.yaml", OmegaConf.to_yaml(config))
+    write_atomically(record / "overrides.yaml", OmegaConf.to_yaml(list(cfg.get("overrides") or [])))
+    if HydraConfig.initialized():
+        write_atomically(record / "hydra.yaml", OmegaConf.to_yaml({"hydra": HydraConfig.get()}))
+
+
+def is_global_zero() -> bool:
+    """The first process of the run: Lightning's rank once it runs (its strategy sets the global rank across
+    nodes), before that the launcher's variables, which Lightning reads too."""
+    utilities = sys.modules.get("lightning.pytorch.utilities")
+    return (utilities.rank_zero_only.rank if utilities is not None else global_rank()) == 0
+
+
+def check_not_running(output_dir: Path) -> None:
+    """Refuses at once a directory another run holds (`locked`), before its files are judged: a running run's
+    metrics.csv or last.ckpt are not a finished or abandoned one's."""
+    if output_dir.is_dir() and is_global_zero():
+        with locked(output_dir):
+            pass
+
+
+@contextmanager
+def locked(output_dir: Path) -> Iterator[None]:
+    """Holds the run directory for this run: a second run started into it at the same time is refused (the lock
+    is on the directory itself, so nothing is written into it, and the system drops it when the process ends,
+    however it ends). Only the first process of a run takes it; the other DDP processes run inside."""
+    if not is_global_zero():
+        yield
+        return
+    output_dir.mkdir(parents=True, exist_ok=True)
+    handle = os.open(output_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(
+                f"another run is training in {output_dir} right now; wait for it to finish, or choose another "
+                "directory with hydra.run.dir=..."
+            ) from None
+        yield
+    finally:
+        os.close(handle)

@@ -1,0 +1,1 @@
+"""SWAG: its data and its LightningModule (multiple choice)."""

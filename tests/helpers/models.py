@@ -1,0 +1,71 @@
+"""Small models for the tests: a tiny config, random batches, a random transformers BERT saved to disk."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+import transformers
+from omegaconf import OmegaConf
+
+from helpers.glue_files import WORDS
+from helpers.runs import REPO
+from lightbert.data.tokenizer import train_wordpiece
+from lightbert.model import BertConfig
+
+TINY = BertConfig(
+    vocab_size=300,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=256,
+    max_position_embeddings=64,
+)
+
+
+def random_batch(batch: int = 3, seq_len: int = 20, vocab: int = 300):
+    torch.manual_seed(0)
+    input_ids = torch.randint(5, vocab, (batch, seq_len))
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[:, seq_len // 2 :] = 1
+    attention_mask = torch.ones_like(input_ids)
+    if batch >= 3:
+        attention_mask[1, 13:] = 0
+        attention_mask[2, 7:] = 0
+    return input_ids, token_type_ids, attention_mask
+
+
+def write_hf_bert(
+    directory, seed: int = 0, bare_encoder: bool = False, num_hidden_layers: int = 2, words: list[str] = WORDS
+):
+    """A small random transformers BERT saved with save_pretrained, plus a WordPiece vocab.txt learnt from `words`."""
+    rng = random.Random(seed)
+    tokenizer = train_wordpiece([" ".join(rng.choice(words) for _ in range(10)) for _ in range(200)], vocab_size=200)
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    model = transformers.BertModel(config) if bare_encoder else transformers.BertForPreTraining(config)
+    model.save_pretrained(directory)
+    tokenizer.save_vocab_txt(directory / "vocab.txt")
+    return directory
+
+
+def extract_config(bert_dir, directory, layers) -> OmegaConf:
+    """conf/extract_features.yaml for `in.txt` (one line) in `directory`, written to `out.jsonl` there."""
+    (directory / "in.txt").write_text("the city\n")
+    cfg = OmegaConf.load(REPO / "conf" / "extract_features.yaml")
+    cfg.pop("defaults")
+    cfg.pop("hydra")
+    cfg.init_from, cfg.input_file, cfg.output_file = (
+        str(bert_dir),
+        str(directory / "in.txt"),
+        str(directory / "out.jsonl"),
+    )
+    cfg.layers = layers
+    return cfg

@@ -1,0 +1,119 @@
+"""Runs as a user starts them: composed configs, `python src/train.py` in a subprocess, small corpora."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from lightbert.run.jobs import compose_config as lightbert_compose_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+CONF_DIR = REPO / "conf"
+
+
+# Common English words: the synthetic corpora are random sentences of these.
+WORDS = """
+the of and to in is was for on that by with as at from his her are were be this which have or an had not but
+their they one its new after first also been has who two more other into all time when some would there can
+city year state world school people part music team river war album film series party house game called
+""".split()
+
+
+DEVICES = {"gpu": 1, "ddp": 2, "ddp8": 2}  # the CPU twin's device count per trainer config
+
+TWO_PHASES = "task.phases=[{until:0.5,datamodule:{max_seq_length:32}},{until:1.0,datamodule:{max_seq_length:64}}]"
+
+
+def write_bert_corpus(path: Path, num_documents: int = 40, seed: int = 0) -> Path:
+    """A BERT-format file: `num_documents` documents of 4-12 English-looking sentences, one per line."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(num_documents):
+        for _ in range(rng.randint(4, 12)):
+            words = [rng.choice(WORDS) for _ in range(rng.randint(5, 18))]
+            lines.append(" ".join(words).capitalize() + ".")
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+# A pre-training run of seconds on a corpus=text file (add corpus.paths=[...]): what the fault tests run for real.
+TINY_PRETRAIN = [
+    "model=bert_tiny",
+    "trainer=cpu",
+    "task.batch_size=4",
+    "task.max_seq_length=64",
+    "task.datamodule.vocab_size=400",
+    "task.datamodule.dupe_factor=1",
+    "task.datamodule.num_workers=0",
+    "logger=csv",
+    "corpus=text",
+]
+
+
+def compose_config(overrides: list[str], output_dir: Path, config_name: str = "train") -> DictConfig:
+    """The config `python src/train.py OVERRIDES` (or src/evaluate.py's) would run, with its run directory at
+    `output_dir`; composed from the checkout's conf/."""
+    return lightbert_compose_config(overrides, output_dir, CONF_DIR, config_name)
+
+
+def default_sigint() -> None:
+    """For a child that must take Ctrl-C: a non-interactive shell starts background jobs with SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def run_train_script(
+    *args: str, cwd: Path = REPO, start_new_session: bool = False, **env: str
+) -> subprocess.CompletedProcess:
+    """`python src/train.py ARGS` in a subprocess, as a user would run it (SIGINT as in a terminal's foreground);
+    `env` adds environment variables."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "src" / "train.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+        env={**os.environ, **env},
+        start_new_session=start_new_session,
+        preexec_fn=default_sigint,
+    )
+
+
+def cpu_twin(trainer: str) -> list[str]:
+    """The README's dry run: the trainer config as it is, on CPU processes instead of GPUs."""
+    return [f"trainer={trainer}", "trainer.accelerator=cpu", f"trainer.devices={DEVICES[trainer]}"]
+
+
+def pretrain_overrides(corpus: Path, optimizer: str, phases: int) -> list[str]:
+    return [
+        "model=bert_tiny",
+        "corpus=text",
+        f"corpus.paths=[{corpus}]",
+        f"optim={optimizer}",
+        "task.batch_size=4",
+        "task.max_seq_length=64",
+        "task.datamodule.vocab_size=400",
+        "task.datamodule.dupe_factor=2",
+        "task.datamodule.num_workers=0",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "task.checkpoint_every_n_steps=2",
+        "logger=csv",
+        *([TWO_PHASES] if phases == 2 else []),
+    ]
+
+
+BASE = [
+    *TINY_PRETRAIN,
+    "trainer.log_every_n_steps=1",
+    "trainer.val_check_interval=4",
+    "task.checkpoint_every_n_steps=4",
+]

@@ -1,0 +1,138 @@
+"""The head registry: every head's record agrees with its module, checkpoints name their head, and a new head
+registered from outside the package (here, this file alone) trains, evaluates, predicts and exports to Hugging Face."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from helpers.glue_files import glue_data_files
+from helpers.models import write_hf_bert
+from helpers.runs import compose_config
+from torch import nn
+
+from lightbert.data.encoding import encode_pair
+from lightbert.glue.module import SequenceClassificationModule
+from lightbert.glue.predictor import SequenceClassification
+from lightbert.heads import HEADS, Head, HeadArguments, register
+from lightbert.inference.finetuned import load_finetuned
+from lightbert.inference.predict import predict_records
+from lightbert.interop.convert import to_hf
+from lightbert.model import BertConfig, BertModel
+from lightbert.model.bert import init_weights
+from lightbert.run.jobs import evaluate, train
+
+
+def test_every_record_names_its_module_and_a_distinct_hugging_face_class():
+    assert set(HEADS) == {"sequence_classification", "question_answering", "token_classification", "multiple_choice"}
+    for name, head in HEADS.items():
+        assert head.module.head == name
+        assert hasattr(transformers, head.hf_class)
+    assert len({h.hf_class for h in HEADS.values()}) == len(HEADS)
+
+
+def test_a_module_that_names_another_head_is_refused_at_registration():
+    class Mislabelled(SequenceClassificationModule):
+        head = "something_else"
+
+    with pytest.raises(TypeError, match="Mislabelled.head is 'something_else'"):
+        register(Head("mislabelled", Mislabelled, lambda c, a: nn.Identity(), "BertModel", SequenceClassification))
+
+
+# -- a head of one's own: BERT's next-sentence classifier as a fine-tuned head ------------------------------------
+
+
+class BertForNextSentence(nn.Module):
+    """The pooled [CLS] vector into the two-way next-sentence classifier, with Hugging Face's
+    `BertForNextSentencePrediction` parameter names: a head the package does not ship."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.bert = BertModel(config)
+        self.cls = nn.Module()
+        self.cls.seq_relationship = nn.Linear(config.hidden_size, 2)
+        self.apply(lambda module: init_weights(module, config.initializer_range))
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None):
+        _, pooled_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        return self.cls.seq_relationship(pooled_output)  # (B, 2)
+
+
+class NextSentenceModule(SequenceClassificationModule):
+    head = "next_sentence"
+
+    def __init__(self, model: dict, optim: dict, task: str, bilstm: bool = False):
+        super().__init__(model, optim, task, bilstm)
+        self.model = BertForNextSentence(self.config)
+
+
+def _arguments(hp: dict) -> HeadArguments:
+    return HEADS["sequence_classification"].arguments(hp)
+
+
+NEXT_SENTENCE = Head(
+    "next_sentence",
+    NextSentenceModule,
+    lambda config, arguments: BertForNextSentence(config),
+    "BertForNextSentencePrediction",
+    SequenceClassification,
+    arguments=_arguments,
+    labelled=True,
+    reads_cls=True,
+)
+
+
+@pytest.mark.slow
+def test_a_head_registered_from_outside_trains_evaluates_predicts_and_exports(tmp_path, monkeypatch):
+    monkeypatch.setitem(HEADS, "next_sentence", NEXT_SENTENCE)  # what register() does, undone after the test
+    files = glue_data_files(tmp_path / "data", "mrpc", "jsonl", num_rows=32)
+    bert = write_hf_bert(tmp_path / "bert")
+    overrides = [
+        "task=glue/mrpc",
+        f"task.module._target_={__name__}.NextSentenceModule",
+        f"init_from={bert}",
+        "trainer=cpu",
+        "logger=csv",
+        "task.batch_size=8",
+        "task.max_seq_length=32",
+        "task.datamodule.num_workers=0",
+        "trainer.max_epochs=1",
+        *(f"task.data_files.{split}={path}" for split, path in files.items()),
+    ]
+    results = train(compose_config(overrides, tmp_path / "run"))
+    checkpoint = torch.load(results["best_checkpoint"], map_location="cpu", weights_only=True)
+    assert checkpoint["head"] == "next_sentence"
+
+    finetuned = load_finetuned(str(tmp_path / "run"))
+    assert finetuned.head == "next_sentence" and isinstance(finetuned.model, BertForNextSentence)
+    assert finetuned.labels == ("not_equivalent", "equivalent") and finetuned.task == "mrpc"
+
+    scored = evaluate(
+        compose_config(
+            [o for o in overrides if not o.startswith(("init_from=", "trainer.max_epochs"))]
+            + [f"init_from={tmp_path / 'run'}"],
+            tmp_path / "eval",
+            config_name="evaluate",
+        )
+    )
+    assert scored["metrics"]["val/score"] == pytest.approx(results["best_score"], abs=1e-6)
+
+    records = [(1, {"text": "the river city", "text_pair": "the river team"}), (2, {"text": "music film"})]
+    predicted, _ = predict_records(finetuned, records)
+    assert [set(p) for p in predicted.predictions] == [{"label", "probabilities"}] * 2
+
+    exported = to_hf(str(tmp_path / "run"), str(tmp_path / "hf"))
+    config = json.loads((exported / "config.json").read_text())
+    assert config["architectures"] == ["BertForNextSentencePrediction"]
+    theirs = transformers.BertForNextSentencePrediction.from_pretrained(exported).eval()
+    tokenizer = finetuned.tokenizer
+    a, b = tokenizer.encode_batch(["the river city", "the river team"])
+    input_ids, token_type_ids = encode_pair(a, b, tokenizer.cls_id, tokenizer.sep_id)
+    ids, types = torch.tensor([input_ids]), torch.tensor([token_type_ids])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        ours = finetuned.model(ids, types, mask)
+        reference = theirs(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
+    torch.testing.assert_close(ours, reference, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,74 @@
+"""An installed lightbert runs outside a checkout: the wheel carries conf/, and `lightbert-train` composes from it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+from helpers.runs import REPO
+
+
+def test_the_wheel_carries_every_config_file(built_wheel: Path):
+    with zipfile.ZipFile(built_wheel) as wheel:
+        packaged = {name.removeprefix("lightbert/conf/") for name in wheel.namelist() if name.startswith("lightbert/")}
+    in_checkout = {str(p.relative_to(REPO / "conf")) for p in (REPO / "conf").rglob("*.yaml")}
+    assert in_checkout <= packaged
+
+
+@pytest.fixture(scope="module")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = out.glob("lightbert-*.whl")
+    return wheel
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_trains_from_any_directory(built_wheel: Path, tmp_path: Path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    # The new environment sees this one's dependencies (torch, Lightning, ...) but not its editable lightbert: the
+    # paths of a .pth line are added as they are, and their own .pth files (the editable finder) are not read.
+    site = Path(subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                        text=True).strip())  # fmt: skip
+    (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", built_wheel],
+        check=True,
+        capture_output=True,
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = subprocess.check_output([python, "-c", "import lightbert; print(lightbert.__file__)"], cwd=elsewhere,
+                                    env=env, text=True)  # fmt: skip
+    assert where.startswith(str(site)), where  # the wheel's copy, not the checkout's
+
+    command = venv / "bin" / "lightbert-train"
+    help_page = subprocess.run([command, "--help"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert help_page.returncode == 0 and "model=" in help_page.stdout
+    typo = subprocess.run([command, "model=bert_tinyy"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert typo.returncode == 2 and "Did you mean model=bert_tiny?" in typo.stderr  # the same checks as src/train.py
+
+    run = subprocess.run(
+        [command, "model=bert_tiny", "trainer=cpu", "trainer.max_steps=3", "logger=csv", "task.batch_size=8"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    (results_file,) = (elsewhere / "outputs").rglob("results.json")  # under the working directory, as documented
+    assert json.loads(results_file.read_text())["global_step"] == 3
