@@ -1,4 +1,4 @@
-"""The bad-input table (issue 16 items 9-11), run through the command line as a user would.
+"""The bad-input table, run through the command line as a user would.
 
 Each refused case ends with exit code 2 and one line, `lightbert: error: ...`, that names the key, file or row
 to fix; no traceback. The silent cases now say what happened on the console, counted, and still run.
@@ -87,7 +87,7 @@ SQUAD_SIZES = ["task.max_seq_length=128", "task.doc_stride=32", "task.max_query_
 
 # (case, the command's arguments given the inputs, what its one error line says)
 REFUSED = [
-    # item 9: values that raised tracebacks
+    # values that once raised tracebacks
     ("max_steps not a number", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "trainer.max_steps=abc"],
      "trainer.max_steps must be an integer, got 'abc'"),
     ("seed not a number", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "seed=abc"],
@@ -109,7 +109,7 @@ REFUSED = [
      "is a file, not a directory"),
     ("truncated last.ckpt", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "resume=true",
                                         f"hydra.run.dir={i['truncated_run']}"], "cannot be read as a checkpoint"),
-    # item 10: messages that misled
+    # messages that once misled
     ("a directory as corpus file", lambda i: [*PRETRAIN, f"corpus.paths=[{i['root'] / 'corpus_dir'}]"],
      "is a directory; give its files"),
     ("a glob that matches nothing", lambda i: [*PRETRAIN, f"corpus.paths=[{i['root'] / 'nothing'}/*.txt]"],

@@ -1,4 +1,4 @@
-"""Faults around the disk (issue 16 item 7), with real processes: a full disk while saving keeps the last good
+"""Faults around the disk, with real processes: a full disk while saving keeps the last good
 checkpoint and leaves no temporary file, a killed save's temporary file is cleaned up by the next run, a
 `checkpoints` that cannot hold checkpoints is found before training, and feature extraction leaves nothing half."""
 

@@ -95,7 +95,7 @@ def test_bare_encoder_checkpoint_loads_and_leaves_heads_fresh(tmp_path):
 
 @pytest.fixture(scope="module")
 def pretraining_run(tmp_path_factory):
-    """A real lightbert pre-training run (issue #2's pipeline) of a few steps: its directory."""
+    """A real lightbert pre-training run (the command-line pipeline) of a few steps: its directory."""
     root = tmp_path_factory.mktemp("pretrain")
     from helpers.runs import write_bert_corpus
 
@@ -203,7 +203,9 @@ def test_export_never_writes_into_a_non_empty_directory(pretraining_run, tmp_pat
     out = tmp_path / "taken"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    assert convert(["to-hf", str(pretraining_run), str(out)]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        convert(["to-hf", str(pretraining_run), str(out)])
+    assert exit_info.value.code == 2
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     assert not list(tmp_path.glob("taken.tmp*"))
 

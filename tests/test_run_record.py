@@ -1,4 +1,4 @@
-"""The run directory is the user's record (issue 16 items 1, 2, 4 and 5), checked with real processes: a refused
+"""The run directory is the user's record, checked with real processes: a refused
 command writes nothing, a resume continues the run as recorded (its tokenizer, its settings, its metrics.csv),
 and two runs never share a directory."""
 
@@ -51,7 +51,9 @@ def killed_run(tmp_path_factory, corpus) -> tuple[Path, list[str]]:
     run_dir = tmp_path_factory.mktemp("killed") / "run"
     args = [*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=10", f"hydra.run.dir={run_dir}"]
     args.append("+logger.csv.flush_logs_every_n_steps=1")  # rows past the checkpoint reach the disk before the kill
-    killed = run(*args, "+callbacks.kill._target_=helpers.loss_recorder.KillAtStep", "+callbacks.kill.step=6", new_session=True)
+    killed = run(
+        *args, "+callbacks.kill._target_=helpers.loss_recorder.KillAtStep", "+callbacks.kill.step=6", new_session=True
+    )
     assert killed.returncode == -signal.SIGKILL
     return run_dir, args
 

@@ -1,4 +1,5 @@
-"""Callbacks that the resume and DDP tests add to real runs: `+callbacks.x._target_=helpers.loss_recorder.RecordLosses`."""
+"""Callbacks that the resume and DDP tests add to real runs:
+`+callbacks.x._target_=helpers.loss_recorder.RecordLosses`."""
 
 import os
 import signal
@@ -27,6 +28,18 @@ class KillAtStep(L.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_step >= self.step and trainer.global_rank == 0:
             os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+class KillMainAtStep(L.Callback):
+    """SIGKILLs the main process alone once `step` optimizer steps are done, as the OOM killer does: its DataLoader
+    workers are left to notice."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step and trainer.global_rank == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class SignalAtStep(L.Callback):

@@ -6,9 +6,25 @@ Every task builds its inputs with `encode_pair`: GLUE's sentence pairs, SWAG's (
 
 from __future__ import annotations
 
+from lightbert.errors import ParameterError
+
 IGNORE_INDEX = -100  # labels of positions the loss ignores (PyTorch's cross_entropy default)
 SPECIAL_TOKENS_SINGLE = 2  # [CLS] a [SEP]
 SPECIAL_TOKENS_PAIR = 3  # [CLS] a [SEP] b [SEP]
+# The shortest sequence a task takes by default: a pair's three special tokens and room for a few of each text's.
+MIN_SEQ_LENGTH = 8
+
+
+def check_max_seq_length(max_seq_length: int, minimum: int = MIN_SEQ_LENGTH, positions: int | None = None) -> None:
+    """The one rule for every `max_seq_length` (pre-training, each fine-tuning family, predict.py): at least the
+    task's `minimum`, and at most the model's `positions` where the model is known."""
+    if max_seq_length < minimum:
+        raise ParameterError(f"{{0}} must be at least {minimum}, got {max_seq_length}", "max_seq_length")
+    if positions is not None and max_seq_length > positions:
+        raise ParameterError(
+            f"{{0}} ({max_seq_length}) exceeds the model's {positions} positions; shorten the sequences",
+            "max_seq_length",
+        )
 
 
 def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> tuple[list[int], list[int]]:

@@ -23,6 +23,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from lightbert.data.batches import make_loader
+from lightbert.data.encoding import MIN_SEQ_LENGTH, check_max_seq_length
 from lightbert.data.local_files import (
     LOCAL_FORMATS,
     check_data_files,
@@ -54,7 +55,7 @@ class FineTuningDataModule(L.LightningDataModule):
     predicts_validation: ClassVar[bool] = False  # write predictions for the validation splits too
     file_formats: ClassVar[tuple[str, ...] | None] = tuple(LOCAL_FORMATS)  # None: any file (read_file decides)
     cache_version: ClassVar[int] = 1  # bump when encoding changes, so cached splits are rebuilt
-    min_seq_length: ClassVar[int] = 8
+    min_seq_length: ClassVar[int] = MIN_SEQ_LENGTH
 
     def __init__(
         self,
@@ -74,10 +75,7 @@ class FineTuningDataModule(L.LightningDataModule):
         super().__init__()
         self.fit = fit  # False: evaluation only (src/evaluate.py), which needs no training split
         require_tokenizer(tokenizer, tokenizer_path, self.task_option)
-        if max_seq_length < self.min_seq_length:
-            raise ParameterError(
-                f"{{0}} must be at least {self.min_seq_length}, got {max_seq_length}", "max_seq_length"
-            )
+        check_max_seq_length(max_seq_length, self.min_seq_length)
         self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
         self.cache_dir = Path(cache_dir).expanduser()
         self.data_files = {k: str(v) for k, v in (data_files or {}).items() if v}

@@ -34,6 +34,7 @@ import torch
 from omegaconf import DictConfig
 
 from lightbert.data.batches import pad_batch
+from lightbert.data.encoding import check_max_seq_length
 from lightbert.errors import UserError
 from lightbert.files import open_atomically, read_input_text
 from lightbert.finetuning.predictor import Predictor, Record, Unit
@@ -141,8 +142,7 @@ def predict_records(
     started = time.perf_counter()
     max_seq_length = max_seq_length or finetuned.settings["max_seq_length"]
     positions = finetuned.config.max_position_embeddings
-    if not 8 <= max_seq_length <= positions:
-        raise UserError(f"max_seq_length={max_seq_length} must be from 8 to the model's {positions} positions")
+    check_max_seq_length(max_seq_length, positions=positions)  # names max_seq_length, predict.yaml's own key
     if batch_size < 1:
         raise UserError(f"batch_size={batch_size} must be at least 1")
     head = HEADS[finetuned.head].predictor(finetuned, max_seq_length, null_threshold)

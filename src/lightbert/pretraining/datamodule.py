@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lightbert.data.batches import UnpaddedDistributedSampler
+from lightbert.data.encoding import check_max_seq_length
 from lightbert.data.local_files import digest, progress_bars_for
 from lightbert.data.tokenizer import BertTokenizer, iter_sentences, load_tokenizer, train_wordpiece
 from lightbert.distributed import is_distributed
@@ -228,14 +229,6 @@ class Position(NamedTuple):
 class PretrainDataModule(L.LightningDataModule):
     """The tokenizer, one example source (`streaming` picks which; each takes its own settings) and masked batches."""
 
-    predict_splits: tuple[str, ...] = ()  # pre-training predicts nothing after training
-
-    def prediction_writer(self) -> None:
-        return None
-
-    def evaluator(self) -> None:
-        return None
-
     def __init__(
         self,
         corpus: Corpus,
@@ -267,8 +260,7 @@ class PretrainDataModule(L.LightningDataModule):
         shuffle_buffer: int = 10000,
     ):
         super().__init__()
-        if max_seq_length < 8:
-            raise ParameterError(f"{{0}} must be at least 8, got {max_seq_length}", "max_seq_length")
+        check_max_seq_length(max_seq_length)
         if not 0 < masked_lm_prob < 1:
             raise ParameterError(f"{{0}} must be in (0, 1), got {masked_lm_prob}", "masked_lm_prob")
         self.corpus = corpus

@@ -28,6 +28,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightbert.distributed import is_distributed
 from lightbert.errors import UserError
 from lightbert.files import replace_atomically
+from lightbert.run import processes
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ class LatestCheckpoint(L.Callback):
         self._interrupt_handler: Any = None
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        processes.training_started()  # SIGTERM is Lightning's from here: the batch finishes, this saves
         signum = submitit_signal()
         if signum is not None and self._requeue_signal is None:
             self._requeue_signal, self._requeue_handler = signum, signal.getsignal(signum)
@@ -155,6 +157,7 @@ class LatestCheckpoint(L.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
     def teardown(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
+        processes.training_ended()
         if self._interrupt_handler is not None:  # Ctrl-C outside training (predictions) is Python's again
             signal.signal(signal.SIGINT, self._interrupt_handler)
             self._interrupt_handler = None
@@ -172,7 +175,10 @@ class LatestCheckpoint(L.Callback):
         path = Path(latest.dirpath) / f"{latest.filename or 'last'}{latest.FILE_EXTENSION}"
         trainer.save_checkpoint(path, weights_only=False)  # the whole state: what resume=true continues from
         if why:
-            log.warning(f"{why}: saved {path} at step {trainer.global_step}; rerun the command with resume=true")
+            log.warning(
+                f"{why}: saved {path} at step {trainer.global_step}; to continue, rerun the command with "
+                f"hydra.run.dir={path.parent.parent} resume=true"
+            )
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self._save(trainer, "")

@@ -51,18 +51,20 @@ def _train(cfg: DictConfig) -> float | None:
     _refuse_before_loading(cfg, bool(cfg.get("resume", False)))
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from lightbert.run import checkpointing
+    from lightbert.run import checkpointing, processes
     from lightbert.run.jobs import train
 
     try:
-        return train(cfg)["best_score"]
+        with processes.stops_cleanly(cfg.paths.output_dir):
+            return train(cfg)["best_score"]
     except SIGTERMException:
         # Lightning stopped after the current batch and LatestCheckpoint saved it; exit as a process killed by the
         # signal does (SIGTERM, or SIGINT for Ctrl-C).
         stopped_by = checkpointing.stopped_by
         print(
             f"lightbert: stopped by {stopped_by.name}; the latest state is in "
-            f"{cfg.paths.output_dir}/checkpoints/last.ckpt. Rerun the same command with resume=true to continue",
+            f"{cfg.paths.output_dir}/checkpoints/last.ckpt. To continue, rerun the same command with "
+            f"hydra.run.dir={cfg.paths.output_dir} resume=true",
             file=sys.stderr,
         )
         sys.exit(128 + stopped_by)

@@ -20,9 +20,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.distributed import gather_dict
 from lightbert.errors import ConfigError, UserError
+from lightbert.finetuning.datamodule import FineTuningDataModule
 from lightbert.interop.hf import Pretrained, load_into, load_pretrained
 from lightbert.model import BertConfig, BertModel
 from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
+from lightbert.run import processes
 from lightbert.run.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
 from lightbert.run.cli import CONF_DIR
 from lightbert.run.config_checks import check_config
@@ -131,6 +133,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """
     check_config(cfg)  # before anything is read or written
     output_dir = Path(cfg.paths.output_dir)
+    processes.install()  # its DataLoader workers and data-preparation pool die with it, and hold no lock
     with locked(output_dir):
         return _train(cfg, output_dir)
 
@@ -140,6 +143,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     training run writes, into a new run directory (`results.json` there); the checkpoint's own is never touched."""
     check_config(cfg)
     output_dir = Path(cfg.paths.output_dir)
+    processes.install()
     with locked(output_dir):
         return _evaluate(cfg, output_dir)
 
@@ -190,8 +194,6 @@ def _data_and_module(cfg: DictConfig, pretrained: Pretrained | None, model_confi
         _convert_="all",
     )
     fresh = load_into(module.model, pretrained) if pretrained is not None else []
-    # Scoring that needs the data (SQuAD's answers): the module calls it once the data is set up.
-    module.evaluator = datamodule.evaluator
     _apply_speed_switches(module, cfg.get("speed") or {})
     return datamodule, module, fresh
 
@@ -433,6 +435,8 @@ def _write_test_predictions(trainer: L.Trainer, module, datamodule, output_dir: 
     Each prediction is one example's row of the batch's "prediction" (a class, a score, or a QA window's logits),
     as a numpy array so that gathering from other devices pickles just that row.
     """
+    if not isinstance(datamodule, FineTuningDataModule):
+        return []  # pre-training predicts nothing after training
     splits = datamodule.predict_splits
     if not splits or datamodule.prediction_writer() is None:
         return []

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightbert.errors import UserError
 from lightbert.files import RESULTS_FILE, write_atomically
+from lightbert.run import processes
 from lightbert.run.console import global_rank
 
 log = logging.getLogger(__name__)
@@ -220,6 +221,10 @@ def locked(output_dir: Path) -> Iterator[None]:
                 f"another run is training in {output_dir} right now; wait for it to finish, or choose another "
                 "directory with hydra.run.dir=..."
             ) from None
+        # Forked helpers (DataLoader workers, the data-preparation pool) must not hold it: a resume right after a
+        # crash would wait for them.
+        processes.hold_in_this_process_only(handle)
         yield
     finally:
+        processes.release(handle)
         os.close(handle)

@@ -8,7 +8,6 @@ device by torchmetrics: exact whatever the batch sizes and the number of devices
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import lightning as L
@@ -36,9 +35,6 @@ class TaskModule(L.LightningModule):
         # One validation set each ('' for the only one; MNLI's 'm' and 'mm'): logged as val/loss, val/loss_m, ...
         self.validation_tags = validation_tags
         self.val_losses = torch.nn.ModuleList(MeanMetric() for _ in validation_tags)
-        # Returns what scores validation outputs when that needs the data (SQuAD's answers): the entry point hands
-        # over the DataModule's `evaluator`, which builds it from the encoded splits once they are set up.
-        self.evaluator: Callable[[], Any] | None = None
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.head is not None:

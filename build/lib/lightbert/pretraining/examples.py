@@ -3,7 +3,7 @@
 A port of google-research/bert's `create_pretraining_data.py` (`create_instances_from_document` and
 `truncate_seq_pair`), run on token ids inside `datasets.map`. Differences from the reference:
 - Masking is not done here but in the collator (`lightbert.pretraining.masking`), fresh every epoch, so
-  `dupe_factor` (default 1) only re-draws the sentence pairing, not the masks.
+  `dupe_factor` (the task file's default 10, the reference's) only re-draws the sentence pairing, not the masks.
 - The random state is per document (seeded by seed, duplicate and document index), so the examples are
   the same whatever the number of preprocessing processes.
 - Sentences that tokenize to nothing and documents without sentences are dropped before pairing.

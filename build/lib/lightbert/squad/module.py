@@ -32,8 +32,8 @@ def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, batch: dict[
 
 
 class QuestionAnsweringModule(TaskModule):
-    """Validation needs the dev set's examples to turn window logits into answers: the entry point hands the
-    DataModule's `evaluator` (a `SquadAnswers`) to `self.evaluator`."""
+    """Validation needs the dev set's examples to turn window logits into answers: the DataModule's `evaluator` (a
+    `SquadAnswers`), which it builds once its splits are set up."""
 
     head = "question_answering"
 
@@ -57,12 +57,7 @@ class QuestionAnsweringModule(TaskModule):
     def log_metrics(self) -> None:
         logits = gather_dict(self._val_logits)  # each device saw a share of the windows
         self._val_logits = {}
-        answers = self.evaluator() if self.evaluator is not None else None
-        if answers is None:
-            raise RuntimeError(
-                "QuestionAnsweringModule scores validation with SQuAD's answers: set module.evaluator = "
-                "datamodule.evaluator (lightbert.run.jobs does) before fitting"
-            )
+        answers = self.trainer.datamodule.evaluator()
         # Every device holds all logits and scores them identically, so the values need no further syncing.
         scores, _, _ = answers.score(logits)
         for name, value in scores.items():

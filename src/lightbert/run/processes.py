@@ -1,0 +1,137 @@
+"""The processes of a run: children that die with it and hold nothing of its, and a stop before training that ends
+in one line.
+
+A run forks helpers: DataLoader workers, the `datasets.map` pool that prepares the data. A forked child inherits
+every open descriptor, the run directory's lock among them (a `flock` belongs to the open file, which the child then
+shares), and a child whose parent was killed with SIGKILL lives on until it notices: seconds to minutes, holding the
+lock, so that a `resume=true` right after a crash was refused as "another run is training". `install()` makes every
+child forked from then on close the lock's descriptor, die with the process that forked it (Linux's
+PR_SET_PDEATHSIG), and leave Ctrl-C to its parent (a terminal sends SIGINT to the whole process group; the parent
+stops the children itself).
+
+SIGTERM or Ctrl-C outside training (while the tokenizer, the examples or a cache are being built, or the predictions
+written) ends the run with one line that names its directory; during training Lightning's own handler takes SIGTERM
+and `lightbert.run.checkpointing.LatestCheckpoint` takes Ctrl-C (a checkpoint first): `training_started()` and
+`training_ended()` hand them over and back.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_lock_descriptors: set[int] = set()
+_installed = False
+_forking_pid = 0
+
+
+def hold_in_this_process_only(descriptor: int) -> None:
+    """`descriptor` (a lock) is closed in every child forked from now on, so only this process holds it."""
+    _lock_descriptors.add(descriptor)
+
+
+def release(descriptor: int) -> None:
+    _lock_descriptors.discard(descriptor)
+
+
+def _before_fork() -> None:
+    global _forking_pid
+    _forking_pid = os.getpid()
+
+
+def _in_child() -> None:
+    global _phase
+    _phase = ""  # a child is no run: the handlers below are the parent's business
+    for descriptor in list(_lock_descriptors):
+        with suppress(OSError):
+            os.close(descriptor)
+    _lock_descriptors.clear()
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops its children; no traceback from each
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler below: a child just ends
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != _forking_pid:  # the parent died between fork and prctl
+            os._exit(1)
+
+
+def install() -> None:
+    """From now on, children forked by this process (and by its children) hold no lock of the run's and die with
+    the process that forked them. Once per process."""
+    global _installed
+    if not _installed:
+        os.register_at_fork(before=_before_fork, after_in_child=_in_child)
+        _installed = True
+
+
+# What the run is doing: "training" leaves SIGTERM to Lightning's handler (and Ctrl-C to LatestCheckpoint's);
+# "preparing" (before training) and "finishing" (predictions, results) end the process at once; "" outside a run.
+_phase = ""
+_where = ""  # the run directory, for the line that says how to continue
+_owner = 0  # the run's own process
+
+
+def _stop_now(signum: int, frame: Any) -> None:
+    if os.getpid() != _owner:  # a child forked without the hooks above: it just ends, as it would have
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    if _phase not in ("preparing", "finishing"):
+        return
+    when = "after training, before its results were written" if _phase == "finishing" else "before training started"
+    message = (
+        f"lightbert: stopped by {signal.Signals(signum).name} {when}. To continue, rerun the same command with "
+        f"hydra.run.dir={_where} resume=true"
+    )
+    # At once, with no unwinding: a pool whose worker the same signal killed can hang its own clean-up (a lock the
+    # dead worker held), and nothing half-built is read later (caches and checkpoints are published whole). The
+    # children die with this process (PR_SET_PDEATHSIG).
+    for handler in logging.getLogger("lightbert").handlers + logging.getLogger().handlers:
+        with suppress(Exception):
+            handler.flush()
+    with suppress(Exception):
+        sys.stdout.flush()
+    print(message, file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
+@contextmanager
+def stops_cleanly(output_dir: str | os.PathLike) -> Iterator[None]:
+    """SIGTERM or Ctrl-C outside training ends the process with one line and the signal's exit code; the previous
+    handlers come back afterwards."""
+    global _phase, _where, _owner
+    _phase, _where, _owner = "preparing", str(output_dir), os.getpid()
+    previous = {
+        s: signal.signal(s, _stop_now)
+        for s in (signal.SIGTERM, signal.SIGINT)
+        if signal.getsignal(s) is not signal.SIG_IGN
+    }
+    try:
+        yield
+    finally:
+        _phase = ""
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def training_started() -> None:
+    """From here Lightning's SIGTERM handler (which calls `_stop_now` too, a no-op now) stops the run after a batch."""
+    global _phase
+    if _phase:
+        _phase = "training"
+
+
+def training_ended() -> None:
+    global _phase
+    if _phase:
+        _phase = "finishing"
