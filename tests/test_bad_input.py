@@ -50,6 +50,10 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     truncated.mkdir(parents=True)
     (truncated / "last.ckpt").write_bytes(b"PK\x03\x04" + b"\x00" * 300)  # a zip header cut short by a full disk
     paths["truncated_run"] = root / "truncated_run"
+    paths["not_a_run"] = root / "exported"  # e.g. what `convert to-hf` wrote
+    paths["not_a_run"].mkdir()
+    (paths["not_a_run"] / "tokenizer.json").write_text("{}")
+    (paths["not_a_run"] / "config.json").write_text("{}")
     glue = glue_data_files(root / "glue", "sst2")
     paths |= {f"glue_{split}": path for split, path in glue.items()}
     (root / "header_only.csv").write_text("sentence,label\n")
@@ -107,6 +111,18 @@ REFUSED = [
     ("corpus of blank lines", lambda i: [*PRETRAIN, f"corpus.paths=[{i['blank']}]"], "0 usable documents"),
     ("run directory under a file", lambda i: [*PRETRAIN, f"hydra.run.dir={i['corpus']}/run"],
      "is a file, not a directory"),
+    ("validation interval 0", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "trainer.val_check_interval=0"],
+     "trainer.val_check_interval must be > 0, got 0"),
+    ("seed past numpy's", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "seed=99999999999999999999"],
+     "seed must be from 0 to 4294967295"),
+    ("no devices", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "trainer.devices=0"],
+     "trainer.devices=0 is not a number of devices"),
+    ("devices not a number", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "trainer.devices=abc"],
+     "trainer.devices='abc' is not a number of devices"),
+    ("unknown precision", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "trainer.precision=bogus"],
+     "trainer.precision='bogus' is not a precision"),
+    ("a directory that is not a run's", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]",
+                                                   f"hydra.run.dir={i['not_a_run']}"], "is not a run directory"),
     ("truncated last.ckpt", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "resume=true",
                                         f"hydra.run.dir={i['truncated_run']}"], "cannot be read as a checkpoint"),
     # messages that once misled

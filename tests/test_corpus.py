@@ -82,3 +82,11 @@ def test_sentence_splitter():
     assert split_sentences('He said "stop." Then left.') == ['He said "stop."', "Then left."]
     assert split_sentences("Version 3.11 is out. 42 is the answer.") == ["Version 3.11 is out.", "42 is the answer."]
     assert split_document("One.\n\nTwo. Three.") == ["One.", "Two.", "Three."]
+
+
+def test_a_hub_corpus_of_local_files_is_keyed_by_the_files_a_pattern_matches(tmp_path):
+    (tmp_path / "a.txt").write_text("one document.\n")
+    corpus = HFCorpus("text", data_files=str(tmp_path / "*.txt"))
+    first = corpus.fingerprint
+    (tmp_path / "b.txt").write_text("another document.\n")
+    assert corpus.fingerprint != first  # the pattern matches one more file

@@ -49,3 +49,26 @@ def test_publish_directory_is_all_or_nothing(tmp_path):
     publish_directory(final, writes("second"))  # another process got there first: its copy stays
     assert (final / "data").read_text() == "first"
     assert [p.name for p in tmp_path.iterdir()] == ["cache"]
+
+
+def test_the_first_file_published_is_the_one_every_process_reads(tmp_path):
+    from lightbert.files import publish_file_once
+
+    path = tmp_path / "cache" / "tokenizer.json"
+    publish_file_once(path, lambda tmp: tmp.write_text("first"))
+    publish_file_once(path, lambda tmp: tmp.write_text("second"))  # a second run that trained its own
+    assert path.read_text() == "first"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["tokenizer.json"]  # no temporary left
+
+
+def test_a_rewritten_file_with_its_old_times_has_another_identity(tmp_path):
+    import os
+
+    from lightbert.data.local_files import file_identity
+
+    path = tmp_path / "corpus.txt"
+    path.write_text("the river city.\n")
+    before, stat = file_identity(path), path.stat()
+    path.write_text("the river team.\n")  # same size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # cp -p, rsync -a
+    assert file_identity(path) != before

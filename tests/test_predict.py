@@ -161,6 +161,7 @@ BAD_INPUT = {
     "longer than the model's positions": ("sst2_run", "the film\n", ["max_seq_length=4096"], "positions"),
     "a pre-trained model without a head": ("bert", "the film\n", [], "has no fine-tuned head"),
     "no such input": ("sst2_run", None, [], "does not exist"),
+    "a lone surrogate": ("sst2_run", '{"text": "the \\ud800 film"}\n', [], "lone surrogate"),
 }
 
 
@@ -176,6 +177,30 @@ def test_bad_input_is_one_message_and_writes_nothing(case, request, tmp_path):
     with pytest.raises(UserError, match=message):
         predict_to_file(predict_config(init_from, source, out, *extra))
     assert not out.exists() and list(tmp_path.iterdir()) == ([source] if text is not None else [])
+
+
+def test_an_output_directory_is_refused_before_any_work(sst2_run, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("the film\n")
+    with pytest.raises(UserError, match="is a directory; give a file name"):
+        predict_to_file(predict_config(sst2_run.dir, source, tmp_path, "overwrite=true"))
+
+
+def test_bytes_that_are_not_text_on_standard_input_are_one_line(sst2_run):
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "src" / "predict.py"),
+            f"init_from={sst2_run.dir}",
+            "input_file=-",
+            "output_file=-",
+        ],
+        input=bytes(range(128, 256)),
+        capture_output=True,
+        cwd=REPO,
+    )
+    assert run.returncode == 2 and b"Traceback" not in run.stderr
+    assert b"lightbert: error: input_file=- (standard input) is not UTF-8 text" in run.stderr
 
 
 def test_the_command_line_says_one_line_and_exits_2(sst2_run, tmp_path):

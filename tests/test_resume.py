@@ -86,6 +86,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, corpus, devices, streaming):
         [*args, f"+callbacks.record.path={tmp_path / 'after.txt'}", f"hydra.run.dir={crashed}", "resume=true"]
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "not resumable" not in resumed.stderr  # the loader resumes by step, and Lightning is told so
     after = recorded(tmp_path / "after.txt")
     assert sorted(after) == [(step, rank) for step in range(9, 15) for rank in range(devices)]
     for key, losses in after.items():
@@ -164,7 +165,8 @@ def test_stop_signal_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp
     )
     stop = signal.SIGINT if name == "INT" else signal.SIGTERM
     assert terminated.returncode == 128 + stop and not (stopped / "results.json").exists()
-    assert f"stopped by {stop.name}" in terminated.stderr and "resume=true" in terminated.stderr
+    assert f"stopped by {stop.name}" in terminated.stderr
+    assert f"hydra.run.dir={stopped} resume=true" in terminated.stderr  # where to continue, named
     checkpoint = torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 5  # saved after the batch it was running, before exiting
     assert max(step for step, _ in recorded(tmp_path / "before.txt")) == 5

@@ -125,3 +125,44 @@ def test_two_runs_in_one_directory_the_second_is_refused(tmp_path, corpus):
         first.send_signal(signal.SIGINT)
         first.communicate(timeout=300)
     assert first.returncode in (0, 130)  # stopped by Ctrl-C with its checkpoint, or finished
+
+
+def test_a_resume_without_a_checkpoint_keeps_the_earlier_attempts_metrics(tmp_path, corpus):
+    """Killed before its first checkpoint, a run leaves metrics.csv rows and no last.ckpt: resume=true starts from
+    the beginning and metrics.csv keeps those rows, the new ones after them."""
+    run_dir = tmp_path / "run"
+    base = [a for a in BASE if not a.startswith(("trainer.val_check_interval", "task.checkpoint_every_n_steps"))]
+    args = [*base, f"corpus.paths=[{corpus}]", "trainer.max_steps=6", "task.checkpoint_every_n_steps=100"]
+    args += ["trainer.val_check_interval=100", f"hydra.run.dir={run_dir}", "+logger.csv.flush_logs_every_n_steps=1"]
+    kill = ["+callbacks.kill._target_=helpers.loss_recorder.KillAtStep", "+callbacks.kill.step=3"]
+    assert run(*args, *kill, new_session=True).returncode == -signal.SIGKILL
+    assert not (run_dir / "checkpoints" / "last.ckpt").exists()
+    before = (run_dir / "metrics.csv").read_text().splitlines()
+    earlier = metric_steps(run_dir)
+    assert earlier and earlier == list(range(len(earlier)))  # the rows that reached the disk before the kill
+
+    resumed = run(*args, "resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"metrics.csv keeps the {len(before) - 1} row(s) of the earlier attempt" in resumed.stdout + resumed.stderr
+    after = (run_dir / "metrics.csv").read_text().splitlines()
+    assert after[1 : len(before)] == before[1:]  # the earlier attempt's rows, as they were
+    assert metric_steps(run_dir) == [*earlier, 0, 1, 2, 3, 4, 5]
+
+
+def test_a_resume_on_an_edited_corpus_is_refused_and_names_it(tmp_path):
+    """The corpus rewritten in place with the same size and its old modification time (as `cp -p` or `rsync -a`
+    leave it): the resumed run would continue on other examples, so it is refused, and the record is untouched."""
+    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=10, seed=5)
+    run_dir = tmp_path / "run"
+    args = [*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=8", f"hydra.run.dir={run_dir}"]
+    kill = ["+callbacks.kill._target_=helpers.loss_recorder.KillAtStep", "+callbacks.kill.step=5"]
+    assert run(*args, *kill, new_session=True).returncode == -signal.SIGKILL
+    stat = corpus.stat()
+    text = corpus.read_text()
+    corpus.write_text(text.replace("the", "teh", 1))  # same size, other words
+    os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    before = snapshot(run_dir)
+    refused = run(*args, "resume=true")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert f"sources changed since ({corpus}" in refused.stderr
+    assert snapshot(run_dir) == before

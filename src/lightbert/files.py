@@ -12,7 +12,7 @@ import os
 import shutil
 import socket
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
@@ -57,6 +57,21 @@ def replace_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
     try:
         write(tmp)
         os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def publish_file_once(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Calls `write(tmp)`, then puts it at `path` unless another process put one there first: the first file
+    published wins, whole, and every process then reads that one (a hard link never replaces)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_path(path)
+    try:
+        write(tmp)
+        with suppress(FileExistsError):  # another process published first: theirs is the file
+            os.link(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path

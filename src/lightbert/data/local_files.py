@@ -154,6 +154,8 @@ def digest(obj: object) -> str:
 
 
 def file_identity(path: Path) -> list:
-    """Path, size and modification time: a file's part of a cache key."""
+    """Path, inode, size, modification and change times: a file's part of a cache key. The change time (ctime) is
+    the system's own: a rewrite moves it even when the modification time is set back (`cp -p`, `rsync -a`), so an
+    edited file never reuses a stale cache, without reading gigabytes to hash them."""
     stat = path.stat()
-    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+    return [str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]

@@ -60,6 +60,13 @@ class Predictor:
             raise UserError(f"input_file line {number}: {name!r} must be a string, not {type(value).__name__}")
         if not value.strip():
             raise UserError(f"input_file line {number}: {name!r} is empty; give it some text, or leave the record out")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(
+                f"input_file line {number}: {name!r} holds a lone surrogate (an escaped half of a character, e.g. "
+                "\\ud800), which is no text; fix the line"
+            ) from None
         return value
 
     def note_cut(self, records: list[Record], cut: list[bool], what: str) -> None:

@@ -50,11 +50,22 @@ def say(message: str) -> None:
 # -- records in ----------------------------------------------------------------------------------------------
 
 
+def _read_stdin() -> str:
+    """Standard input as UTF-8 text: one message when it is closed or holds other bytes."""
+    if sys.stdin is None:
+        raise UserError("input_file=- reads standard input, which is closed; give a file, or pipe the records in")
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UserError(f"input_file=- (standard input) is not UTF-8 text ({error})") from None
+
+
 def read_records(input_file: str, input_format: str = "auto") -> tuple[list[Record], str]:
     """The non-blank lines of `input_file` (`-`: stdin) as records, and the format they were read in."""
     if input_format not in ("auto", "jsonl", "text"):
         raise UserError(f"input_format={input_format} is not known; use auto, jsonl or text")
-    text = sys.stdin.read() if input_file == "-" else read_input_text(input_file)
+    text = _read_stdin() if input_file == "-" else read_input_text(input_file)
     lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
     if not lines:
         raise UserError(f"input_file={input_file} holds no records; write one JSON object (or text) per line")
@@ -165,8 +176,14 @@ def predict_to_file(cfg: DictConfig) -> Predicted:
     from lightbert.inference.embeddings import pick_device
 
     output_file = str(cfg.output_file)
+    if output_file != "-" and Path(output_file).expanduser().is_dir():
+        raise UserError(
+            f"output_file={output_file} is a directory; give a file name, e.g. {output_file}/predictions.jsonl"
+        )
     if output_file != "-" and Path(output_file).expanduser().exists() and not cfg.overwrite:
         raise UserError(f"output_file={output_file} exists; choose another name or pass overwrite=true")
+    if output_file == "-" and sys.stdout is None:
+        raise UserError("output_file=- writes to standard output, which is closed; give a file name instead")
     device = pick_device(str(cfg.device))
     records, input_format = read_records(str(cfg.input_file), str(cfg.input_format))
     finetuned = load_finetuned(str(cfg.init_from))

@@ -281,6 +281,8 @@ def write_tokenizer_files(tokenizer: BertTokenizer, directory: Path, max_length:
 
 
 def check_export_dir(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir} is a file; give a new directory to write into (nothing was written)")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"{out_dir} exists and is not empty; choose a new output directory (nothing was written)")
 

@@ -150,7 +150,13 @@ class HFCorpus:
         if files is not None:
             listed = [files] if isinstance(files, str) else files
             if not isinstance(listed, dict):
-                files = [file_identity(Path(p)) if Path(p).is_file() else p for p in listed]
+                # A pattern stands for the files it matches now: their identities are the key, not the pattern.
+                files = [
+                    [file_identity(Path(m)) for m in sorted(glob.glob(str(Path(p).expanduser())))] or p
+                    if glob.has_magic(str(p))
+                    else (file_identity(Path(p)) if Path(p).is_file() else p)
+                    for p in listed
+                ]
         return digest(["hf", self.name, self.config, self.split, self.text_column, files, self.revision])
 
     def _load_dataset(self, cache_dir: Path, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:

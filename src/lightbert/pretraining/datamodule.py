@@ -34,7 +34,7 @@ from lightbert.data.local_files import digest, progress_bars_for
 from lightbert.data.tokenizer import BertTokenizer, iter_sentences, load_tokenizer, train_wordpiece
 from lightbert.distributed import is_distributed
 from lightbert.errors import ParameterError, UserError
-from lightbert.files import publish_directory
+from lightbert.files import publish_directory, publish_file_once
 from lightbert.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus
 from lightbert.pretraining.examples import create_pretraining_examples
 from lightbert.pretraining.masking import MaskingCollator, NextTokenCollator
@@ -226,6 +226,19 @@ class Position(NamedTuple):
     steps_done: int
 
 
+class StepResumedLoader(DataLoader):
+    """A DataLoader that Lightning treats as resumable, which it is by construction: its sampler (`StepSampler`, or
+    the stream's position) starts from the step the run resumes at, computed from the trainer's global step, so
+    there is no state of its own to save (without these two methods Lightning warns on every mid-epoch resume that
+    the loader "is not resumable")."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Nothing to restore: the position follows from the global step (`PretrainDataModule._position`)."""
+
+
 class PretrainDataModule(L.LightningDataModule):
     """The tokenizer, one example source (`streaming` picks which; each takes its own settings) and masked batches."""
 
@@ -306,10 +319,14 @@ class PretrainDataModule(L.LightningDataModule):
         key = digest([self.corpus.fingerprint, self.vocab_size, self.lowercase, *sample])
         path = self.cache_dir / "tokenizers" / key / "tokenizer.json"
         if not path.is_file():
+            # The `tokenizers` WordPiece trainer breaks ties between equal counts in hash-map order
+            # (huggingface/tokenizers#1794), so two trainings on one corpus can differ in their last tokens. The
+            # first tokenizer published for this corpus and these settings is the one every run uses, two runs
+            # started at once on a cold cache included.
             tokenizer = train_wordpiece(
                 iter_sentences(documents()), vocab_size=self.vocab_size, lowercase=self.lowercase
             )
-            tokenizer.save(path)
+            publish_file_once(path, lambda tmp: tokenizer.backend.save(str(tmp)))
         return load_tokenizer(path)
 
     # -- examples ----------------------------------------------------------------------------------------
@@ -354,7 +371,7 @@ class PretrainDataModule(L.LightningDataModule):
         )
 
     def _loader(self, dataset, sampler) -> DataLoader:
-        return DataLoader(
+        return StepResumedLoader(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,

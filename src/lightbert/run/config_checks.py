@@ -24,6 +24,7 @@ NUMBERS: dict[str, tuple[type, float, bool]] = {
     "trainer.log_every_n_steps": (int, 1, False),
     "trainer.num_nodes": (int, 1, False),
     "trainer.gradient_clip_val": (float, 0, True),
+    "trainer.val_check_interval": (float, 0, True),
     "task.batch_size": (int, 1, False),
     "task.max_seq_length": (int, 1, False),
     "task.checkpoint_every_n_steps": (int, 1, True),
@@ -37,7 +38,11 @@ NUMBERS: dict[str, tuple[type, float, bool]] = {
     "optim.warmup_ratio": (float, 0, False),
     "optim.weight_decay": (float, 0, False),
 }
-POSITIVE = ("optim.lr",)  # > 0, not only >= the minimum
+POSITIVE = ("optim.lr", "trainer.val_check_interval")  # > 0, not only >= the minimum
+LARGEST = {"seed": 2**32 - 1}  # numpy's and Python's seeds
+# Lightning's precisions (lightning.fabric.connector._PRECISION_INPUT), here so that a refusal needs no torch.
+PRECISIONS = ("16-true", "16-mixed", "bf16-true", "bf16-mixed", "32-true", "64-true", "16", "bf16", "32", "64",
+              "transformer-engine", "transformer-engine-float16")  # fmt: skip
 AT_MOST_ONE = ("optim.warmup_ratio",)
 
 
@@ -82,12 +87,33 @@ def check_numbers(cfg: DictConfig) -> None:
         if number < minimum or (key in POSITIVE and number <= 0) or (key in AT_MOST_ONE and number > 1):
             bound = "> 0" if key in POSITIVE else f">= {minimum:g}" + (" and <= 1" if key in AT_MOST_ONE else "")
             raise ConfigError(f"{key} must be {bound}, got {value!r}")
+        if key in LARGEST and number > LARGEST[key]:
+            raise ConfigError(f"{key} must be from {minimum:g} to {LARGEST[key]}, got {value!r}")
+    _check_trainer_choices(cfg)
     steps, epochs = _value(cfg, "trainer.max_steps"), _value(cfg, "trainer.max_epochs")
     if steps == -1 and epochs in (-1, None):
         raise ConfigError(
             "trainer.max_steps=-1 and trainer.max_epochs=-1 leave the run without an end: set one of them, "
             "e.g. trainer.max_steps=1000"
         )
+
+
+def _check_trainer_choices(cfg: DictConfig) -> None:
+    precision = _value(cfg, "trainer.precision")
+    if precision is not _MISSING and precision is not None and str(precision) not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={precision!r} is not a precision; valid: {', '.join(PRECISIONS)}")
+    devices = _value(cfg, "trainer.devices")
+    if devices is _MISSING or devices is None or OmegaConf.is_list(devices):
+        return
+    text = str(devices).strip()
+    counts = [part.strip() for part in text.split(",") if part.strip()]
+    numbers = counts and all(part.lstrip("-").isdigit() for part in counts)
+    if text == "auto" or (numbers and (len(counts) > 1 or int(counts[0]) != 0)):  # "0,1" are device indices
+        return
+    raise ConfigError(
+        f"trainer.devices={devices!r} is not a number of devices: give a count (1, 2, ...), -1 or auto for all, or "
+        "a list of device indices such as [0,1]"
+    )
 
 
 def _as_number(value: Any, kind: type) -> float | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 import warnings
@@ -17,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lightbert.data.local_files import file_identity
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.distributed import gather_dict
 from lightbert.errors import ConfigError, UserError
@@ -24,6 +26,7 @@ from lightbert.finetuning.datamodule import FineTuningDataModule
 from lightbert.interop.hf import Pretrained, load_into, load_pretrained
 from lightbert.model import BertConfig, BertModel
 from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
+from lightbert.pretraining.corpus import TextCorpus
 from lightbert.run import processes
 from lightbert.run.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
 from lightbert.run.cli import CONF_DIR
@@ -34,6 +37,7 @@ from lightbert.run.loggers import RunCSVLogger, finish_wandb, summarise_in_wandb
 from lightbert.run.phases import phases as recipe_phases
 from lightbert.run.run_dir import (
     LAST_CHECKPOINT,
+    check_data_unchanged,
     check_output_dir,
     checkpoint_step,
     locked,
@@ -174,10 +178,11 @@ def _prepare(
     model_config = _checked_model_config(cfg, pretrained)
     if pretrained is not None:
         _name_checkpoint_model(cfg, model_config)
-    record_run(cfg, output_dir, resuming=resume_from is not None)
+    record_run(cfg, output_dir, resuming=resume_from is not None)  # a resume that changes a setting: refused here
+    check_data_unchanged(output_dir, data_sources(cfg), resuming=resume_from is not None)  # or its data: here
     RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
     remove_stale_temporaries(output_dir)
-    log.info(_describe_run(cfg, model_config))
+    log.info(_describe_run(cfg, model_config, resume_from))
     return pretrained, model_config
 
 
@@ -213,7 +218,9 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     # First on the console (train.log holds it until the checks below pass).
     log.info(f"run directory: {output_dir}")
     if cfg.get("resume") and resume_from is None:
-        log.info(f"resume=true and no {output_dir / LAST_CHECKPOINT} yet: starting from the beginning")
+        kept = _metric_rows(output_dir / "metrics.csv")
+        also = f"; metrics.csv keeps the {kept} row(s) of the earlier attempt and continues after them" if kept else ""
+        log.info(f"resume=true and no {output_dir / LAST_CHECKPOINT} yet: starting from the beginning{also}")
     done = checkpoint_step(resume_from) if resume_from else 0  # the step it resumes from
     pretrained, model_config = _prepare(cfg, output_dir, resume_from)
     try:
@@ -223,7 +230,9 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             tokenizer_kwargs = {"tokenizer": load_tokenizer(output_dir / "tokenizer.json")}
         datamodule, module, _ = _data_and_module(cfg, pretrained, model_config, tokenizer_kwargs)
         tokenizer = datamodule.tokenizer
-        loggers = _loggers(cfg, done if resume_from is not None else None)
+        # metrics.csv continues from the checkpoint's step, or after every row of an attempt that left no checkpoint
+        keep_rows_before = done if resume_from is not None else (math.inf if cfg.get("resume") else None)
+        loggers = _loggers(cfg, keep_rows_before)
         if resume_from is None:
             save_tokenizer(tokenizer, output_dir)
         phases = recipe_phases(cfg)
@@ -248,6 +257,30 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         return _finish(trainer, results, output_dir)
     finally:
         finish_wandb()
+
+
+def data_sources(cfg: DictConfig) -> dict[str, Any]:
+    """What the run's data is read from, each with its identity (lightbert.data.local_files.file_identity): the
+    fine-tuning files, or the pre-training corpus's files (its fingerprint for the hub's or the demo)."""
+    files = OmegaConf.select(cfg, "task.data_files", default=None)
+    if files is not None:
+        given = {split: Path(str(path)).expanduser() for split, path in files.items() if path}
+        if not given:
+            return {"task.datamodule.hub_dataset": OmegaConf.select(cfg, "task.datamodule.hub_dataset", default=None)}
+        return {f"task.data_files.{s}": file_identity(p) if p.is_file() else str(p) for s, p in given.items()}
+    if cfg.get("corpus") is None:
+        return {}
+    corpus = instantiate_config(cfg.corpus)
+    if isinstance(corpus, TextCorpus):
+        return {str(path): file_identity(path) for path in corpus.paths}
+    return {"corpus": corpus.fingerprint}
+
+
+def _metric_rows(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    with path.open(newline="") as file:
+        return max(0, sum(1 for _ in file) - 1)
 
 
 def _finish(trainer: L.Trainer, results: dict[str, Any], output_dir: Path) -> dict[str, Any]:
@@ -384,10 +417,12 @@ def _name_checkpoint_model(cfg: DictConfig, model: dict) -> None:
             cfg.logger.wandb.tags = [name if t == DEFAULT_MODEL_NAME else t for t in wandb["tags"]]
 
 
-def _describe_run(cfg: DictConfig, model: dict) -> str:
+def _describe_run(cfg: DictConfig, model: dict, resume_from: Path | None = None) -> str:
     """One line: what is trained on what data, where, how long."""
     sizes = f"L{model['num_hidden_layers']}/H{model['hidden_size']}/A{model['num_attention_heads']}"
     source = f"init_from={cfg.init_from}" if cfg.get("init_from") else "from scratch"
+    if resume_from is not None:
+        source = f"resumed from step {checkpoint_step(resume_from)} of {resume_from}"
     if cfg.task.name == "pretrain":
         corpus = cfg.get("corpus") or {}
         data = f"corpus {corpus.get('name') or ','.join(corpus.get('paths') or []) or 'demo'}"

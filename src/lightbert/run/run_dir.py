@@ -32,7 +32,9 @@ LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 
 def check_output_dir(output_dir: Path, resume: bool) -> Path | None:
     """The checkpoint to resume from, if any. Nothing a user saved is ever lost: a finished run's directory is
-    not trained into again, and an unfinished one only to continue it."""
+    not trained into again, an unfinished one only to continue it, and a directory that is not a run's (it holds
+    files, and no .hydra/ record) not at all."""
+    _check_is_a_run_directory(output_dir)
     if (output_dir / RESULTS_FILE).exists():
         raise UserError(
             f"{output_dir} already holds a finished run ({RESULTS_FILE}); choose another directory "
@@ -48,16 +50,39 @@ def check_output_dir(output_dir: Path, resume: bool) -> Path | None:
     if not resume and not last.is_file() and (output_dir / "metrics.csv").is_file():
         raise UserError(
             f"{output_dir} holds a metrics.csv from another run, which this one would replace; choose another "
-            "directory with hydra.run.dir=..., or add resume=true to continue that run from its checkpoint"
+            f"directory with hydra.run.dir=..., or continue that run with hydra.run.dir={output_dir} resume=true"
         )
     if resume:
         return last if last.is_file() else None  # nothing to resume yet: train() says so, after the run directory
     if last.is_file():
         raise UserError(
-            f"{output_dir} holds an unfinished run ({LAST_CHECKPOINT}); add resume=true to continue it, "
-            "or choose another directory with hydra.run.dir=..."
+            f"{output_dir} holds an unfinished run ({LAST_CHECKPOINT}); continue it with hydra.run.dir={output_dir} "
+            "resume=true, or choose another directory with hydra.run.dir=..."
         )
     return None
+
+
+# Names a run writes that the checks below judge with their own messages (a finished run, a lost checkpoint, a
+# metrics.csv); any other file in a directory without a run's .hydra/ record is someone else's.
+RUN_OUTPUTS = ("checkpoints", "metrics.csv", "results.json", "train.log", "hparams.yaml", "predictions")
+
+
+def _check_is_a_run_directory(output_dir: Path) -> None:
+    """Refuses a directory that holds files lightbert did not write (a Hugging Face export, a project, the current
+    directory): a run would add its record there and could replace a file of the same name (tokenizer.json)."""
+    if not output_dir.is_dir() or (output_dir / RECORD_DIR).is_dir():
+        return
+    foreign = sorted(p.name for p in output_dir.iterdir() if p.name not in RUN_OUTPUTS and not _is_temporary(p))
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+        raise UserError(
+            f"{output_dir} is not a run directory: it holds {len(foreign)} file(s) a run did not write ({shown}). "
+            "Train into a new or empty directory: choose another with hydra.run.dir=..., or leave it to the default"
+        )
+
+
+def _is_temporary(path: Path) -> bool:
+    return path.name.startswith(".") and ".tmp-" in path.name  # a killed save's (remove_stale_temporaries)
 
 
 def checkpoint_step(path: Path) -> int:
@@ -70,7 +95,8 @@ def checkpoint_step(path: Path) -> int:
     except Exception as error:
         raise UserError(
             f"{path} cannot be read as a checkpoint ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
-            "the run cannot resume from it. Move it aside to resume from nothing, or start a new run directory"
+            "the run cannot resume from it. Start a new run directory (init_from=<an earlier checkpoint of it> starts "
+            "from its weights), or restore a good last.ckpt"
         ) from None
 
 
@@ -123,7 +149,7 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
     metrics = results["metrics"]
     shown = [f"{k}={v:.4f}" for k, v in metrics.items() if k.startswith("val/")][:6]
     if results.get("evaluated"):  # src/evaluate.py: no training, no checkpoint
-        outputs = [RESULTS_FILE, "metrics.csv", *(["predictions/"] if results.get("predictions") else [])]
+        outputs = _existing(output_dir, [RESULTS_FILE, "metrics.csv", "predictions/"])
         print(
             f"lightbert: evaluated {results['evaluated']} in {results['seconds']:.0f}s ({', '.join(shown)}). "
             f"Outputs in {output_dir}: {', '.join(outputs)}"
@@ -133,13 +159,16 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
         shown.append(f"best {results['monitor']}={results['best_score']:.4f}")
     if not shown:
         shown = ["no validation ran: raise trainer.max_steps or lower trainer.val_check_interval"]
-    outputs = [RESULTS_FILE, "metrics.csv", "checkpoints/", "tokenizer.json"]
-    if results.get("predictions"):
-        outputs.append("predictions/")
+    outputs = _existing(output_dir, [RESULTS_FILE, "metrics.csv", "checkpoints/", "tokenizer.json", "predictions/"])
     print(
         f"lightbert: finished {results['global_step']} steps in {results['seconds']:.0f}s ({', '.join(shown)}). "
         f"Outputs in {output_dir}: {', '.join(outputs)}"
     )
+
+
+def _existing(output_dir: Path, names: list[str]) -> list[str]:
+    """The outputs the run did leave (a run of 0 epochs writes no metrics.csv and no checkpoint)."""
+    return [name for name in names if (output_dir / name.rstrip("/")).exists()]
 
 
 RECORD_DIR = ".hydra"  # where Hydra would write it; lightbert writes it once the run's checks have passed
@@ -186,6 +215,29 @@ def record_run(cfg: DictConfig, output_dir: Path, resuming: bool) -> None:
     write_atomically(record / "overrides.yaml", OmegaConf.to_yaml(list(cfg.get("overrides") or [])))
     if HydraConfig.initialized():
         write_atomically(record / "hydra.yaml", OmegaConf.to_yaml({"hydra": HydraConfig.get()}))
+
+
+DATA_RECORD = Path(RECORD_DIR) / "data.json"
+
+
+def check_data_unchanged(output_dir: Path, sources: dict[str, Any], resuming: bool) -> None:
+    """A new run records what its data is read from (`.hydra/data.json`); a resumed run must read the same, or it
+    would continue on other examples and another validation set without a word."""
+    record = output_dir / DATA_RECORD
+    if not resuming:
+        if is_global_zero():
+            write_atomically(record, json.dumps(sources, indent=2) + "\n")
+        return
+    if not record.is_file():
+        return  # a run recorded before lightbert kept this record
+    recorded = json.loads(record.read_text())
+    changed = [name for name in sorted(set(recorded) | set(sources)) if recorded.get(name) != sources.get(name)]
+    if changed:
+        raise UserError(
+            f"resume=true continues the run in {output_dir} on the data it started with, and {len(changed)} of its "
+            f"sources changed since ({', '.join(changed[:3])}: another size, time or file). Restore them, or start "
+            "a new run in another directory (init_from=<this run> starts from its weights)"
+        )
 
 
 def is_global_zero() -> bool:
