@@ -72,6 +72,37 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     (root / "squad_no_answers.json").write_text(json.dumps(data))
     paths["squad_no_answers"] = root / "squad_no_answers.json"
     paths["squad_validation"] = squad["validation"]
+    for name, change in (("squad_null_context", {"context": None}), ("squad_far_answer", {"answer_start": 1e30})):
+        broken = json.loads(squad["train"].read_text())
+        paragraph = broken["data"][0]["paragraphs"][0]
+        if "context" in change:
+            paragraph["context"] = None
+        else:
+            paragraph["qas"][0]["answers"][0]["answer_start"] = change["answer_start"]
+        (root / f"{name}.json").write_text(json.dumps(broken))
+        paths[name] = root / f"{name}.json"
+    tsv = glue_data_files(root / "glue_tsv", "sst2", "tsv")
+    lines = tsv["train"].read_text().splitlines()
+    (root / "trailing_tabs.tsv").write_text("\n".join([lines[0], *(line + "\t" for line in lines[1:])]) + "\n")
+    paths["trailing_tabs"] = root / "trailing_tabs.tsv"
+    csv_lines = glue["train"].read_text().splitlines()
+    csv_lines[3] = '"' + csv_lines[3]  # a quote opened and never closed
+    (root / "open_quote.csv").write_text("\n".join(csv_lines) + "\n")
+    paths["open_quote"] = root / "open_quote.csv"
+    (root / "surrogate.jsonl").write_text(
+        '{"sentence": "fine", "label": 1}\n{"sentence": "the \\ud800 film", "label": 0}\n'
+    )
+    paths["surrogate"] = root / "surrogate.jsonl"
+    test_rows = glue["test"].read_text().splitlines()
+    header = test_rows[0].split(",")
+    at = header.index("idx")
+    renumbered = [test_rows[0]] + [
+        ",".join([*r.split(",")[:at], f"s{n}", *r.split(",")[at + 1 :]]) for n, r in enumerate(test_rows[1:])
+    ]
+    (root / "string_idx.csv").write_text("\n".join(renumbered) + "\n")
+    paths["string_idx"] = root / "string_idx.csv"
+    (root / "ner_string.jsonl").write_text('{"id": "0", "tokens": "germany .", "ner_tags": [5, 0]}\n')
+    paths["ner_string"] = root / "ner_string.jsonl"
     return paths
 
 
@@ -140,6 +171,24 @@ REFUSED = [
                                               f"task.data_files.validation={i['squad_validation']}"],
      "v1.1 training questions have no answer"),
     ("malformed JSON lines", lambda i: glue(i, "broken_jsonl"), "line 2, column"),
+    ("TSV rows ending in a tab", lambda i: glue(i, "trailing_tabs"), "line 2 has 4 cells and the header 3"),
+    ("CSV quote never closed", lambda i: glue(i, "open_quote"), "line 4: unexpected end of data (a quote opened"),
+    ("lone surrogate in JSON lines", lambda i: glue(i, "surrogate"), "line 2 holds a lone surrogate"),
+    ("GLUE idx that are not numbers", lambda i: [*glue(i), f"task.data_files.test={i['string_idx']}"],
+     "idx 's0' is not a whole number"),
+    ("NER tokens as one string", lambda i: ["task=conll2003", "trainer=cpu", "logger=csv", f"init_from={i['bert']}",
+                                            f"task.data_files.train={i['ner_string']}",
+                                            f"task.data_files.validation={i['ner_string']}"],
+     "sentence 0: tokens is 'germany .', not a list"),
+    ("SQuAD null context", lambda i: ["task=squad_v1", "trainer=cpu", "logger=csv", *SQUAD_SIZES,
+                                      f"init_from={i['bert']}", f"task.data_files.train={i['squad_null_context']}",
+                                      f"task.data_files.validation={i['squad_validation']}"],
+     "context is None, not text"),
+    ("SQuAD answer_start past any text", lambda i: ["task=squad_v1", "trainer=cpu", "logger=csv", *SQUAD_SIZES,
+                                                    f"init_from={i['bert']}",
+                                                    f"task.data_files.train={i['squad_far_answer']}",
+                                                    f"task.data_files.validation={i['squad_validation']}"],
+     "answer_start 1e+30 is not a character position"),
     ("header-only file", lambda i: glue(i, "header_only"), "holds a header and no rows"),
 ]  # fmt: skip
 

@@ -278,3 +278,20 @@ def test_a_fine_tune_records_the_checkpoints_model_not_the_model_default(hf_dir,
     assert logged["name"] == f"sst2-{expected}" and expected in logged["tags"] and "bert_mini" not in logged["tags"]
     recorded = OmegaConf.load(run / ".hydra" / "config.yaml")
     assert recorded.model.num_hidden_layers == load_pretrained(str(hf_dir)).config["num_hidden_layers"]
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"), [(1.0, 1), ("0.0", 0), (True, 1), (False, 0), ("1", 1), ("positive", 1)]
+)
+def test_labels_written_as_floats_or_booleans_are_class_indices(given, expected):
+    from lightbert.glue.data import glue_task, label_to_number
+
+    assert label_to_number(given, 0, glue_task("sst2"), "train.csv") == {"label": expected}
+
+
+@pytest.mark.parametrize("given", [1.5, "1.5", 2.0, -1])
+def test_a_label_that_is_no_class_names_its_row(given):
+    from lightbert.glue.data import glue_task, label_to_number
+
+    with pytest.raises(UserError, match="train.csv, row 4: label"):
+        label_to_number(given, 3, glue_task("sst2"), "train.csv")

@@ -54,6 +54,7 @@ def read_local(file: Path, cache_dir: Path, where: str) -> datasets.Dataset:
     if suffix in (".csv", ".tsv"):
         # Text is text: "NA", "null", "None" or "n/a" in a sentence stay words (pandas would make them missing).
         options |= {"keep_default_na": False, "na_filter": False}
+        check_table_shape(file, where)
     try:
         return datasets.load_dataset(
             LOCAL_FORMATS[suffix],
@@ -64,6 +65,35 @@ def read_local(file: Path, cache_dir: Path, where: str) -> datasets.Dataset:
         )
     except Exception as error:
         raise UserError(f"could not read {where}: {diagnose(file, error)}") from None
+
+
+def check_table_shape(file: Path, where: str) -> None:
+    """Every row of a CSV or TSV file has the header's number of cells: pandas would otherwise shift the columns of
+    a file whose rows end in a tab (then "the label cell is empty"), or stop with no row named."""
+    tsv = file.suffix.lower() == ".tsv"
+    started = 1  # the line the row being read starts on (a quoted cell may span lines)
+    try:
+        with file.open(encoding="utf-8", newline="") as handle:
+            options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if tsv else {"strict": True}
+            reader = csv.reader(handle, **options)
+            header = next(reader, None)
+            started = reader.line_num + 1
+            for row in reader:
+                if row and len(row) != len(header or []):
+                    hint = "a tab at the end of the line, or inside a cell?" if tsv else "a comma in a cell not quoted?"
+                    raise UserError(
+                        f"could not read {where}: line {started} has {len(row)} cells and the header "
+                        f"{len(header or [])} ({hint})"
+                    )
+                started = reader.line_num + 1
+    except csv.Error as error:
+        raise UserError(
+            f"could not read {where}: line {started}: {error} (a quote opened there and never closed?)"
+        ) from None
+    except UnicodeDecodeError as error:
+        raise UserError(
+            f"could not read {where}: it is not UTF-8 text ({error}); convert it, e.g. iconv -f latin1 -t utf-8"
+        ) from None
 
 
 def diagnose(file: Path, error: Exception) -> str:
@@ -89,9 +119,13 @@ def diagnose(file: Path, error: Exception) -> str:
             if not line.strip():
                 continue
             try:
-                json.loads(line)
+                record = json.loads(line)
             except json.JSONDecodeError as bad:
                 return f"line {number}, column {bad.colno}: not valid JSON ({bad.msg}); write one JSON object per line"
+            try:
+                json.dumps(record, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                return f"line {number} holds a lone surrogate (an escaped half of a character, e.g. \\ud800); fix it"
     return f"{type(error).__name__}: {error}"
 
 

@@ -142,11 +142,25 @@ def encode_examples(batch: dict, tokenizer: BertTokenizer, text_columns: tuple[s
     }
 
 
+def _whole_number(text: str) -> bool:
+    try:
+        return float(text).is_integer()
+    except ValueError:
+        return False
+
+
 def label_to_number(label: object, row: int, spec: GlueTask, where: str) -> dict:
     """A label as the model needs it: the class index (given as index or name), or the STS-B score. `row` (from 0)
     is named, 1-based, in the message of a bad cell."""
     if isinstance(label, str) and label.strip().lstrip("-").isdigit():
         label = int(label)  # a column with an empty cell is read as text
+    if not spec.is_regression:
+        if isinstance(label, str) and _whole_number(label):
+            label = float(label)  # "1.0": a class index written by a tool that writes floats
+        if isinstance(label, float) and label.is_integer():
+            label = int(label)
+        if isinstance(label, bool) and spec.num_labels == 2 and str(label) not in spec.label_names:
+            label = int(label)  # True/False for a two-class task: 1/0
     if spec.is_regression:
         try:
             value = float(label)
@@ -165,6 +179,22 @@ def label_to_number(label: object, row: int, spec: GlueTask, where: str) -> dict
             f"0..{spec.num_labels - 1} or the names {list(spec.label_names)}"
         )
     return {"label": label}
+
+
+def _integer_idx(raw: datasets.Dataset, where: str) -> datasets.Dataset:
+    """GLUE's `idx` names a row in the submission files: an integer (given as a number or as digits)."""
+    values = raw["idx"]
+    for row, value in enumerate(values, start=1):
+        if isinstance(value, bool) or not (
+            isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())
+        ):
+            raise UserError(
+                f"{where}, row {row}: idx {value!r} is not a whole number; the idx column numbers the rows "
+                "(0, 1, ...), or leave it out and the rows are numbered in order"
+            )
+    if all(isinstance(v, int) for v in values):
+        return raw
+    return raw.remove_columns("idx").add_column("idx", [int(v) for v in values])
 
 
 # -- the DataModule ----------------------------------------------------------------------------------------
@@ -199,6 +229,8 @@ class GlueDataModule(FineTuningDataModule):
         """Labels in range; `idx` added (row number) where a file has none."""
         if "idx" not in raw.column_names:
             raw = raw.add_column("idx", list(range(len(raw))))
+        else:
+            raw = _integer_idx(raw, where)
         repeated = [idx for idx, n in Counter(raw["idx"]).items() if n > 1]
         if repeated:  # predictions are keyed by idx: a repeated one would lose rows
             raise UserError(f"{where}: the idx column must be unique; these repeat: {repeated[:5]}")

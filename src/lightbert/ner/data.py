@@ -187,6 +187,13 @@ class ConllDataModule(FineTuningDataModule):
     def check(self, raw: datasets.Dataset, split: str, where: str) -> datasets.Dataset:
         if "id" not in raw.column_names:
             raw = raw.add_column("id", [str(i) for i in range(len(raw))])
+        for sentence_id, words, tags in zip(raw["id"], raw["tokens"], raw["ner_tags"], strict=True):
+            for name, value in (("tokens", words), ("ner_tags", tags)):
+                if not isinstance(value, list):  # a string would be read one character a token
+                    raise UserError(
+                        f"{where}, sentence {sentence_id}: {name} is {value!r}, not a list; write the sentence's "
+                        f'words and tags as lists, e.g. "tokens": ["Germany", "."], "ner_tags": ["B-LOC", "O"]'
+                    )
         return raw
 
     def cache_settings(self) -> list:

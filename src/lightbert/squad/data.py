@@ -49,6 +49,44 @@ ENCODE_CHUNK = 1000  # examples tokenised per call to the Rust tokenizer
 # -- reading -----------------------------------------------------------------------------------------------
 
 
+def _position(value: object, question: object, where: str) -> int:
+    """An `answer_start`: a character position (an integer, or digits)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value >= 2**63:
+        raise UserError(
+            f"{where}: question {question}: answer_start {value!r} is not a character position of the context "
+            "(a whole number from 0)"
+        )
+    return value
+
+
+def check_rows(raw: datasets.Dataset, where: str) -> None:
+    """Each question has text, a context, and answers as {text: [...], answer_start: [...]} of one length; named by
+    its id when not (a null field, a flat file's empty answer_start)."""
+    for question_id, context, question, answers in zip(
+        raw["id"], raw["context"], raw["question"], raw["answers"], strict=True
+    ):
+        for name, value in (("context", context), ("question", question)):
+            if not isinstance(value, str):
+                raise UserError(f"{where}: question {question_id}: {name} is {value!r}, not text")
+        if not isinstance(answers, dict) or not isinstance(answers.get("text"), list):
+            raise UserError(
+                f"{where}: question {question_id}: answers must be {{text: [...], answer_start: [...]}}, "
+                f"not {answers!r}"
+            )
+        starts = answers.get("answer_start")
+        if not isinstance(starts, list) or len(starts) != len(answers["text"]):
+            raise UserError(
+                f"{where}: question {question_id}: answers has {len(answers['text'])} text(s) and answer_start "
+                f"{starts!r}; give one answer_start per text"
+            )
+        for start in starts:
+            _position(start, question_id, where)
+
+
 def flatten_official(dataset: dict, where: str) -> dict[str, list]:
     """The official nested JSON as the hub's flat columns, one row per question."""
     rows: dict[str, list] = {"id": [], "title": [], "context": [], "question": [], "answers": []}
@@ -64,7 +102,7 @@ def flatten_official(dataset: dict, where: str) -> dict[str, list]:
                     rows["answers"].append(
                         {
                             "text": [a["text"] for a in answers],
-                            "answer_start": [int(a["answer_start"]) for a in answers],
+                            "answer_start": [_position(a["answer_start"], qa["id"], where) for a in answers],
                         }
                     )
     except (KeyError, TypeError, ValueError) as error:
@@ -344,6 +382,7 @@ class SquadDataModule(FineTuningDataModule):
         return COLUMNS
 
     def check(self, raw: datasets.Dataset, split: str, where: str) -> datasets.Dataset:
+        check_rows(raw, where)
         duplicated = [i for i, n in Counter(raw["id"]).items() if n > 1]
         if duplicated:
             raise UserError(f"{where}: question ids must be unique, these repeat: {duplicated[:5]}")
