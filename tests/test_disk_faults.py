@@ -106,3 +106,42 @@ def test_feature_extraction_leaves_no_temporary_file_after_an_error(tmp_path, be
     with pytest.raises(UserError, match="from -4 to 3"):
         extract_to_file(cfg)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_a_damaged_cache_is_rebuilt_and_said(tmp_path, caplog, monkeypatch):
+    """The cached examples' dataset_dict.json and the cached tokenizer cut short (a disk that filled, a copy
+    interrupted): the next run rebuilds both, says so, and trains."""
+    from helpers.runs import TINY_PRETRAIN, compose_config
+
+    from lightbert.run.jobs import train
+
+    monkeypatch.setenv("LIGHTBERT_CACHE", str(tmp_path / "cache"))
+    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=10, seed=21)
+    overrides = [*TINY_PRETRAIN, f"corpus.paths=[{corpus}]", "trainer.max_steps=1"]
+    assert train(compose_config(overrides, tmp_path / "first"))["global_step"] == 1
+    caplog.set_level("WARNING")
+    (index,) = (tmp_path / "cache" / "examples").glob("*/dataset_dict.json")
+    index.write_text('{"splits": ["tra')
+    assert train(compose_config(overrides, tmp_path / "second"))["global_step"] == 1
+    assert f"the cache entry {index.parent} could not be read" in caplog.text and "it is rebuilt" in caplog.text
+    (tokenizer,) = (tmp_path / "cache" / "tokenizers").glob("*/tokenizer.json")
+    tokenizer.write_text(tokenizer.read_text()[:100])
+    assert train(compose_config(overrides, tmp_path / "third"))["global_step"] == 1
+    assert f"the cached tokenizer {tokenizer} could not be read" in caplog.text and "trained again" in caplog.text
+
+
+def test_a_cache_that_cannot_be_written_is_one_message(tmp_path):
+    import datasets
+
+    from lightbert.data.local_files import save_cache
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), not the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limit[1]))
+    try:
+        with pytest.raises(UserError, match="could not write the cache .*File too large. Free space there"):
+            save_cache({"train": datasets.Dataset.from_dict({"text": ["x" * 100] * 1000})}, tmp_path / "cache" / "k")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, previous)
+    assert not any((tmp_path / "cache").iterdir())  # nothing half-written left for a later run to read

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import csv
+import errno
 import hashlib
 import json
+import logging
+import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -14,6 +17,8 @@ import datasets
 
 from lightbert.errors import UserError
 from lightbert.files import publish_directory
+
+log = logging.getLogger(__name__)
 
 LOCAL_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
@@ -158,7 +163,38 @@ def save_cache(parts: dict[str, datasets.Dataset], cached_dir: Path, extra_files
             (tmp / name).write_text(text)
 
     if not cached_dir.exists():
-        publish_directory(cached_dir, write)
+        with cache_writes(cached_dir):
+            publish_directory(cached_dir, write)
+
+
+@contextmanager
+def cache_writes(where: Path) -> Iterator[None]:
+    """A cache that cannot be written (a full disk, a file-size limit, a read-only or foreign directory) is one
+    message naming it and where to move it; `publish_directory` has already removed the half-written copy."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT):
+            raise
+        raise UserError(
+            f"could not write the cache {where}: {error.strerror}. Free space there, or move the cache with "
+            "paths.cache_dir=... (or the LIGHTBERT_CACHE environment variable)"
+        ) from None
+
+
+def load_cached(cached_dir: Path, rebuild: Callable[[], None]) -> datasets.DatasetDict:
+    """The cache entry at `cached_dir`; one that cannot be read (a truncated .arrow file, a broken
+    dataset_dict.json: a disk that filled, a copy cut short) is removed, rebuilt once by `rebuild`, and said."""
+    try:
+        return datasets.load_from_disk(str(cached_dir))
+    except Exception as error:  # datasets and Arrow raise many kinds for a damaged file
+        log.warning(
+            f"the cache entry {cached_dir} could not be read ({type(error).__name__}: {str(error)[:120]}); "
+            "it is rebuilt"
+        )
+    shutil.rmtree(cached_dir, ignore_errors=True)
+    rebuild()
+    return datasets.load_from_disk(str(cached_dir))
 
 
 # datasets' progress bars are worth watching from this many rows on; a map of a few thousand rows takes seconds.

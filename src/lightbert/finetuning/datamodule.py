@@ -29,6 +29,7 @@ from lightbert.data.local_files import (
     check_data_files,
     digest,
     file_identity,
+    load_cached,
     progress_bars_for,
     read_hub,
     read_local,
@@ -235,7 +236,7 @@ class FineTuningDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets is None:
-            self.datasets = datasets.load_from_disk(str(self.cached_dir))
+            self.datasets = load_cached(self.cached_dir, self.prepare_data)
 
     # -- loaders -------------------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ per batch.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.encoding import check_max_seq_length
-from lightbert.data.local_files import digest, progress_bars_for
+from lightbert.data.local_files import cache_writes, digest, load_cached, progress_bars_for
 from lightbert.data.tokenizer import BertTokenizer, iter_sentences, load_tokenizer, train_wordpiece
 from lightbert.distributed import is_distributed
 from lightbert.errors import ParameterError, UserError
@@ -41,6 +42,8 @@ from lightbert.pretraining.masking import MaskingCollator, NextTokenCollator
 from lightbert.pretraining.objectives import MaskingShares, check_objective
 from lightbert.pretraining.resumable import SeededExamples, StepSampler
 from lightbert.pretraining.streaming import StreamingExamples, held_out_examples
+
+log = logging.getLogger(__name__)
 
 Corpus = TextCorpus | HFCorpus | DemoCorpus
 EXAMPLES_VERSION = 2  # bump when example creation changes, so cached examples are rebuilt
@@ -140,7 +143,8 @@ class CachedExamples:
                 for name, split in (("train", splits["train"]), ("validation", splits["test"]))
             }
         )
-        publish_directory(examples_dir, lambda tmp: examples.save_to_disk(str(tmp)))
+        with cache_writes(examples_dir):
+            publish_directory(examples_dir, lambda tmp: examples.save_to_disk(str(tmp)))
         documents.cleanup_cache_files()  # the intermediate maps; the saved examples are all that is needed
 
     def _num_proc(self, num_rows: int) -> int | None:
@@ -150,7 +154,7 @@ class CachedExamples:
 
     def setup(self, tokenizer: BertTokenizer) -> None:
         if self.datasets is None:
-            self.datasets = datasets.load_from_disk(str(self.examples_dir(tokenizer)))
+            self.datasets = load_cached(self.examples_dir(tokenizer), lambda: self.prepare(tokenizer))
 
     def train(self, tokenizer: BertTokenizer, batch_size: int, position: Position) -> tuple[Dataset, Sampler]:
         assert self.datasets is not None, "call setup() first"
@@ -318,16 +322,24 @@ class PretrainDataModule(L.LightningDataModule):
         documents, sample = self.examples.tokenizer_sample()
         key = digest([self.corpus.fingerprint, self.vocab_size, self.lowercase, *sample])
         path = self.cache_dir / "tokenizers" / key / "tokenizer.json"
-        if not path.is_file():
-            # The `tokenizers` WordPiece trainer breaks ties between equal counts in hash-map order
-            # (huggingface/tokenizers#1794), so two trainings on one corpus can differ in their last tokens. The
-            # first tokenizer published for this corpus and these settings is the one every run uses, two runs
-            # started at once on a cold cache included.
-            tokenizer = train_wordpiece(
-                iter_sentences(documents()), vocab_size=self.vocab_size, lowercase=self.lowercase
-            )
-            publish_file_once(path, lambda tmp: tokenizer.backend.save(str(tmp)))
-        return load_tokenizer(path)
+        for attempt in range(2):
+            if not path.is_file():
+                # The `tokenizers` WordPiece trainer breaks ties between equal counts in hash-map order
+                # (huggingface/tokenizers#1794), so two trainings on one corpus can differ in their last tokens. The
+                # first tokenizer published for this corpus and these settings is the one every run uses, two runs
+                # started at once on a cold cache included.
+                tokenizer = train_wordpiece(
+                    iter_sentences(documents()), vocab_size=self.vocab_size, lowercase=self.lowercase
+                )
+                publish_file_once(path, lambda tmp, tokenizer=tokenizer: tokenizer.backend.save(str(tmp)))
+            try:
+                return load_tokenizer(path)
+            except UserError as error:  # a damaged cache file (a full disk, a copy cut short): trained again
+                if attempt:
+                    raise
+                log.warning(f"the cached tokenizer {path} could not be read ({error}); it is trained again")
+                path.unlink(missing_ok=True)
+        raise AssertionError("unreachable")
 
     # -- examples ----------------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import GrammarParseError, InterpolationResolutionError
 
 from lightbert.errors import ConfigError, ParameterError
 from lightbert.pretraining.objectives import OBJECTIVES, MaskingShares
@@ -56,6 +57,7 @@ def _value(cfg: DictConfig, key: str) -> Any:
 def check_config(cfg: DictConfig) -> None:
     """The checks a command is refused by before anything is read or written: numbers in range, and a fine-tuning
     task given the pre-trained model it starts from."""
+    _check_whole(cfg)
     check_numbers(cfg)
     objective = OmegaConf.select(cfg, "task.objective", default=None)
     if objective is not None and objective not in OBJECTIVES:
@@ -73,6 +75,33 @@ def check_config(cfg: DictConfig) -> None:
             f"task={choice or cfg.task.name} fine-tunes a pre-trained model: set init_from=<checkpoint> (a lightbert "
             ".ckpt or run directory, a Hugging Face directory, or a hub id); its tokenizer comes with it"
         )
+
+
+# The parts every run reads, each with a key it cannot be without: removing one (`~trainer`) leaves nothing to run.
+REQUIRED = {
+    "model": "model.hidden_size",
+    "task": "task.name",
+    "task.datamodule": "task.datamodule._target_",
+    "task.module": "task.module._target_",
+    "trainer": "trainer._target_",
+    "optim": "optim.lr",
+    "paths": "paths.output_dir",
+}
+
+
+def _check_whole(cfg: DictConfig) -> None:
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except (InterpolationResolutionError, GrammarParseError) as error:
+        key = getattr(error, "full_key", None) or "a value"
+        reason = str(error).splitlines()[0]
+        raise ConfigError(
+            f"{key} cannot be resolved ({reason}); an interpolation ${{...}} there refers to itself or to a key "
+            "that does not exist: give the value itself"
+        ) from None
+    for key, inner in REQUIRED.items():
+        if OmegaConf.select(cfg, inner, default=None) is None:
+            raise ConfigError(f"the config has no {key} (an override ~{key}?); every run needs it: drop that override")
 
 
 def check_numbers(cfg: DictConfig) -> None:
