@@ -202,13 +202,16 @@ REFUSED = [
 @pytest.mark.parametrize(("case", "args", "message"), REFUSED, ids=[case for case, _, _ in REFUSED])
 def test_bad_input_is_one_message(inputs, tmp_path, case, args, message):
     arguments = args(inputs)
-    if not any(a.startswith("hydra.run.dir=") for a in arguments):
+    new_directory = not any(a.startswith("hydra.run.dir=") for a in arguments)
+    if new_directory:
         arguments.append(f"hydra.run.dir={tmp_path / 'run'}")
     run = run_train_script(*arguments)
     errors = [line for line in run.stderr.splitlines() if line.startswith("lightbert: error:")]
     assert run.returncode == 2, run.stderr[-3000:]
     assert len(errors) == 1 and message in errors[0], run.stderr[-3000:]
     assert "Traceback" not in run.stderr and "weights_only=False" not in run.stderr
+    if new_directory:  # a refused command writes nothing there, however late it is refused
+        assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
 def test_a_multirun_with_failed_jobs_ends_with_its_summary_and_no_traceback(inputs, tmp_path):

@@ -166,3 +166,21 @@ def test_a_resume_on_an_edited_corpus_is_refused_and_names_it(tmp_path):
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert f"sources changed since ({corpus}" in refused.stderr
     assert snapshot(run_dir) == before
+
+
+def test_a_resumed_run_logs_every_row_an_unbroken_run_logs(tmp_path, corpus):
+    """Logged every 10 steps, killed at step 6 before any row reached the disk, resumed from its step-4 checkpoint:
+    metrics.csv holds the same rows (step and metric names) as a run that never stopped."""
+    base = [a for a in BASE if not a.startswith("trainer.log_every_n_steps")]
+    args = [*base, f"corpus.paths=[{corpus}]", "trainer.max_steps=20", "trainer.val_check_interval=100"]
+
+    def rows(run_dir: Path) -> list[tuple[int, tuple[str, ...]]]:
+        table = csv.DictReader((run_dir / "metrics.csv").read_text().splitlines())
+        return [(int(r["step"]), tuple(sorted(k for k, v in r.items() if v and k != "epoch"))) for r in table]
+
+    assert run(*args, f"hydra.run.dir={tmp_path / 'whole'}").returncode == 0
+    kill = ["+callbacks.kill._target_=helpers.loss_recorder.KillAtStep", "+callbacks.kill.step=6"]
+    crashed = [*args, f"hydra.run.dir={tmp_path / 'crashed'}"]
+    assert run(*crashed, *kill, new_session=True).returncode == -signal.SIGKILL
+    assert run(*crashed, "resume=true").returncode == 0
+    assert rows(tmp_path / "crashed") == rows(tmp_path / "whole")

@@ -219,3 +219,29 @@ def test_report_keeps_the_papers_order_marks_failed_jobs_and_never_draws_an_empt
         "no train/loss logged:\nruns shorter than trainer.log_every_n_steps"
     ]
     assert val_axis.get_legend() is not None and len(val_axis.lines) == 2
+
+
+def test_a_job_that_raised_is_listed_as_failed_with_its_error(tmp_path):
+    """A multirun job that raised (not a refusal): the summary names it failed, with the error and its overrides."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from lightbert.analysis.sweep import FAILED_FILE, SweepSummary
+
+    job_dir = tmp_path / "0"
+    job_dir.mkdir()
+    config = OmegaConf.create(
+        {
+            "hydra": {
+                "mode": RunMode.MULTIRUN,
+                "runtime": {"output_dir": str(job_dir)},
+                "sweep": {"dir": str(tmp_path)},
+                "overrides": {"task": ["trainer.val_check_interval=2"]},
+            }
+        }
+    )
+    failed = JobReturn(status=JobStatus.FAILED, _return_value=ZeroDivisionError("division by zero"))
+    SweepSummary().on_job_end(config, failed)
+    assert (job_dir / FAILED_FILE).read_text() == "ZeroDivisionError: division by zero\n"
+    assert "trainer.val_check_interval=2" in (job_dir / ".hydra" / "overrides.yaml").read_text()

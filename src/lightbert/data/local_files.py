@@ -77,6 +77,7 @@ def check_table_shape(file: Path, where: str) -> None:
     a file whose rows end in a tab (then "the label cell is empty"), or stop with no row named."""
     tsv = file.suffix.lower() == ".tsv"
     started = 1  # the line the row being read starts on (a quoted cell may span lines)
+    limit = csv.field_size_limit(sys.maxsize)  # a cell of a whole book is text too (pandas has no such limit)
     try:
         with file.open(encoding="utf-8", newline="") as handle:
             options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if tsv else {"strict": True}
@@ -99,6 +100,8 @@ def check_table_shape(file: Path, where: str) -> None:
         raise UserError(
             f"could not read {where}: it is not UTF-8 text ({error}); convert it, e.g. iconv -f latin1 -t utf-8"
         ) from None
+    finally:
+        csv.field_size_limit(limit)
 
 
 def diagnose(file: Path, error: Exception) -> str:

@@ -162,4 +162,5 @@ class ConsoleReport(StepClock):
         metrics = {k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("val/")}
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
         log.info(f"validation at step {trainer.global_step}: {shown}")
-        self._last = time.perf_counter()  # validation time is not training throughput
+        # Validation time is not training throughput: the clock and the counts start again.
+        self._last, self._examples, self._tokens = time.perf_counter(), 0, 0

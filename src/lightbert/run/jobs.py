@@ -42,6 +42,7 @@ from lightbert.run.run_dir import (
     checkpoint_step,
     locked,
     record_run,
+    refused_leaves_nothing,
     remove_stale_temporaries,
     save_tokenizer,
     write_results,
@@ -138,7 +139,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     check_config(cfg)  # before anything is read or written
     output_dir = Path(cfg.paths.output_dir)
     processes.install()  # its DataLoader workers and data-preparation pool die with it, and hold no lock
-    with locked(output_dir):
+    with locked(output_dir), refused_leaves_nothing(output_dir):
         return _train(cfg, output_dir)
 
 
@@ -148,7 +149,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     check_config(cfg)
     output_dir = Path(cfg.paths.output_dir)
     processes.install()
-    with locked(output_dir):
+    with locked(output_dir), refused_leaves_nothing(output_dir):
         return _evaluate(cfg, output_dir)
 
 

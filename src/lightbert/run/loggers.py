@@ -100,8 +100,9 @@ def summarise_in_wandb(trainer: L.Trainer, results: dict[str, Any]) -> None:
     chart show. `best/<monitor>` is the best validation value (the checkpoint kept), not the last one."""
     for logger in trainer.loggers:
         if isinstance(logger, WandbLogger):
-            summary = {"global_step": results["global_step"], "seconds": results["seconds"]}
-            if results["monitor"] and results["best_score"] is not None:
+            # An evaluation (src/evaluate.py) trains no step and keeps no best checkpoint.
+            summary = {k: results[k] for k in ("global_step", "seconds") if k in results}
+            if results.get("monitor") and results.get("best_score") is not None:
                 summary[f"best/{results['monitor']}"] = results["best_score"]
             logger.experiment.summary.update(summary)
 
@@ -119,17 +120,20 @@ class HistoryWriter(ExperimentWriter):
         """Lightning's deletes metrics.csv here, before anything has trained."""
 
     def save(self) -> None:
-        if self.resumed_step is not None and self.metrics and os.path.isfile(self.metrics_file_path):
-            with open(self.metrics_file_path, newline="") as file:
-                reader = csv.DictReader(file)
-                kept = [row for row in reader if _step(row) < self.resumed_step]  # row steps count from 0
-                header = list(reader.fieldnames or [])
-            self.metrics_keys = sorted(set(header) | set(self.metrics_keys))
-            with open_atomically(Path(self.metrics_file_path), newline="") as file:
-                writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
-                writer.writeheader()
-                writer.writerows(kept)
-            self.resumed_step = None  # the history is in place: append from here on
+        if self.resumed_step is not None and self.metrics:
+            if os.path.isfile(self.metrics_file_path):
+                with open(self.metrics_file_path, newline="") as file:
+                    reader = csv.DictReader(file)
+                    kept = [row for row in reader if _step(row) < self.resumed_step]  # row steps count from 0
+                    header = list(reader.fieldnames or [])
+                self.metrics_keys = sorted(set(header) | set(self.metrics_keys))
+                with open_atomically(Path(self.metrics_file_path), newline="") as file:
+                    writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
+                    writer.writeheader()
+                    writer.writerows(kept)
+            # The history is in place (or there was none): append from here on. Left set, a later save would drop
+            # the rows this run has just written (a killed run that left no metrics.csv lost its first row so).
+            self.resumed_step = None
         super().save()
 
 

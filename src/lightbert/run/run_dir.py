@@ -240,6 +240,23 @@ def check_data_unchanged(output_dir: Path, sources: dict[str, Any], resuming: bo
         )
 
 
+@contextmanager
+def refused_leaves_nothing(output_dir: Path) -> Iterator[None]:
+    """A command refused after its record was begun (a bad row found while the data is prepared, a tokenizer that
+    does not fit) takes back what it wrote, when the directory was empty as it took it and nothing was trained:
+    everything there is then this command's own (.hydra/, train.log, tokenizer.json, hparams.yaml). A directory
+    that held anything, or a run that saved a checkpoint or a metric, is left as it is."""
+    was_empty = is_global_zero() and output_dir.is_dir() and not any(output_dir.iterdir())
+    try:
+        yield
+    except UserError:
+        trained = (output_dir / LAST_CHECKPOINT).exists() or (output_dir / "metrics.csv").exists()
+        if was_empty and not trained:
+            for path in list(output_dir.iterdir()):
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        raise
+
+
 def is_global_zero() -> bool:
     """The first process of the run: Lightning's rank once it runs (its strategy sets the global rank across
     nodes), before that the launcher's variables, which Lightning reads too."""
