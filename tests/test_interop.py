@@ -215,3 +215,11 @@ def test_model_size_other_than_the_checkpoint_is_refused(hf_dir, tmp_path):
     with pytest.raises(ConfigError, match="other sizes"):
         train(cfg)
     assert not (tmp_path / "run" / "results.json").exists()
+
+
+def test_export_to_a_file_is_one_message(pretraining_run, tmp_path):
+    taken = tmp_path / "model.bin"
+    taken.write_text("mine")
+    with pytest.raises(SystemExit) as exit_info:
+        convert(["to-hf", str(pretraining_run), str(taken)])
+    assert exit_info.value.code == 2 and taken.read_text() == "mine"

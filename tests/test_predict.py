@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import random
 import subprocess
 import sys
@@ -234,3 +235,22 @@ def test_plain_text_and_json_lines_are_told_apart(tmp_path):
     assert read_records(str(source)) == ([(1, {"text": "a"}), (3, {"text": "b"})], "jsonl")
     source.write_text("a b\n c \n")
     assert read_records(str(source)) == ([(1, {"text": "a b"}), (2, {"text": "c"})], "text")
+
+
+@pytest.mark.parametrize("closed", ["stdin", "stdout"])
+def test_a_closed_standard_stream_is_one_line(sst2_run, tmp_path, closed):
+    source = tmp_path / "in.txt"
+    source.write_text("the film\n")
+    descriptor = 0 if closed == "stdin" else 1
+    args = ["input_file=-", f"output_file={tmp_path / 'out.jsonl'}"] if closed == "stdin" else [
+        f"input_file={source}", "output_file=-"]  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, str(REPO / "src" / "predict.py"), f"init_from={sst2_run.dir}", *args],
+        stdin=subprocess.DEVNULL if closed == "stdout" else None,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        preexec_fn=lambda: os.close(descriptor),
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert "which is closed" in run.stderr

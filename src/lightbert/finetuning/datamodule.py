@@ -26,6 +26,7 @@ from lightbert.data.batches import make_loader
 from lightbert.data.encoding import MIN_SEQ_LENGTH, check_max_seq_length
 from lightbert.data.local_files import (
     LOCAL_FORMATS,
+    cache_writes,
     check_data_files,
     digest,
     file_identity,
@@ -223,6 +224,10 @@ class FineTuningDataModule(L.LightningDataModule):
         return self.cache_dir / self.family / self.name / key
 
     def prepare_data(self) -> None:
+        with cache_writes(self.cache_dir):  # a full disk, a read-only cache: one message
+            self._prepare_data()
+
+    def _prepare_data(self) -> None:
         if not (self.cached_dir / "dataset_dict.json").is_file():
             parts = {}
             for split in self.splits:

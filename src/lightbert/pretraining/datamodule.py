@@ -331,7 +331,8 @@ class PretrainDataModule(L.LightningDataModule):
                 tokenizer = train_wordpiece(
                     iter_sentences(documents()), vocab_size=self.vocab_size, lowercase=self.lowercase
                 )
-                publish_file_once(path, lambda tmp, tokenizer=tokenizer: tokenizer.backend.save(str(tmp)))
+                with cache_writes(path.parent):
+                    publish_file_once(path, lambda tmp, tokenizer=tokenizer: tokenizer.backend.save(str(tmp)))
             try:
                 return load_tokenizer(path)
             except UserError as error:  # a damaged cache file (a full disk, a copy cut short): trained again
@@ -357,7 +358,8 @@ class PretrainDataModule(L.LightningDataModule):
         return self.examples.datasets
 
     def prepare_data(self) -> None:
-        self.examples.prepare(self.tokenizer)
+        with cache_writes(self.cache_dir):  # a full disk, a read-only cache: one message
+            self.examples.prepare(self.tokenizer)
 
     def setup(self, stage: str | None = None) -> None:
         self.examples.setup(self.tokenizer)
