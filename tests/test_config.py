@@ -93,7 +93,7 @@ def test_help_names_every_option_of_every_group_and_no_private_base():
     result = run_train_script("--help")
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
-    for group in ("model", "task", "corpus", "optim", "trainer", "logger", "cluster", "sweep", "experiment"):
+    for group in ("model", "task", "corpus", "optim", "trainer", "logger", "cluster", "sweep", "experiment", "debug"):
         start = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{group}="))
         text = lines[start].split("=", 1)[1]
         for line in lines[start + 1 :]:  # continuation lines: indented, no group of their own

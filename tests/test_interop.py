@@ -1,6 +1,7 @@
 """Checkpoints in and out: Hugging Face directories <-> lightbert, with equal numerics both ways."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -223,3 +224,11 @@ def test_export_to_a_file_is_one_message(pretraining_run, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         convert(["to-hf", str(pretraining_run), str(taken)])
     assert exit_info.value.code == 2 and taken.read_text() == "mine"
+
+
+def test_an_exported_model_is_readable_as_any_file_the_user_writes(pretraining_run, tmp_path):
+    out = tmp_path / "hf"
+    assert convert(["to-hf", str(pretraining_run), str(out)]) == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask

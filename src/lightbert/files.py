@@ -23,6 +23,14 @@ from lightbert.errors import UserError
 RESULTS_FILE = "results.json"
 
 
+def readable_as_usual(path: Path) -> None:
+    """The permissions a new file gets from the user's umask (rw-r--r-- under the usual 022), for a file a library
+    wrote private (0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
 def temporary_path(path: Path) -> Path:
     """Where `path` is written before it is renamed into place."""
     return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")

@@ -24,7 +24,7 @@ import torch
 
 from lightbert.data.tokenizer import SPECIAL_TOKENS, BertTokenizer, load_tokenizer
 from lightbert.errors import UserError
-from lightbert.files import RESULTS_FILE, publish_directory
+from lightbert.files import RESULTS_FILE, publish_directory, readable_as_usual
 from lightbert.model import BertConfig, BertForPreTraining, BertModel
 
 log = logging.getLogger(__name__)
@@ -308,6 +308,7 @@ def export_hf(
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         state = lightbert_state_dict_to_hf(pretrained.state_dict if state_dict is None else state_dict)
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        readable_as_usual(tmp / "model.safetensors")  # safetensors writes it 0600, unlike every other file here
         write_tokenizer_files(pretrained.tokenizer, tmp, pretrained.config["max_position_embeddings"])
 
     publish_directory(out_dir, write)  # all or nothing: an interrupted export leaves no half directory

@@ -24,10 +24,14 @@ class RankZero(logging.Filter):
 
 
 class DropAdvertisements(logging.Filter):
-    """Drops Lightning's tips for other products (the litlogger tip at every Trainer start)."""
+    """Drops Lightning's tips for other products (litlogger at every Trainer start, litmodels at a checkpoint load)
+    and its device inventory ("GPU available: False", "TPU available"): the run's own line says where it runs."""
+
+    NOISE = ("Tip: For seamless cloud", "litmodels", "litlogger", "GPU available:", "TPU available:", "HPU available:")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Tip: For seamless cloud logging" not in record.getMessage()
+        message = record.getMessage()
+        return not any(noise in message for noise in self.NOISE)
 
 
 def quiet_lightning_tips() -> None:

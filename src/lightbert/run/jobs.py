@@ -154,7 +154,11 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _prepare(
-    cfg: DictConfig, output_dir: Path, resume_from: Path | None, check: Callable[[Pretrained], None] | None = None
+    cfg: DictConfig,
+    output_dir: Path,
+    resume_from: Path | None,
+    check: Callable[[Pretrained], None] | None = None,
+    evaluation: bool = False,
 ) -> tuple[Pretrained | None, dict]:
     """What every run does before its record is written: the checks that refuse a command (devices, init_from and
     `check` of it, sizes), then `.hydra/` and train.log. Returns the checkpoint init_from names and the architecture."""
@@ -183,7 +187,7 @@ def _prepare(
     check_data_unchanged(output_dir, data_sources(cfg), resuming=resume_from is not None)  # or its data: here
     RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
     remove_stale_temporaries(output_dir)
-    log.info(_describe_run(cfg, model_config, resume_from))
+    log.info(_describe_run(cfg, model_config, resume_from, evaluation=evaluation))
     return pretrained, model_config
 
 
@@ -313,7 +317,7 @@ def _evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         raise ConfigError("src/evaluate.py scores a fine-tuned model: set init_from=<run directory | .ckpt | HF dir>")
     check_output_dir(output_dir, resume=False)
     log.info(f"run directory: {output_dir}")
-    pretrained, model_config = _prepare(cfg, output_dir, None, lambda p: _check_head(cfg, p))
+    pretrained, model_config = _prepare(cfg, output_dir, None, lambda p: _check_head(cfg, p), evaluation=True)
     try:
         kwargs = {"tokenizer": pretrained.tokenizer} if pretrained.tokenizer else {}
         if OmegaConf.select(cfg, "task.data_files") is not None:  # fine-tuning data: no training split needed
@@ -418,7 +422,7 @@ def _name_checkpoint_model(cfg: DictConfig, model: dict) -> None:
             cfg.logger.wandb.tags = [name if t == DEFAULT_MODEL_NAME else t for t in wandb["tags"]]
 
 
-def _describe_run(cfg: DictConfig, model: dict, resume_from: Path | None = None) -> str:
+def _describe_run(cfg: DictConfig, model: dict, resume_from: Path | None = None, evaluation: bool = False) -> str:
     """One line: what is trained on what data, where, how long."""
     sizes = f"L{model['num_hidden_layers']}/H{model['hidden_size']}/A{model['num_attention_heads']}"
     source = f"init_from={cfg.init_from}" if cfg.get("init_from") else "from scratch"
@@ -438,6 +442,8 @@ def _describe_run(cfg: DictConfig, model: dict, resume_from: Path | None = None)
     length = (
         f"{trainer.max_steps} steps" if trainer.max_steps and trainer.max_steps > 0 else f"{trainer.max_epochs} epochs"
     )
+    if evaluation:  # src/evaluate.py trains nothing
+        length = "evaluation only"
     return (
         f"{cfg.task.name}: {sizes} ({source}) on {data}; {devices}, strategy {strategy}, {trainer.precision}, "
         f"{length}, batch {cfg.task.batch_size} per device"

@@ -1,1 +1,0 @@
-"""Analysis of finished runs: sweep summaries, reports, the paper's tables."""

@@ -1,1 +1,0 @@
-"""Data: tokenizer, corpora, pre-training examples, masking and DataModules."""

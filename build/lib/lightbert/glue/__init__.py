@@ -1,1 +1,0 @@
-"""GLUE: its data, its LightningModule (sequence classification) and its metrics and submission files."""

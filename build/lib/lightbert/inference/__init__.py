@@ -1,1 +1,0 @@
-"""Inference: fine-tuned models, predictions, contextual embeddings."""

@@ -1,1 +1,0 @@
-"""Interoperability: Hugging Face directories, ONNX export, the convert command."""

@@ -1,1 +1,0 @@
-"""SWAG: its data and its LightningModule (multiple choice)."""
