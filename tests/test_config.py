@@ -108,3 +108,18 @@ def test_help_names_every_option_of_every_group_and_no_private_base():
 @pytest.mark.parametrize("choice", ["logger=many", "logger=[wandb,tensorboard]"])
 def test_several_loggers_at_once(tmp_path, choice):
     assert set(compose_config([choice], tmp_path).logger) == {"csv", "wandb", "tensorboard"}
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("ckpt_path=last.ckpt", "resume=true hydra.run.dir=<run directory> continues a run"),
+        ("hparams_search=optuna", "sweep=optuna for a hyper-parameter search"),
+        ("logger=null", "logger=null: metrics.csv is always written"),
+        ("callbacks=none", "remove one with ~callbacks.<name>"),
+    ],
+)
+def test_another_templates_habit_gets_lightberts_name_for_it(override, said):
+    result = run_train_script(override)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("lightbert: error:") and said in result.stderr

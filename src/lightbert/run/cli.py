@@ -20,6 +20,18 @@ from omegaconf import DictConfig, OmegaConf
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
+# Keys that other templates (lightning-hydra-template) use, and what lightbert calls them.
+HABITS = {
+    "ckpt_path": "lightbert has two keys for it: resume=true hydra.run.dir=<run directory> continues a run from its "
+    "checkpoints/last.ckpt, and init_from=<.ckpt | run directory | Hugging Face dir> starts a new run from its weights",
+    "hparams_search": "lightbert's sweeps are sweep=...: sweep=optuna for a hyper-parameter search (with -m); "
+    "python src/train.py --help lists the others",
+    "logger=null": "metrics.csv is always written; for no other logger, use logger=csv",
+    "callbacks": "callbacks is the config's table of callbacks, not an option; remove one with "
+    "~callbacks.<name> (e.g. ~callbacks.console_report)",
+}
+
+
 def _is_group(key: str, conf_dir: Path) -> bool:
     return (conf_dir / key.replace(".", "/")).is_dir()
 
@@ -76,6 +88,10 @@ def check_command_line(argv: list[str], conf_dir: Path = CONF_DIR, config_name: 
     groups, keys = [], []
     for override in overrides:
         key = override.key_or_group
+        habit = HABITS.get(key) or (HABITS.get(f"{key}=null") if override.value() in (None, "null", "none") else None)
+        if habit and not override.is_delete():
+            print(f"lightbert: error: {override.input_line}: {habit}", file=sys.stderr)
+            sys.exit(2)
         if override.is_add() or override.is_force_add() or override.is_delete() or key.startswith("hydra"):
             continue
         if _is_group(key, conf_dir):
