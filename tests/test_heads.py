@@ -14,6 +14,7 @@ from helpers.runs import compose_config
 from torch import nn
 
 from lightbert.data.encoding import encode_pair
+from lightbert.errors import UserError
 from lightbert.glue.module import SequenceClassificationModule
 from lightbert.glue.predictor import SequenceClassification
 from lightbert.heads import HEADS, Head, HeadArguments, register
@@ -136,3 +137,14 @@ def test_a_head_registered_from_outside_trains_evaluates_predicts_and_exports(tm
         ours = finetuned.model(ids, types, mask)
         reference = theirs(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
     torch.testing.assert_close(ours, reference, atol=1e-4, rtol=1e-4)
+
+
+def test_a_checkpoint_from_before_heads_were_recorded_says_so(sst2_run, tmp_path):
+    checkpoint = torch.load(sst2_run.results["best_checkpoint"], map_location="cpu", weights_only=True)
+    assert checkpoint.pop("head") == "sequence_classification"
+    old = tmp_path / "checkpoints" / "old.ckpt"
+    old.parent.mkdir()
+    torch.save(checkpoint, old)
+    (tmp_path / "tokenizer.json").write_bytes((sst2_run.dir / "tokenizer.json").read_bytes())
+    with pytest.raises(UserError, match="does not record which head they are"):
+        load_finetuned(str(old))

@@ -55,6 +55,13 @@ def finetuned_from(pretrained: Pretrained, init_from: str) -> FineTuned:
     if pretrained.tokenizer is None:
         raise UserError(f"init_from={init_from} comes without a tokenizer (tokenizer.json or vocab.txt beside it)")
     found = head_of(pretrained)
+    unrecorded = [k for k in pretrained.state_dict if not k.startswith(("bert.", "cls."))]
+    if found is None and unrecorded and not pretrained.hf_config:
+        raise UserError(
+            f"init_from={init_from} holds head weights ({unrecorded[0]}, ...) but does not record which head they "
+            "are: it was saved by a lightbert from before checkpoints recorded their head. Export it to a Hugging "
+            "Face directory with that version's convert to-hf and use the directory, or fine-tune again"
+        )
     if found is None:
         raise UserError(
             f"init_from={init_from} has no fine-tuned head: it is a pre-trained model (masked LM and next-sentence "
