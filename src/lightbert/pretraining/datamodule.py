@@ -322,25 +322,24 @@ class PretrainDataModule(L.LightningDataModule):
         documents, sample = self.examples.tokenizer_sample()
         key = digest([self.corpus.fingerprint, self.vocab_size, self.lowercase, *sample])
         path = self.cache_dir / "tokenizers" / key / "tokenizer.json"
-        for attempt in range(2):
-            if not path.is_file():
-                # The `tokenizers` WordPiece trainer breaks ties between equal counts in hash-map order
-                # (huggingface/tokenizers#1794), so two trainings on one corpus can differ in their last tokens. The
-                # first tokenizer published for this corpus and these settings is the one every run uses, two runs
-                # started at once on a cold cache included.
-                tokenizer = train_wordpiece(
-                    iter_sentences(documents()), vocab_size=self.vocab_size, lowercase=self.lowercase
-                )
-                with cache_writes(path.parent):
-                    publish_file_once(path, lambda tmp, tokenizer=tokenizer: tokenizer.backend.save(str(tmp)))
-            try:
-                return load_tokenizer(path)
-            except UserError as error:  # a damaged cache file (a full disk, a copy cut short): trained again
-                if attempt:
-                    raise
-                log.warning(f"the cached tokenizer {path} could not be read ({error}); it is trained again")
-                path.unlink(missing_ok=True)
-        raise AssertionError("unreachable")
+        if not path.is_file():
+            self._train_tokenizer(documents, path)
+        try:
+            return load_tokenizer(path)
+        except UserError as error:  # a damaged cache file (a full disk, a copy cut short): trained again
+            log.warning(f"the cached tokenizer {path} could not be read ({error}); it is trained again")
+            path.unlink(missing_ok=True)
+            self._train_tokenizer(documents, path)
+            return load_tokenizer(path)
+
+    def _train_tokenizer(self, documents: Callable[[], Iterable[list[str]]], path: Path) -> None:
+        # The `tokenizers` WordPiece trainer breaks ties between equal counts in hash-map order
+        # (huggingface/tokenizers#1794), so two trainings on one corpus can differ in their last tokens. The first
+        # tokenizer published for this corpus and these settings is the one every run uses, two runs started at once
+        # on a cold cache included.
+        tokenizer = train_wordpiece(iter_sentences(documents()), vocab_size=self.vocab_size, lowercase=self.lowercase)
+        with cache_writes(path.parent):
+            publish_file_once(path, lambda tmp: tokenizer.backend.save(str(tmp)))
 
     # -- examples ----------------------------------------------------------------------------------------
 

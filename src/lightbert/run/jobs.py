@@ -157,6 +157,7 @@ def _prepare(
     cfg: DictConfig,
     output_dir: Path,
     resume_from: Path | None,
+    resumed_step: int | None = None,
     check: Callable[[Pretrained], None] | None = None,
     evaluation: bool = False,
 ) -> tuple[Pretrained | None, dict]:
@@ -187,7 +188,7 @@ def _prepare(
     check_data_unchanged(output_dir, data_sources(cfg), resuming=resume_from is not None)  # or its data: here
     RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
     remove_stale_temporaries(output_dir)
-    log.info(_describe_run(cfg, model_config, resume_from, evaluation=evaluation))
+    log.info(_describe_run(cfg, model_config, resume_from, resumed_step, evaluation=evaluation))
     return pretrained, model_config
 
 
@@ -227,7 +228,7 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         also = f"; metrics.csv keeps the {kept} row(s) of the earlier attempt and continues after them" if kept else ""
         log.info(f"resume=true and no {output_dir / LAST_CHECKPOINT} yet: starting from the beginning{also}")
     done = checkpoint_step(resume_from) if resume_from else 0  # the step it resumes from
-    pretrained, model_config = _prepare(cfg, output_dir, resume_from)
+    pretrained, model_config = _prepare(cfg, output_dir, resume_from, done)
     try:
         tokenizer_kwargs = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}
         if resume_from is not None and (output_dir / "tokenizer.json").is_file():
@@ -317,7 +318,7 @@ def _evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         raise ConfigError("src/evaluate.py scores a fine-tuned model: set init_from=<run directory | .ckpt | HF dir>")
     check_output_dir(output_dir, resume=False)
     log.info(f"run directory: {output_dir}")
-    pretrained, model_config = _prepare(cfg, output_dir, None, lambda p: _check_head(cfg, p), evaluation=True)
+    pretrained, model_config = _prepare(cfg, output_dir, None, check=lambda p: _check_head(cfg, p), evaluation=True)
     try:
         kwargs = {"tokenizer": pretrained.tokenizer} if pretrained.tokenizer else {}
         if OmegaConf.select(cfg, "task.data_files") is not None:  # fine-tuning data: no training split needed
@@ -422,12 +423,18 @@ def _name_checkpoint_model(cfg: DictConfig, model: dict) -> None:
             cfg.logger.wandb.tags = [name if t == DEFAULT_MODEL_NAME else t for t in wandb["tags"]]
 
 
-def _describe_run(cfg: DictConfig, model: dict, resume_from: Path | None = None, evaluation: bool = False) -> str:
+def _describe_run(
+    cfg: DictConfig,
+    model: dict,
+    resume_from: Path | None = None,
+    resumed_step: int | None = None,
+    evaluation: bool = False,
+) -> str:
     """One line: what is trained on what data, where, how long."""
     sizes = f"L{model['num_hidden_layers']}/H{model['hidden_size']}/A{model['num_attention_heads']}"
     source = f"init_from={cfg.init_from}" if cfg.get("init_from") else "from scratch"
     if resume_from is not None:
-        source = f"resumed from step {checkpoint_step(resume_from)} of {resume_from}"
+        source = f"resumed from step {resumed_step} of {resume_from}"
     if cfg.task.name == "pretrain":
         corpus = cfg.get("corpus") or {}
         data = f"corpus {corpus.get('name') or ','.join(corpus.get('paths') or []) or 'demo'}"
