@@ -1,13 +1,16 @@
-"""The throughput callback: tokens/s of real tokens, and MFU as useful FLOPs over the peak."""
+"""The throughput callback (tokens/s of real tokens, MFU as useful FLOPs over the peak) and the progress bar."""
 
+import io
+import logging
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 from helpers.models import TINY
 
 from lightbert.model import BertForPreTraining, BertForSequenceClassification
-from lightbert.run.callbacks import Throughput, gpu_peak_flops, step_flops
+from lightbert.run.callbacks import RunProgressBar, Throughput, gpu_peak_flops, step_flops
 
 
 class RecordingModule(torch.nn.Module):
@@ -75,3 +78,69 @@ def test_gpu_peak_of_the_gpus_people_use(monkeypatch, name, peak):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     assert gpu_peak_flops(torch.device("cuda", 0)) == peak
     assert gpu_peak_flops(torch.device("cpu")) is None
+
+
+class TinyRegression(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        loss = self.layer(batch[0]).pow(2).mean()
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(40, 2)), batch_size=4)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_the_progress_bar_counts_the_whole_run_after_a_resume(tmp_path, monkeypatch):
+    """A run that steps decide shows steps of the run: resumed at step 2 of 6, the bar ends at 6/6 (Lightning's
+    own read `6/3`: the run's batch count over the epoch's batches left); no `v_num` beside the loss."""
+    monkeypatch.setattr("lightbert.run.callbacks.console_is_a_terminal", lambda: True)
+    bars = []
+
+    def fit(max_steps: int, ckpt_path=None):
+        bars.append(RunProgressBar())
+        every_two = L.pytorch.callbacks.ModelCheckpoint(tmp_path, "last", every_n_train_steps=2, save_top_k=-1)
+        trainer = L.Trainer(
+            max_steps=max_steps, max_epochs=-1, callbacks=[bars[-1], every_two], logger=False, accelerator="cpu",
+            default_root_dir=tmp_path, enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(TinyRegression(), ckpt_path=ckpt_path)
+        return trainer
+
+    fit(2)
+    trainer = fit(6, ckpt_path=tmp_path / "last.ckpt")
+    bar = bars[-1].train_progress_bar
+    assert (bar.n, bar.total, bar.initial) == (6, 6, 2)
+    assert trainer.global_step == 6
+    metrics = bars[-1].get_metrics(trainer, trainer.lightning_module)
+    assert "train/loss" in metrics and "v_num" not in metrics
+
+
+def test_the_progress_bar_is_off_where_no_one_watches(monkeypatch):
+    monkeypatch.setattr("lightbert.run.callbacks.console_is_a_terminal", lambda: False)
+    assert RunProgressBar().is_disabled  # SLURM's file, nohup: ConsoleReport's plain lines instead
+
+
+def test_console_lines_go_above_the_progress_bar_not_into_it():
+    from tqdm import tqdm
+
+    from lightbert.run.console import AboveProgressBars
+
+    stream = io.StringIO()
+    bar = tqdm(total=4, file=stream, ncols=60, mininterval=0)
+    bar.update(2)
+    logger = logging.getLogger("lightbert.tests.above_progress_bars")
+    logger.addHandler(AboveProgressBars(stream))
+    logger.propagate = False
+    logger.warning("validation at step 2")
+    bar.close()
+    written = stream.getvalue()
+    line = written.index("validation at step 2")
+    assert "2/4" in written[:line] and written[:line].endswith("\r")  # the bar was drawn, then taken down
+    assert "2/4" in written[line:]  # and drawn again below the line

@@ -8,6 +8,7 @@ import time
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.model import BertConfig, BertForPreTraining
@@ -130,7 +131,7 @@ class ConsoleReport(StepClock):
         self._tokens: torch.Tensor | int = 0
 
     def on_fit_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        self._lines = trainer.global_rank == 0 and not sys.stdout.isatty()  # decided once, not every step
+        self._lines = trainer.global_rank == 0 and not console_is_a_terminal()  # decided once, not every step
 
     def on_train_batch_end(
         self, trainer: L.Trainer, module: L.LightningModule, outputs: object, batch: dict, batch_idx: int
@@ -164,3 +165,52 @@ class ConsoleReport(StepClock):
         log.info(f"validation at step {trainer.global_step}: {shown}")
         # Validation time is not training throughput: the clock and the counts start again.
         self._last, self._examples, self._tokens = time.perf_counter(), 0, 0
+
+
+def console_is_a_terminal() -> bool:
+    """Whether a person watches stdout, where lightbert's lines and the progress bar go: a terminal shows the bar;
+    anything else (SLURM's output file, nohup, a pipe) gets `ConsoleReport`'s plain lines instead, because a bar
+    written to a file is one line per refresh (and tqdm's cursor codes, the stray `[A`)."""
+    return sys.stdout.isatty()
+
+
+class RunProgressBar(TQDMProgressBar):
+    """Lightning's tqdm bar with lightbert's three changes. A run that steps decide (pre-training: trainer.max_steps
+    with max_epochs -1) shows one bar of optimizer steps for the whole run, and after a resume it starts at the step
+    resumed from (Lightning's bar counts an epoch's batches: it read `Epoch 0/-2 6/3` after a resume). No `v_num`:
+    the run directory names the run. Shown only in a terminal (`console_is_a_terminal`). tqdm, not Rich, whichever
+    is installed, so every machine shows the same bar."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        if not console_is_a_terminal():
+            self.disable()
+
+    @staticmethod
+    def _by_steps(trainer: L.Trainer) -> bool:
+        return trainer.max_epochs == -1 and trainer.max_steps > 0
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        super().on_train_start(trainer, module)
+        if self._by_steps(trainer):
+            bar = self.train_progress_bar
+            bar.reset(total=trainer.max_steps)
+            bar.initial = bar.n = trainer.global_step  # the rate counts this run's steps, not the resumed ones
+            bar.set_description("Steps")
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args) -> None:
+        if not self._by_steps(trainer):  # else one bar for the whole run, from on_train_start
+            super().on_train_epoch_start(trainer, *args)
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        if not self._by_steps(trainer):
+            return super().on_train_batch_end(trainer, module, outputs, batch, batch_idx)
+        bar, step = self.train_progress_bar, trainer.global_step
+        if self._should_update(step, bar.total) and bar.n != step:
+            bar.n = step
+            bar.set_postfix(self.get_metrics(trainer, module))  # refreshes the bar
+
+    def get_metrics(self, trainer: L.Trainer, module: L.LightningModule) -> dict:
+        metrics = super().get_metrics(trainer, module)
+        metrics.pop("v_num", None)
+        return metrics

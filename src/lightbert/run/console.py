@@ -34,11 +34,31 @@ class DropAdvertisements(logging.Filter):
         return not any(noise in message for noise in self.NOISE)
 
 
-def quiet_lightning_tips() -> None:
+def tidy_lightning_console() -> None:
+    """Lightning's console: without its tips and device inventory, and its lines above the progress bar too."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch"):
         target = logging.getLogger(name)
         if not any(isinstance(f, DropAdvertisements) for f in target.filters):
             target.addFilter(DropAdvertisements())
+    for name in ("lightning", "lightning.pytorch"):  # where Lightning adds its console handler at import
+        target = logging.getLogger(name)
+        for i, handler in enumerate(target.handlers):
+            if type(handler) is logging.StreamHandler:
+                above = AboveProgressBars(handler.stream)
+                above.setFormatter(handler.formatter)
+                above.setLevel(handler.level)
+                target.handlers[i] = above
+
+
+class AboveProgressBars(logging.StreamHandler):
+    """The console's handler: a record goes above a live progress bar (tqdm takes the bar down, the line is written,
+    the bar comes back), not into it (`...0.43it/s, train/loss=10.20]l` / `ightbert: validation at step 10`)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm  # Lightning's dependency; imported here so the console needs nothing at import
+
+        with tqdm.external_write_mode(file=self.stream):
+            super().emit(record)
 
 
 class RunLogFile(logging.FileHandler):

@@ -15,7 +15,7 @@ import lightning as L
 import torch
 from datasets.utils import logging as datasets_logging
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightbert.data.local_files import file_identity
@@ -28,10 +28,11 @@ from lightbert.model import BertConfig, BertModel
 from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
 from lightbert.pretraining.corpus import TextCorpus
 from lightbert.run import processes
+from lightbert.run.callbacks import RunProgressBar
 from lightbert.run.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
 from lightbert.run.cli import CONF_DIR
 from lightbert.run.config_checks import check_config
-from lightbert.run.console import RunLogFile, quiet_lightning_tips
+from lightbert.run.console import RunLogFile, tidy_lightning_console
 from lightbert.run.instantiation import instantiate_config, parameters_named_by
 from lightbert.run.loggers import RunCSVLogger, finish_wandb, summarise_in_wandb
 from lightbert.run.phases import phases as recipe_phases
@@ -167,7 +168,7 @@ def _prepare(
     warnings.filterwarnings("ignore", message=".*exists and is not empty.*")
     warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")  # Lightning internals vs newer torch
     _check_devices(cfg)
-    quiet_lightning_tips()
+    tidy_lightning_console()
     datasets_logging.disable_progress_bar()  # on only around maps worth watching (data.local_files.progress_bars_for)
     # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -298,6 +299,8 @@ def _finish(trainer: L.Trainer, results: dict[str, Any], output_dir: Path) -> di
 
 
 def _trainer(cfg: DictConfig, callbacks: list, loggers: list, **overrides: Any) -> L.Trainer:
+    if cfg.trainer.get("enable_progress_bar", True) and not any(isinstance(c, ProgressBar) for c in callbacks):
+        callbacks = [*callbacks, RunProgressBar()]  # lightbert's bar, not Lightning's default (Rich where installed)
     return instantiate_config(
         cfg.trainer,
         callbacks=callbacks,
