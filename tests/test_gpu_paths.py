@@ -56,3 +56,25 @@ def test_several_nodes_shard_the_steps_over_every_device():
     seen = [i for rank in order for _, i in rank]
     assert len(seen) == len(set(seen)) == 64  # each example once per epoch, on one device
     assert all(len(rank) == 16 for rank in order)
+
+
+def test_fp32_matmuls_use_tf32_on_cuda_and_the_run_line_says_so(tmp_path):
+    from helpers.runs import compose_config
+
+    from lightbert.run.jobs import _describe_run, _set_fp32_matmuls
+
+    cfg = compose_config(["trainer=gpu"], tmp_path)
+    was = torch.get_float32_matmul_precision()
+    try:
+        with mock.patch("torch.cuda.is_available", return_value=False):
+            assert _set_fp32_matmuls(cfg) is None  # no CUDA: nothing changes
+        assert torch.get_float32_matmul_precision() == was
+        with mock.patch("torch.cuda.is_available", return_value=True):
+            matmuls = _set_fp32_matmuls(cfg)
+        assert torch.get_float32_matmul_precision() == "high"
+        line = _describe_run(
+            cfg, {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4}, matmuls=matmuls
+        )
+        assert "bf16-mixed (TF32 matmuls)" in line
+    finally:
+        torch.set_float32_matmul_precision(was)

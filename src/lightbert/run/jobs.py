@@ -73,6 +73,22 @@ def _check_devices(cfg: DictConfig) -> None:
         )
 
 
+MATMUL_PRECISIONS = {"highest": "full fp32 matmuls", "high": "TF32 matmuls", "medium": "bf16 matmuls for fp32"}
+
+
+def _set_fp32_matmuls(cfg: DictConfig) -> str | None:
+    """On CUDA, fp32 matrix multiplications on TF32 tensor cores by default (`speed.matmul_precision: high`, the
+    advice torch and Lightning give for Ampere and later GPUs; bf16-mixed runs most matmuls in bf16 anyway, TF32
+    covers what stays fp32). Returns what the run line says, or None where no CUDA device runs the job."""
+    precision = str((cfg.get("speed") or {}).get("matmul_precision", "high"))
+    if precision not in MATMUL_PRECISIONS:
+        raise ConfigError(f"speed.matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)}, got {precision}")
+    if str(cfg.trainer.get("accelerator", "auto")) not in ("gpu", "cuda", "auto") or not torch.cuda.is_available():
+        return None
+    torch.set_float32_matmul_precision(precision)
+    return MATMUL_PRECISIONS[precision]
+
+
 def _checked_model_config(cfg: DictConfig, pretrained: Pretrained | None) -> dict:
     """The architecture as a plain dict, validated before any data work so a bad size fails at once.
 
@@ -167,7 +183,11 @@ def _prepare(
     # The run directory holds .hydra/ when the CSV logger starts writing there: not a problem.
     warnings.filterwarnings("ignore", message=".*exists and is not empty.*")
     warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")  # Lightning internals vs newer torch
+    # DDP's gradient hooks run on the default stream and torch notes at the first backward that AccumulateGrad's
+    # stream differs (seen on an H100): nothing a user can change, and no synchronisation DDP does not do anyway.
+    warnings.filterwarnings("ignore", message=".*AccumulateGrad node's stream.*")
     _check_devices(cfg)
+    matmuls = _set_fp32_matmuls(cfg)
     tidy_lightning_console()
     datasets_logging.disable_progress_bar()  # on only around maps worth watching (data.local_files.progress_bars_for)
     # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
@@ -189,7 +209,7 @@ def _prepare(
     check_data_unchanged(output_dir, data_sources(cfg), resuming=resume_from is not None)  # or its data: here
     RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
     remove_stale_temporaries(output_dir)
-    log.info(_describe_run(cfg, model_config, resume_from, resumed_step, evaluation=evaluation))
+    log.info(_describe_run(cfg, model_config, resume_from, resumed_step, evaluation=evaluation, matmuls=matmuls))
     return pretrained, model_config
 
 
@@ -432,6 +452,7 @@ def _describe_run(
     resume_from: Path | None = None,
     resumed_step: int | None = None,
     evaluation: bool = False,
+    matmuls: str | None = None,
 ) -> str:
     """One line: what is trained on what data, where, how long."""
     sizes = f"L{model['num_hidden_layers']}/H{model['hidden_size']}/A{model['num_attention_heads']}"
@@ -454,8 +475,9 @@ def _describe_run(
     )
     if evaluation:  # src/evaluate.py trains nothing
         length = "evaluation only"
+    precision = f"{trainer.precision}" + (f" ({matmuls})" if matmuls else "")
     return (
-        f"{cfg.task.name}: {sizes} ({source}) on {data}; {devices}, strategy {strategy}, {trainer.precision}, "
+        f"{cfg.task.name}: {sizes} ({source}) on {data}; {devices}, strategy {strategy}, {precision}, "
         f"{length}, batch {cfg.task.batch_size} per device"
     )
 
