@@ -18,8 +18,8 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.encoding import truncate_pair
 from lightbert.data.tokenizer import load_tokenizer
-from lightbert.errors import UserError
-from lightbert.glue.data import TASKS, encode_examples
+from lightbert.errors import ConfigError, UserError
+from lightbert.glue.data import TASKS, GlueDataModule, encode_examples
 from lightbert.glue.metrics import glue_metrics
 from lightbert.glue.module import SequenceClassificationModule
 from lightbert.interop.hf import load_pretrained
@@ -295,3 +295,28 @@ def test_a_label_that_is_no_class_names_its_row(given):
 
     with pytest.raises(UserError, match="train.csv, row 4: label"):
         label_to_number(given, 3, glue_task("sst2"), "train.csv")
+
+
+def test_loader_workers_are_chosen_by_the_machine_and_said_once(monkeypatch, caplog):
+    import logging
+
+    from lightbert.data.batches import loader_workers
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    assert loader_workers("auto", cpu, 10_000) == 0  # the cores are the model's
+    assert loader_workers("auto", cuda, 10) == 0  # a small split: starting workers costs more than it saves
+    assert loader_workers("auto", cuda, 10_000) == 4
+    assert loader_workers("auto", cuda, 10_000, local_devices=8) == 1  # 2 cores per GPU, one for the process
+    assert loader_workers(3, cpu, 10) == 3  # a number is a number
+    with pytest.raises(ConfigError, match="num_workers must be a number of processes"):
+        loader_workers(-1, cpu, 10)
+
+    module = GlueDataModule.__new__(GlueDataModule)
+    module.num_workers, module._said_workers, module.trainer = "auto", False, None
+    monkeypatch.setattr("lightbert.finetuning.datamodule.loader_workers", lambda *a: 4)
+    with caplog.at_level(logging.INFO, logger="lightbert"):
+        assert module.workers(500) == 4 and module.workers(500) == 4
+    said = [r.getMessage() for r in caplog.records if "worker processes" in r.getMessage()]
+    assert said == ["data loading: 4 worker processes per device (task.datamodule.num_workers=auto on cpu; set a "
+                    "number to change it)"]  # fmt: skip

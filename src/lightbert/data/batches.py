@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -10,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightbert.distributed import is_distributed
+from lightbert.errors import ParameterError
 
 
 @dataclass
@@ -68,6 +70,29 @@ class UnpaddedDistributedSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return len(range(self.rank, len(self.dataset), self.num_replicas))
+
+
+# Fewer batches than this in a split: worker processes take longer to start than the batches take to collate.
+MIN_BATCHES_FOR_WORKERS = 100
+
+
+def check_num_workers(num_workers: int | str) -> None:
+    if num_workers != "auto" and (not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0):
+        raise ParameterError(f"{{0}} must be a number of processes (0 or more) or auto, got {num_workers!r}",
+                             "num_workers")  # fmt: skip
+
+
+def loader_workers(num_workers: int | str, device: torch.device, num_batches: int, local_devices: int = 1) -> int:
+    """`num_workers`, or for "auto" a number chosen by the machine: none on a CPU (collating tokenised rows takes
+    milliseconds, and the cores are the model's) or for a small split; on a GPU, up to 4 per device from the cores
+    this process may use, one left for the process itself (the GPU then never waits for a batch)."""
+    check_num_workers(num_workers)
+    if num_workers != "auto":
+        return int(num_workers)
+    if device.type != "cuda" or num_batches < MIN_BATCHES_FOR_WORKERS:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, min(4, cores // max(1, local_devices) - 1))
 
 
 def make_loader(dataset: Dataset, collate_fn, batch_size: int, train: bool, num_workers: int) -> DataLoader:

@@ -20,9 +20,10 @@ from typing import Any, ClassVar
 
 import datasets
 import lightning as L
+import torch
 from torch.utils.data import DataLoader
 
-from lightbert.data.batches import make_loader
+from lightbert.data.batches import check_num_workers, loader_workers, make_loader
 from lightbert.data.encoding import MIN_SEQ_LENGTH, check_max_seq_length
 from lightbert.data.local_files import (
     LOCAL_FORMATS,
@@ -70,7 +71,7 @@ class FineTuningDataModule(L.LightningDataModule):
         max_seq_length: int = 128,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
-        num_workers: int = 0,
+        num_workers: int | str = "auto",
         pad_to_multiple_of: int | None = 8,
         fit: bool = True,
     ):
@@ -84,7 +85,9 @@ class FineTuningDataModule(L.LightningDataModule):
         self.hub_dataset = hub_dataset or self.hub_dataset
         self.max_seq_length = max_seq_length
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
+        check_num_workers(num_workers)
         self.num_workers, self.pad_to_multiple_of = num_workers, pad_to_multiple_of
+        self._said_workers = False
         self.datasets: datasets.DatasetDict | None = None
         self._notes: list[str] = []
         self._said = False
@@ -252,7 +255,19 @@ class FineTuningDataModule(L.LightningDataModule):
         if columns is not None:
             dataset = dataset.select_columns(columns)
         batch_size = self.batch_size if train else self.eval_batch_size
-        return make_loader(dataset, self.collator(train), batch_size, train, self.num_workers)
+        workers = self.workers(len(dataset) // batch_size)
+        return make_loader(dataset, self.collator(train), batch_size, train, workers)
+
+    def workers(self, num_batches: int) -> int:
+        """Loader processes for a split of `num_batches` (`loader_workers`); what "auto" chose is said once."""
+        trainer = self.trainer
+        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        workers = loader_workers(self.num_workers, device, num_batches, trainer.num_devices if trainer else 1)
+        if self.num_workers == "auto" and workers and not self._said_workers:
+            self._said_workers = True
+            log.info(f"data loading: {workers} worker processes per device (task.datamodule.num_workers=auto on "
+                     f"{device.type}; set a number to change it)")  # fmt: skip
+        return workers
 
     def _loaders(self, splits: tuple[str, ...]) -> DataLoader | list[DataLoader]:
         loaders = [self.loader(split) for split in splits]

@@ -45,6 +45,7 @@ LARGEST = {"seed": 2**32 - 1}  # numpy's and Python's seeds
 PRECISIONS = ("16-true", "16-mixed", "bf16-true", "bf16-mixed", "32-true", "64-true", "16", "bf16", "32", "64",
               "transformer-engine", "transformer-engine-float16")  # fmt: skip
 AT_MOST_ONE = ("optim.warmup_ratio",)
+OR_AUTO = ("task.datamodule.num_workers",)  # "auto" or a number (fine-tuning's loaders pick by the machine)
 
 
 def _value(cfg: DictConfig, key: str) -> Any:
@@ -107,10 +108,10 @@ def _check_whole(cfg: DictConfig) -> None:
 def check_numbers(cfg: DictConfig) -> None:
     for key, (kind, minimum, nullable) in NUMBERS.items():
         value = _value(cfg, key)
-        if value is _MISSING or (value is None and nullable):
+        if value is _MISSING or (value is None and nullable) or (value == "auto" and key in OR_AUTO):
             continue
         number = _as_number(value, kind)
-        what = "an integer" if kind is int else "a number"
+        what = ("an integer" if kind is int else "a number") + (" or auto" if key in OR_AUTO else "")
         if number is None:
             raise ConfigError(f"{key} must be {what}, got {value!r}")
         if number < minimum or (key in POSITIVE and number <= 0) or (key in AT_MOST_ONE and number > 1):

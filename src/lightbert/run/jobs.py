@@ -186,6 +186,9 @@ def _prepare(
     # DDP's gradient hooks run on the default stream and torch notes at the first backward that AccumulateGrad's
     # stream differs (seen on an H100): nothing a user can change, and no synchronisation DDP does not do anyway.
     warnings.filterwarnings("ignore", message=".*AccumulateGrad node's stream.*")
+    # Loader workers are lightbert's choice, said on the console (task.datamodule.num_workers=auto): Lightning's
+    # advice to raise them, on every run of a many-core machine, is not the user's to act on.
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     _check_devices(cfg)
     matmuls = _set_fp32_matmuls(cfg)
     tidy_lightning_console()
