@@ -144,3 +144,28 @@ def test_a_vocabulary_too_small_names_the_pretraining_key(tmp_path, corpus_file)
     overrides = ["model=bert_tiny", "corpus=text", f"corpus.paths=[{corpus_file}]", "task.datamodule.vocab_size=3"]
     with pytest.raises(UserError, match=re.escape("task.datamodule.vocab_size must exceed the 5 special tokens")):
         train(compose_config([*overrides, "logger=csv"], tmp_path / "run"))
+
+
+def test_an_option_whose_extra_is_missing_names_the_extra(monkeypatch, capsys):
+    from lightbert.errors import EXTRAS
+    from lightbert.run.cli import check_command_line
+
+    monkeypatch.setitem(EXTRAS, "optuna", "lightbert_tests_no_such_module")
+    with pytest.raises(SystemExit) as exited:
+        check_command_line(["-m", "task=glue/rte", "sweep=optuna"])
+    assert exited.value.code == 2
+    said = capsys.readouterr().err.strip()
+    assert said == (
+        "lightbert: error: sweep=optuna needs lightbert's optuna extra, which is not installed here: "
+        "pip install 'lightbert[optuna]' (in a checkout: pip install -e '.[optuna]')"
+    )
+    check_command_line(["cluster=slurm"])  # installed here (the dev extra has every extra): no error
+
+
+def test_the_report_without_matplotlib_names_its_extra(monkeypatch):
+    from lightbert.analysis.report import _matplotlib
+    from lightbert.errors import EXTRAS, UserError
+
+    monkeypatch.setitem(EXTRAS, "report", "lightbert_tests_no_such_module")
+    with pytest.raises(UserError, match=r"needs lightbert's report extra.*pip install 'lightbert\[report\]'"):
+        _matplotlib()

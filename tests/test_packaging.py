@@ -81,3 +81,18 @@ def test_an_installed_wheel_trains_from_any_directory(built_wheel: Path, tmp_pat
     assert run.returncode == 0, run.stderr[-3000:]
     (results_file,) = (elsewhere / "outputs").rglob("results.json")  # under the working directory, as documented
     assert json.loads(results_file.read_text())["global_step"] == 3
+
+
+def test_the_pre_commit_hooks_find_the_tools_of_the_active_venv_wherever_it_is(tmp_path):
+    """The hooks are not tied to ./.venv: .ci/venv-tool takes $VIRTUAL_ENV's tool first, and names what is missing."""
+    fake = tmp_path / "elsewhere" / "bin"
+    fake.mkdir(parents=True)
+    (fake / "ruff").write_text('#!/bin/sh\necho "the active venv\'s ruff" "$@"\n')
+    (fake / "ruff").chmod(0o755)
+    tool = str(REPO / ".ci" / "venv-tool")
+    env = {**os.environ, "VIRTUAL_ENV": str(fake.parent)}
+    done = subprocess.run([tool, "ruff", "check"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "the active venv's ruff check\n")
+    env = {**os.environ, "VIRTUAL_ENV": str(fake.parent), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([tool, "no-such-tool"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 1 and "pre-commit: no-such-tool not found" in done.stderr

@@ -22,6 +22,31 @@ class ConfigError(UserError, ValueError):
     """A config value that can't work, e.g. a hidden size not divisible by the number of heads."""
 
 
+# pyproject.toml's extras: what only one option needs, and the module that shows it is installed.
+EXTRAS = {
+    "optuna": "hydra_plugins.hydra_optuna_sweeper",  # sweep=optuna
+    "slurm": "hydra_plugins.hydra_submitit_launcher",  # cluster=slurm, cluster=submitit_local
+    "report": "matplotlib",  # python -m lightbert.analysis.report, paper_tables' figure 5
+}
+
+
+def missing_extra(extra: str, what: str) -> UserError | None:
+    """The error for `what` (an option, a command) when the extra it needs is not installed, else None."""
+    import importlib.util
+
+    module = EXTRAS[extra]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a namespace parent (hydra_plugins) that is missing too
+        found = False
+    if found:
+        return None
+    return UserError(
+        f"{what} needs lightbert's {extra} extra, which is not installed here: pip install 'lightbert[{extra}]' "
+        f"(in a checkout: pip install -e '.[{extra}]')"
+    )
+
+
 class ParameterError(ConfigError):
     """A bad value of a class's own parameter, e.g. `max_seq_length`. The message names parameters through
     `{0}`, `{1}`, ...: where the class was built from the config, the entry point names the config keys the user

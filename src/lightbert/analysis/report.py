@@ -25,11 +25,13 @@ from pathlib import Path
 
 # Figures are built with matplotlib's object API, not pyplot: no backend or display is involved, so the same
 # figure is saved as a PNG here and shown by a notebook (`png_bytes`).
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+from typing import TYPE_CHECKING
 
 from lightbert.analysis.sweep import FEATURES_KEY, SUMMARY_MD, job_rows, write_summary
-from lightbert.errors import UserError, exits_on_user_error
+from lightbert.errors import UserError, exits_on_user_error, missing_extra
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 from lightbert.files import write_atomically
 
 # The paper's grid first, in this order: heat map rows, columns, panels.
@@ -71,8 +73,20 @@ def mean_by_config(rows: list[dict], keys: list[str]) -> dict[tuple, float]:
     return {config: statistics.mean(values) for config, values in groups.items()}
 
 
+def _matplotlib() -> tuple[type, type]:
+    """matplotlib's Figure and Rectangle (the report extra), or the error that names the extra."""
+    error = missing_extra("report", "python -m lightbert.analysis.report (a sweep's plots)")
+    if error is not None:
+        raise error
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    return Figure, Rectangle
+
+
 def grid_figure(rows: list[dict], task: str) -> Figure | None:
     """Heat maps of the best metric over the first two swept keys, a panel per value of the others."""
+    Figure, Rectangle = _matplotlib()  # noqa: N806 (the classes, under their own names)
     keys = swept_keys(rows)
     done = [r for r in rows if r["best"] is not None]
     if not keys or not done:
@@ -126,6 +140,7 @@ def grid_figure(rows: list[dict], task: str) -> Figure | None:
 
 def seed_figure(rows: list[dict], task: str) -> Figure | None:
     """Every seed's best metric per configuration, with the mean; None when no configuration has 2+ seeds."""
+    Figure, _ = _matplotlib()  # noqa: N806 (the classes, under their own names)
     keys = swept_keys(rows)
     groups: dict[tuple, list[float]] = {}
     for r in rows:
@@ -166,6 +181,7 @@ def read_metrics(job_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 def curves_figure(sweep_dir: Path, rows: list[dict], task: str) -> Figure | None:
     """Training loss and the monitored validation metric of every job against the step."""
+    Figure, _ = _matplotlib()  # noqa: N806 (the classes, under their own names)
     jobs = [(r, read_metrics(sweep_dir / r["job"])) for r in rows]
     jobs = [(r, m) for r, m in jobs if m]
     if not jobs:

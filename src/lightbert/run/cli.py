@@ -15,6 +15,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from lightbert.errors import missing_extra
+
 # conf/ at the repository's top level; the package reaches it as lightbert/conf (a link in a checkout, a copy in the
 # wheel), so an installed lightbert runs from any directory.
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -30,6 +32,10 @@ HABITS = {
     "callbacks": "callbacks is the config's table of callbacks, not an option; remove one with "
     "~callbacks.<name> (e.g. ~callbacks.console_report)",
 }
+
+
+# Options whose Hydra plugin is an extra of lightbert's (pyproject.toml), not a dependency of every install.
+OPTION_EXTRAS = {"sweep=optuna": "optuna", "cluster=slurm": "slurm", "cluster=submitit_local": "slurm"}
 
 
 def _is_group(key: str, conf_dir: Path) -> bool:
@@ -100,6 +106,12 @@ def check_command_line(argv: list[str], conf_dir: Path = CONF_DIR, config_name: 
                 message = unknown_option_message(key, value, conf_dir) if isinstance(value, str) else None
                 if message:
                     print(f"lightbert: error: {message}", file=sys.stderr)
+                    sys.exit(2)
+            for value in values:
+                extra = OPTION_EXTRAS.get(f"{key}={value}")
+                error = missing_extra(extra, f"{key}={value}") if extra else None
+                if error is not None:
+                    print(f"lightbert: error: {error}", file=sys.stderr)
                     sys.exit(2)
             if values and isinstance(values[0], str):
                 groups.append(f"{key}={values[0]}")
