@@ -232,3 +232,31 @@ def test_an_exported_model_is_readable_as_any_file_the_user_writes(pretraining_r
     umask = os.umask(0)
     os.umask(umask)
     assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_an_unreachable_hub_puts_the_hub_libraries_offline_at_once(monkeypatch, caplog):
+    """No retries with back-off where the hub's host does not resolve: offline, with what is cached, said once."""
+    import logging
+    import socket
+
+    import datasets.config
+    import huggingface_hub.constants
+
+    from lightbert import hub
+
+    monkeypatch.setattr(hub, "_checked", None)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+
+    def no_dns(host, port, *args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    with caplog.at_level(logging.INFO, logger="lightbert"):
+        assert hub.hub_reachable() is False and hub.hub_reachable() is False
+    assert huggingface_hub.constants.HF_HUB_OFFLINE and datasets.config.HF_HUB_OFFLINE
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    said = [r.getMessage() for r in caplog.records if "cannot be reached" in r.getMessage()]
+    assert said == ["the Hugging Face hub (huggingface.co) cannot be reached from here: using only what is cached"]

@@ -17,6 +17,7 @@ import datasets
 
 from lightbert.errors import UserError
 from lightbert.files import publish_directory
+from lightbert.hub import hub_reachable
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ def diagnose(file: Path, error: Exception) -> str:
 
 def read_hub(name: str, config: str | None, split: str, required: tuple[str, ...], where: str) -> datasets.Dataset:
     """`where` names the source in messages; `required` lists the splits a user would give as local files."""
+    hub_reachable()  # offline at once where the hub's host does not resolve, not after five retries
     try:
         return datasets.load_dataset(name, config, split=split)
     except Exception as error:

@@ -25,6 +25,7 @@ import torch
 from lightbert.data.tokenizer import SPECIAL_TOKENS, BertTokenizer, load_tokenizer
 from lightbert.errors import UserError
 from lightbert.files import RESULTS_FILE, publish_directory, readable_as_usual
+from lightbert.hub import hub_reachable
 from lightbert.model import BertConfig, BertForPreTraining, BertModel
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ def _from_hf_dir(path: Path, source: str) -> Pretrained:
 
 
 def _from_hub(repo_id: str) -> Pretrained:
+    hub_reachable()  # offline at once where the hub's host does not resolve, not after retries
     try:
         from huggingface_hub import snapshot_download
 

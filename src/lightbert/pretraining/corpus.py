@@ -25,6 +25,7 @@ import datasets
 from lightbert.data.local_files import digest, file_identity, progress_bars_for
 from lightbert.errors import UserError
 from lightbert.files import open_atomically
+from lightbert.hub import hub_reachable
 from lightbert.pretraining.sentences import split_document, split_sentences
 
 
@@ -160,6 +161,8 @@ class HFCorpus:
         return digest(["hf", self.name, self.config, self.split, self.text_column, files, self.revision])
 
     def _load_dataset(self, cache_dir: Path, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:
+        if not self.data_files:  # the hub's dataset, not local files through a builder (json, parquet, csv)
+            hub_reachable()
         try:
             return datasets.load_dataset(
                 self.name,
