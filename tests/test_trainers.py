@@ -17,6 +17,7 @@ from helpers.ner_files import ner_data_files, ner_sentences, write_conll_text
 from helpers.runs import (
     DEVICES,
     compose_config,
+    console_noise,
     cpu_twin,
     pretrain_overrides,
     run_train_script,
@@ -172,6 +173,7 @@ def test_readme_dry_run_works_for_ddp(corpus, tmp_path):
     assert lines.count(f"lightbert: run directory: {tmp_path / 'run'}") == 1, result.stdout
     summary = [line for line in lines if line.startswith("lightbert: pretrain: L2/H128/A2 (from scratch)")]
     assert len(summary) == 1 and "2 x cpu, strategy ddp, bf16-mixed, 3 steps" in summary[0], result.stdout
+    assert console_noise(result) == []  # no device inventory, tips, worker or precision advice
 
 
 def test_readme_dry_run_of_fsdp_says_what_it_needs(corpus, tmp_path):

@@ -27,6 +27,19 @@ city year state world school people part music team river war album film series 
 """.split()
 
 
+# What libraries print that a user cannot act on (seen on CPU and on an H100), kept off lightbert's console.
+CONSOLE_NOISE = (
+    "GPU available:", "TPU available:", "litmodels", "litlogger", "does not have many workers",
+    "set_float32_matmul_precision", "AccumulateGrad", "not resumable", "v_num", "PossibleUserWarning",
+)  # fmt: skip
+
+
+def console_noise(result: subprocess.CompletedProcess) -> list[str]:
+    """The lines of a finished command's console (stdout and stderr) that carry known noise."""
+    lines = (result.stdout + result.stderr).splitlines()
+    return [line for line in lines if any(noise in line for noise in CONSOLE_NOISE)]
+
+
 DEVICES = {"gpu": 1, "ddp": 2, "ddp8": 2}  # the CPU twin's device count per trainer config
 
 TWO_PHASES = "task.phases=[{until:0.5,datamodule:{max_seq_length:32}},{until:1.0,datamodule:{max_seq_length:64}}]"
