@@ -7,6 +7,7 @@ the first optimizer step of every GPU trainer, and a CPU run with the same setti
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -217,3 +218,7 @@ def test_the_console_says_what_a_user_must_know(corpus, tmp_path):
     assert out.count("lightbert: initialised fresh, not in") == 1 and "classifier.weight" in out
     assert out.count("1 sentence(s) longer than task.max_seq_length=128 sub-tokens were cut") == 1, out
     assert out.index("lightbert: run directory") < out.index("were cut") < out.index("lightbert: finished")
+    # An epoch of one step, shorter than trainer.log_every_n_steps: its loss is logged, and Lightning's warning is not
+    assert console_noise(finetune) == [] and "logging interval" not in finetune.stderr + out
+    rows = list(csv.DictReader((tmp_path / "ner" / "metrics.csv").read_text().splitlines()))
+    assert any(row.get("train/loss") for row in rows)

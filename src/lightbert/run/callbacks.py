@@ -167,6 +167,21 @@ class ConsoleReport(StepClock):
         self._last, self._examples, self._tokens = time.perf_counter(), 0, 0
 
 
+class ShortEpochLogging(L.Callback):
+    """An epoch of fewer optimizer steps than `trainer.log_every_n_steps` (a small fine-tuning set) would log no
+    training step to metrics.csv at all, and Lightning says so with a path into its package: such a run logs once
+    per epoch, at its last step, instead."""
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        batches = trainer.num_training_batches
+        if not isinstance(batches, int):  # an endless stream: float("inf")
+            return
+        steps = max(1, batches // max(1, trainer.accumulate_grad_batches))
+        if steps < trainer.log_every_n_steps:
+            trainer.log_every_n_steps = steps
+            log.debug(f"{steps} steps per epoch: logging every {steps} (trainer.log_every_n_steps is larger)")
+
+
 def console_is_a_terminal() -> bool:
     """Whether a person watches stdout, where lightbert's lines and the progress bar go: a terminal shows the bar;
     anything else (SLURM's output file, nohup, a pipe) gets `ConsoleReport`'s plain lines instead, because a bar

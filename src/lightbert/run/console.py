@@ -24,10 +24,14 @@ class RankZero(logging.Filter):
 
 
 class DropAdvertisements(logging.Filter):
-    """Drops Lightning's tips for other products (litlogger at every Trainer start, litmodels at a checkpoint load)
-    and its device inventory ("GPU available: False", "TPU available"): the run's own line says where it runs."""
+    """Drops Lightning's tips for other products (litlogger at every Trainer start, litmodels at a checkpoint load),
+    its device inventory ("GPU available: False", "TPU available": the run's own line says where it runs) and its
+    notes on how it reads a fine-tune's settings ("Loading `train_dataloader` to estimate ...")."""
 
-    NOISE = ("Tip: For seamless cloud", "litmodels", "litlogger", "GPU available:", "TPU available:", "HPU available:")
+    NOISE = (
+        "Tip: For seamless cloud", "litmodels", "litlogger", "GPU available:", "TPU available:", "HPU available:",
+        "to estimate number of stepping batches", "so validation will run at the end of the training epoch",
+    )  # fmt: skip
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

@@ -189,6 +189,8 @@ def _prepare(
     # Loader workers are lightbert's choice, said on the console (task.datamodule.num_workers=auto): Lightning's
     # advice to raise them, on every run of a many-core machine, is not the user's to act on.
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    # A short epoch logs once per epoch instead (callbacks.ShortEpochLogging): nothing left for the user to do.
+    warnings.filterwarnings("ignore", message=".*is smaller than the logging interval.*")
     _check_devices(cfg)
     matmuls = _set_fp32_matmuls(cfg)
     tidy_lightning_console()
