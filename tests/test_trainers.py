@@ -222,3 +222,19 @@ def test_the_console_says_what_a_user_must_know(corpus, tmp_path):
     assert console_noise(finetune) == [] and "logging interval" not in finetune.stderr + out
     rows = list(csv.DictReader((tmp_path / "ner" / "metrics.csv").read_text().splitlines()))
     assert any(row.get("train/loss") for row in rows)
+
+
+def test_a_ddp_process_killed_by_the_oom_killer_is_named(corpus, tmp_path):
+    """The kernel's out-of-memory killer ends one rank with SIGKILL; the first process then says which rank, how,
+    and what to do, in one line (not gloo's traceback about a closed connection)."""
+    args = dry_run("ddp", corpus, tmp_path / "run")
+    kill_rank_1 = ["+callbacks.kill._target_=helpers.loss_recorder.KillRankAtStep", "+callbacks.kill.step=1"]
+    result = run_train_script(*args, *kill_rank_1, PYTHONPATH=str(Path(__file__).parent))
+    assert result.returncode == 2, result.stderr[-3000:]
+    said = [line for line in result.stderr.splitlines() if line.startswith("lightbert: error:")]
+    assert said == [
+        "lightbert: error: DDP process 1 of 2 was killed by SIGKILL, which is what the kernel's out-of-memory killer "
+        "sends: each process holds the whole model, its gradients and the optimizer's state; use a smaller model= or "
+        "fewer trainer.devices"
+    ], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr

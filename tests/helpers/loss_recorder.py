@@ -42,6 +42,17 @@ class KillMainAtStep(L.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class KillRankAtStep(L.Callback):
+    """SIGKILLs DDP process `rank` alone once `step` optimizer steps are done, as the OOM killer does to one rank."""
+
+    def __init__(self, step: int, rank: int = 1):
+        self.step, self.rank = step, rank
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step and trainer.global_rank == self.rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 class SignalAtStep(L.Callback):
     """Sends this process `name` (TERM, USR2) once `step` optimizer steps are done, as SLURM does before the end."""
 

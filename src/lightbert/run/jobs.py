@@ -282,7 +282,8 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             # Fresh callbacks for each phase: their state comes back from the checkpoint the phase starts from.
             callbacks = [instantiate_config(c) for c in (cfg.get("callbacks") or {}).values()]
             trainer = _trainer(cfg, callbacks, loggers, **({"max_steps": phase.end_step} if len(phases) > 1 else {}))
-            trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+            with processes.naming_killed_ranks(trainer):
+                trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
             resume_from = output_dir / LAST_CHECKPOINT  # the next phase starts from this one's weights and optimizer
         results = run_results(trainer, output_dir, time.time() - started)
         results["predictions"] = _write_test_predictions(trainer, module, datamodule, output_dir)

@@ -135,3 +135,37 @@ def training_ended() -> None:
     global _phase
     if _phase:
         _phase = "finishing"
+
+
+def killed_ranks(trainer: Any) -> list[tuple[int, int]]:
+    """(rank, signal) of the DDP processes this one launched that a signal ended (`python src/train.py` launches
+    ranks 1..N-1 itself: Lightning's subprocess launcher)."""
+    launcher = getattr(getattr(trainer, "strategy", None), "launcher", None)
+    killed = []
+    for rank, child in enumerate(getattr(launcher, "procs", None) or [], start=1):
+        if child.poll() is not None and child.returncode < 0:
+            killed.append((rank, -child.returncode))
+    return killed
+
+
+@contextmanager
+def naming_killed_ranks(trainer: Any) -> Iterator[None]:
+    """A DDP process killed by a signal (the kernel's out-of-memory killer sends SIGKILL) breaks the collective the
+    others wait in: their error is a gloo or NCCL traceback about a closed connection. This says which rank died,
+    how, and what to do, in one line."""
+    try:
+        yield
+    except Exception:
+        killed = killed_ranks(trainer)
+        if not killed:
+            raise
+        from lightbert.errors import UserError
+
+        rank, signum = killed[0]
+        why = (
+            "SIGKILL, which is what the kernel's out-of-memory killer sends: each process holds the whole model, its "
+            "gradients and the optimizer's state; use a smaller model= or fewer trainer.devices"
+            if signum == signal.SIGKILL
+            else signal.Signals(signum).name
+        )
+        raise UserError(f"DDP process {rank} of {trainer.world_size} was killed by {why}") from None
