@@ -8,6 +8,7 @@ from lightbert.model.bert import (
     BertForTokenClassification,
     BertLayer,
     BertModel,
+    PackedRows,
 )
 from lightbert.model.config import BertConfig
 
@@ -20,4 +21,5 @@ __all__ = [
     "BertForTokenClassification",
     "BertLayer",
     "BertModel",
+    "PackedRows",
 ]

@@ -23,6 +23,8 @@ How this differs from the reference implementations:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,13 +44,20 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`position_ids` (B, T): each token's position in its own example (packed rows); else 0..T-1."""
         seq_len = input_ids.shape[1]
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        positions = torch.arange(seq_len, device=input_ids.device)  # (T,), broadcast over the batch
+        if position_ids is None:
+            position_ids = torch.arange(seq_len, device=input_ids.device)  # (T,), broadcast over the batch
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)  # (B, T, H)
-        x = x + self.position_embeddings(positions)
+        x = x + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(x))
 
 
@@ -195,6 +204,12 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(sequence_output[torch.arange(len(last), device=last.device), last]))
 
 
+def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) example numbers of a packed row (1, 2, ...; 0 at padding) -> (B, 1, T, T) boolean mask: a token attends
+    to the tokens of its own example only. Padding attends to padding, so no query row is fully masked."""
+    return (document_ids[:, :, None] == document_ids[:, None, :])[:, None]
+
+
 def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """(B, T) 1/0 mask of real tokens -> (B, 1, 1, T) boolean mask of keys each query may attend to."""
     if attention_mask is None:
@@ -233,6 +248,16 @@ def padded_at_the_end(attention_mask: torch.Tensor) -> bool:
     """Whether each row of the (B, T) mask is its real tokens, then only padding."""
     slots = torch.arange(attention_mask.shape[1], device=attention_mask.device)
     return bool((attention_mask.bool() == (slots < attention_mask.sum(1, keepdim=True))).all())
+
+
+class PackedRows(NamedTuple):
+    """Where the examples of packed rows sit (`lightbert.pretraining.packing`): `document_ids` (B, T) each token's
+    example in its row (1, 2, ...; 0 at padding), `position_ids` (B, T) its position within that example, and
+    `cls_positions` (B, K) each example's [CLS] (0 for a row's empty slots)."""
+
+    document_ids: torch.Tensor
+    position_ids: torch.Tensor
+    cls_positions: torch.Tensor
 
 
 class RealTokens:
@@ -338,6 +363,7 @@ class BertModel(nn.Module):
         attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         causal: bool | None = None,
+        packed: PackedRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
         """Returns (sequence_output (B, T, H), pooled_output (B, H) or None without a pooler, hidden_states or None).
 
@@ -346,8 +372,14 @@ class BertModel(nn.Module):
 
         `hidden_states`, when asked for, holds the embedding output and each layer's output: L + 1 tensors,
         as in Hugging Face.
+
+        `packed`: several examples per row (`PackedRows`). Attention stays within each example, positions restart
+        at each, and the pooled output is (B, K, H), at each example's [CLS]. Shapes depend on nothing but the
+        batch's: no host sync, one graph under torch.compile.
         """
         causal = self.config.causal if causal is None else causal
+        if packed is not None:
+            return self._forward_packed(input_ids, token_type_ids, packed, output_hidden_states, causal)
         attn_mask, is_causal = attention_mask_for(attention_mask, input_ids.shape[1], causal, input_ids.device)
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         hidden_states = [x] if output_hidden_states else None
@@ -364,6 +396,29 @@ class BertModel(nn.Module):
         if tokens is not None:
             x = tokens.pad(x)  # (B, T, H)
         pooled = self.pool(x, attention_mask, causal) if self.pooler is not None else None
+        return x, pooled, tuple(hidden_states) if hidden_states is not None else None
+
+    def _forward_packed(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        packed: PackedRows,
+        output_hidden_states: bool,
+        causal: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
+        if causal:
+            raise ValueError("packed rows are for bidirectional encoders (a left-to-right model reads no [CLS])")
+        attn_mask = document_mask(packed.document_ids)
+        x = self.embeddings(input_ids, token_type_ids, packed.position_ids)  # (B, T, H)
+        hidden_states = [x] if output_hidden_states else None
+        for layer in self.encoder.layer:
+            x = layer(x, attn_mask)
+            if hidden_states is not None:
+                hidden_states.append(x)
+        pooled = None
+        if self.pooler is not None:  # (B, K, H): every example's [CLS]; empty slots read position 0 (ignored)
+            at_cls = x.gather(1, packed.cls_positions[:, :, None].expand(-1, -1, x.shape[-1]))
+            pooled = torch.tanh(self.pooler.dense(at_cls))
         return x, pooled, tuple(hidden_states) if hidden_states is not None else None
 
     def pool(self, x: torch.Tensor, attention_mask: torch.Tensor | None, causal: bool | None = None) -> torch.Tensor:
@@ -449,15 +504,20 @@ class BertForPreTraining(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         masked_positions: torch.Tensor | None = None,
+        packed: PackedRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Returns (MLM logits, NSP logits (B, 2), or None without the NSP head).
+        """Returns (MLM logits, NSP logits (B, 2) (packed: (B, K, 2)), or None without the NSP head).
 
-        MLM logits are (B, T, V) for every position, or (N, V) for the N positions where the boolean
-        `masked_positions` (B, T) is true, in row-major order (the order of `labels[masked_positions]`).
+        MLM logits are (B, T, V) for every position; (N, V) for the N positions where the boolean
+        `masked_positions` (B, T) is true, in row-major order (the order of `labels[masked_positions]`); or
+        (B, P, V) at the P positions per row of an integer `masked_positions` (B, P), a shape fixed in advance.
         """
-        sequence_output, pooled_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
-        if masked_positions is not None:
+        sequence_output, pooled_output, _ = self.bert(input_ids, token_type_ids, attention_mask, packed=packed)
+        if masked_positions is not None and masked_positions.dtype == torch.bool:
             sequence_output = sequence_output[masked_positions]  # (N, H)
+        elif masked_positions is not None:
+            index = masked_positions[:, :, None].expand(-1, -1, sequence_output.shape[-1])
+            sequence_output = sequence_output.gather(1, index)  # (B, P, H)
         mlm_logits = self.cls.predictions(sequence_output)
         nsp_logits = self.cls.seq_relationship(pooled_output) if self.cls.seq_relationship is not None else None
         return mlm_logits, nsp_logits

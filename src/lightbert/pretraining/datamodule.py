@@ -40,6 +40,7 @@ from lightbert.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus
 from lightbert.pretraining.examples import create_pretraining_examples
 from lightbert.pretraining.masking import MaskingCollator, NextTokenCollator
 from lightbert.pretraining.objectives import MaskingShares, check_objective
+from lightbert.pretraining.packing import PackingCollator
 from lightbert.pretraining.resumable import SeededExamples, StepSampler
 from lightbert.pretraining.streaming import StreamingExamples, held_out_examples
 
@@ -267,6 +268,8 @@ class PretrainDataModule(L.LightningDataModule):
         seed: int = 12345,
         first_step: int = 0,
         streaming: bool = False,
+        packing: bool = False,
+        max_examples_per_row: int = 8,
         # CachedExamples' settings
         dupe_factor: int = 10,
         validation_fraction: float = 0.05,
@@ -290,6 +293,12 @@ class PretrainDataModule(L.LightningDataModule):
         self.masking = MaskingShares(**(masking or {}))
         check_objective(objective)
         self.objective = objective  # the same sentence pairs for every objective; ltr's batches are not masked
+        if packing and objective == "ltr":
+            raise ParameterError("{0}=true packs examples for a bidirectional encoder; objective ltr reads no [CLS]",
+                                 "packing")  # fmt: skip
+        if max_examples_per_row < 1:
+            raise ParameterError(f"{{0}} must be >= 1, got {max_examples_per_row}", "max_examples_per_row")
+        self.packing, self.max_examples_per_row = packing, max_examples_per_row  # lightbert/pretraining/packing.py
         self.batch_size, self.num_workers = batch_size, num_workers
         self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
         self.first_step = first_step  # the global step this data starts at (a recipe's later phase)
@@ -365,10 +374,19 @@ class PretrainDataModule(L.LightningDataModule):
 
     # -- batches -----------------------------------------------------------------------------------------
 
-    def collator(self, generator: torch.Generator | None = None) -> MaskingCollator | NextTokenCollator:
+    def collator(
+        self, generator: torch.Generator | None = None
+    ) -> MaskingCollator | NextTokenCollator | PackingCollator:
         tokenizer = self.tokenizer
         if self.objective == "ltr":
             return NextTokenCollator(tokenizer.pad_id, self.pad_to_multiple_of)
+        masking = self._masking_collator(generator)
+        if self.packing:
+            return PackingCollator(masking, self.max_seq_length, self.max_examples_per_row)
+        return masking
+
+    def _masking_collator(self, generator: torch.Generator | None) -> MaskingCollator:
+        tokenizer = self.tokenizer
         return MaskingCollator(
             vocab_size=tokenizer.vocab_size,
             pad_id=tokenizer.pad_id,

@@ -10,6 +10,15 @@ from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.finetuning.module import TaskModule
 from lightbert.model import BertForPreTraining
 from lightbert.pretraining.objectives import check_objective
+from lightbert.pretraining.packing import PACKED_KEYS, packed_rows
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Share of the labelled rows (label != IGNORE_INDEX) whose arg-max is the label: a masked sum, not a boolean
+    index, so its shape never depends on the data (no graph break under torch.compile)."""
+    labelled = labels != IGNORE_INDEX
+    right = (logits.argmax(-1) == labels) & labelled
+    return right.sum() / labelled.sum().clamp(min=1)
 
 
 class PreTrainingModule(TaskModule):
@@ -35,39 +44,56 @@ class PreTrainingModule(TaskModule):
         self.val_sums = torch.nn.ModuleDict({name: MeanMetric() for name in names})
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
-        masked = batch["labels"] != IGNORE_INDEX if self.sparse_mlm_head else None
-        return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], masked)
+        packed = packed_rows(batch)
+        if packed is not None:  # fixed shapes: the MLM head at the batch's prediction slots; one graph per step
+            for key in ("input_ids", "token_type_ids", "attention_mask", "masked_positions", *PACKED_KEYS):
+                torch._dynamo.maybe_mark_dynamic(batch[key], 0)  # the row count follows the examples' lengths
+            masked = batch["masked_positions"] if self.sparse_mlm_head else None
+        else:
+            masked = batch["labels"] != IGNORE_INDEX if self.sparse_mlm_head else None
+        return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], masked, packed)
 
     def _step(self, batch: dict) -> dict[str, torch.Tensor]:
         mlm_logits, nsp_logits = self(batch)
         labels = batch["labels"]
-        mlm_labels = labels[labels != IGNORE_INDEX] if self.sparse_mlm_head else labels.flatten()
+        if not self.sparse_mlm_head:
+            mlm_labels = labels.flatten()
+        elif "masked_positions" in batch:
+            mlm_labels = labels.gather(1, batch["masked_positions"]).flatten()  # empty slots: IGNORE_INDEX
+        else:
+            mlm_labels = labels[labels != IGNORE_INDEX]
         mlm_logits = mlm_logits.reshape(-1, mlm_logits.shape[-1]).float()  # (N, V); fp32 for a stable softmax
         mlm_loss = F.cross_entropy(mlm_logits, mlm_labels, ignore_index=IGNORE_INDEX)
-        predicted = mlm_labels != IGNORE_INDEX
         out = {
             "loss": mlm_loss,
             "mlm_loss": mlm_loss.detach(),
-            "mlm_accuracy": (mlm_logits.argmax(-1) == mlm_labels)[predicted].float().mean(),
-            "num_predictions": predicted.sum(),
+            "mlm_accuracy": accuracy(mlm_logits, mlm_labels),
+            "num_predictions": (mlm_labels != IGNORE_INDEX).sum(),
         }
-        if nsp_logits is not None:
-            nsp_loss = F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
+        if nsp_logits is not None:  # (B, 2), or packed (R, K, 2) with IGNORE_INDEX in empty slots
+            nsp_logits, nsp_labels = nsp_logits.reshape(-1, 2).float(), batch["next_sentence_label"].flatten()
+            nsp_loss = F.cross_entropy(nsp_logits, nsp_labels, ignore_index=IGNORE_INDEX)
             out["loss"] = mlm_loss + nsp_loss
             out["nsp_loss"] = nsp_loss.detach()
-            out["nsp_accuracy"] = (nsp_logits.argmax(-1) == batch["next_sentence_label"]).float().mean()
+            out["nsp_accuracy"] = accuracy(nsp_logits, nsp_labels)
         return out
+
+    def examples_in(self, batch: dict) -> int:
+        """Sequences in a batch: its rows, or, packed, the examples in them (read on the host: validation only)."""
+        if "example_index" in batch:
+            return int((batch["example_index"] >= 0).sum())
+        return batch["input_ids"].shape[0]
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self._step(batch)
-        batch_size = batch["input_ids"].shape[0]
+        batch_size = batch["input_ids"].shape[0]  # rows: logged per step, so only epoch means would weigh them
         for name in ("loss", *self.val_sums):
             self.log(f"train/{name}", out[name], prog_bar=name == "loss", batch_size=batch_size)
         return out["loss"]
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         out = self._step(batch)
-        batch_size = batch["input_ids"].shape[0]
+        batch_size = self.examples_in(batch)
         self.log_mean("val/loss", self.val_losses[0], out["loss"], batch_size)
         # MLM numbers are per predicted token, NSP numbers per sequence: weight each accordingly.
         weights = {"mlm_loss": out["num_predictions"], "mlm_accuracy": out["num_predictions"]}
