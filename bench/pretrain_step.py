@@ -48,6 +48,7 @@ from lightbert.optim import parameter_groups
 from lightbert.pretraining.corpus import DemoCorpus, TextCorpus
 from lightbert.pretraining.datamodule import PretrainDataModule
 from lightbert.pretraining.module import PreTrainingModule
+from lightbert.pretraining.packing import PackingCollator, pack_batch
 from lightbert.run.callbacks import gpu_peak_flops, step_flops
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,9 +157,18 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
     hf = hf_twin(module.model, config, transformers.BertForPreTraining)
     module.to(device)
     hf.to(device)
-    batch = {k: v.to(device) for k, v in pretraining_batch(datamodule, args.batch_size, args.seed).items()}
-    hf_inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
-    hf_inputs.update(labels=batch["labels"], next_sentence_label=batch["next_sentence_label"])
+    plain = {k: v.to(device) for k, v in pretraining_batch(datamodule, args.batch_size, args.seed).items()}
+    hf_inputs = {k: plain[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    hf_inputs.update(labels=plain["labels"], next_sentence_label=plain["next_sentence_label"])
+    batch = plain
+    if args.packing:  # the same examples, masked the same way, packed into rows of --seq-len (packing=true)
+        collate = PackingCollator(datamodule.collator(), args.seq_len)
+        packed = pack_batch(
+            {k: v.cpu() for k, v in plain.items()}, args.seq_len, collate.max_examples_per_row, collate.slots,
+            datamodule.tokenizer.pad_id,
+        )  # fmt: skip
+        batch = {k: v.to(device) for k, v in packed.items()}
+        print(f"packed: {plain['input_ids'].shape[0]} examples in {batch['input_ids'].shape[0]} rows of {args.seq_len}")
 
     module.eval()
     hf.eval()
@@ -168,16 +178,19 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
     assert abs(ours_loss - hf_loss) < (1e-3 if args.dtype == "fp32" else 5e-2), "the two models disagree"
     module.train()
     hf.train()
-    if args.compile:
-        module.model.compile()
-
     steps = {
         "lightbert": training_step(module.model, lambda: module._step(batch)["loss"], device, args),
         "transformers": training_step(hf, lambda: hf(**hf_inputs).loss, device, args),
     }
+    if args.compile:
+        module.model.compile(backend=args.compile_backend)
+        print(compile_report(steps["lightbert"]))
+    if args.hf_compile:  # the same weights; calling `hf` itself stays eager
+        compiled = torch.compile(hf)
+        steps["transformers compiled"] = training_step(hf, lambda: compiled(**hf_inputs).loss, device, args)
     seconds = time_interleaved(steps, device, args.warmup, args.repeats)
-    lengths = batch["attention_mask"].sum(1).cpu()
-    num_predictions = int((batch["labels"] != -100).sum())
+    lengths = plain["attention_mask"].sum(1).cpu()  # the useful work is each example's, packed or not
+    num_predictions = int((plain["labels"] != -100).sum())
     shape = tuple(batch["input_ids"].shape)
     print(
         f"pre-training {args.model}: batch {shape}, {int(lengths.sum())} real tokens "
@@ -185,6 +198,27 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
     )
     flops = float(step_flops(config, lengths, num_predictions))
     return report("pre-training", seconds, int(lengths.sum()), flops, peak, device)
+
+
+def compile_report(step: Callable[[], None]) -> str:
+    """Graph breaks and recompilations of lightbert's compiled step: one warm-up step, then three more."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    started = time.perf_counter()
+    step()
+    warm = time.perf_counter() - started
+    graphs = counters["stats"]["unique_graphs"]
+    for _ in range(3):
+        step()
+    breaks = sum(counters["graph_break"].values())
+    recompiles = counters["stats"]["unique_graphs"] - graphs
+    reasons = "; ".join(sorted(counters["graph_break"]))[:300]
+    return (
+        f"torch.compile: {breaks} graph breaks, {recompiles} recompilations after warm-up "
+        f"({graphs} graph(s), first step {warm:.1f} s){': ' + reasons if reasons else ''}"
+    )
 
 
 def bench_finetune(args, datamodule: PretrainDataModule, device: torch.device, peak: float) -> float:
@@ -389,6 +423,9 @@ def main() -> None:
         "--cache-dir", default=os.environ.get("LIGHTBERT_CACHE", "~/.cache/lightbert"), help="demo corpus, vocab"
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile lightbert's model (speed.compile)")
+    parser.add_argument("--compile-backend", default="inductor", help="--compile's backend (aot_eager: graphs only)")
+    parser.add_argument("--hf-compile", action="store_true", help="also time transformers torch.compile'd")
+    parser.add_argument("--packing", action="store_true", help="lightbert on the same examples packed into rows")
     parser.add_argument("--no-unpad", action="store_true", help="lightbert without unpadding (speed.unpad=false)")
     parser.add_argument("--foreach", action="store_true", help="AdamW's foreach implementation (optim.fused=false)")
     parser.add_argument("--dense-mlm-head", action="store_true", help="MLM head on every position")

@@ -52,3 +52,15 @@ def test_inference_benchmark_runs_checks_parity_and_ends_with_the_ratio_line():
     )  # fmt: skip
     assert re.fullmatch(r"predict speedup vs transformers\.pipeline: \d+\.\d\dx", lines[-1]), lines[-1]
     assert sum("examples/s" in line for line in lines) == 3  # lightbert and two pipeline batch sizes
+
+
+def test_the_packed_step_compiles_with_no_graph_break_or_recompilation():
+    """`--packing --compile` reports Dynamo's graph breaks and recompilations after warm-up: none (aot_eager: the
+    same graphs as Inductor's, without minutes of C++ compiling here)."""
+    lines = run_bench(
+        "pretrain_step.py", "--model", "bert_tiny", "--seq-len", "64", "--batch-size", "8", "--part", "pretrain",
+        "--packing", "--compile", "--compile-backend", "aot_eager", "--warmup", "0", "--repeats", "1",
+    )  # fmt: skip
+    report = next(line for line in lines if line.startswith("torch.compile:"))
+    assert report.startswith("torch.compile: 0 graph breaks, 0 recompilations after warm-up (1 graph(s)"), report
+    assert re.fullmatch(r"speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]
