@@ -10,7 +10,9 @@ import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import torch
 from helpers.ner_files import read_conlleval
 from helpers.predictions import predict, predict_config, records_of, rows
 from helpers.runs import REPO
@@ -254,3 +256,31 @@ def test_a_closed_standard_stream_is_one_line(sst2_run, tmp_path, closed):
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
     assert "which is closed" in run.stderr
+
+
+@pytest.mark.parametrize("run_name", ["sst2_run", "ner_run"])
+def test_bf16_predictions_give_the_fp32_labels(run_name, request):
+    """dtype=bf16 (predict's default on a GPU) runs under bf16 autocast: the same labels as fp32, probabilities
+    close (bf16 keeps 8 bits of mantissa; on CPU here, which has bf16 kernels too)."""
+    run = request.getfixturevalue(run_name)
+    finetuned = load_finetuned(str(run.dir))
+    records = list(enumerate(records_of(run), start=1))
+    fp32 = predict_records(finetuned, records, dtype="fp32")[0].predictions
+    bf16 = predict_records(finetuned, records, dtype="bf16")[0].predictions
+    for a, b in zip(fp32, bf16, strict=True):
+        assert a.get("label", a.get("tags")) == b.get("label", b.get("tags"))
+        if "probabilities" in a:
+            assert a["probabilities"].keys() == b["probabilities"].keys()
+            assert np.allclose(list(a["probabilities"].values()), list(b["probabilities"].values()), atol=2e-2)
+
+
+def test_batch_size_and_dtype_follow_the_device():
+    from lightbert.inference.predict import batch_size_for, dtype_for
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert (batch_size_for("auto", cpu), batch_size_for("auto", cuda), batch_size_for(8, cuda)) == (64, 256, 8)
+    assert (dtype_for("auto", cpu), dtype_for("auto", cuda), dtype_for("fp32", cuda)) == ("fp32", "bf16", "fp32")
+    with pytest.raises(UserError, match="batch_size=0 must be a number of sequences"):
+        batch_size_for(0, cpu)
+    with pytest.raises(UserError, match="dtype=fp16 is not known; use auto, fp32 or bf16"):
+        dtype_for("fp16", cpu)
