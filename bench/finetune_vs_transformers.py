@@ -1,6 +1,7 @@
 """Fine-tune the same pre-trained checkpoint with lightbert and with transformers; compare dev accuracy and time.
 
     python bench/finetune_vs_transformers.py --init-from outputs/pretrain/runs/<run> [--epochs 3 --lr 1e-4]
+    python bench/finetune_vs_transformers.py --init-from ... --device cuda   # trainer=gpu vs the loop in bf16
 
 The task is real text without a download: sentences of the demo corpus (Python's documentation), label 1 for the
 sentence as written and 0 for the same words shuffled (word-order acceptability, CoLA-like), in SST-2's schema.
@@ -60,7 +61,7 @@ def run_lightbert(init_from: str, files: dict, args, out: Path) -> tuple[list[fl
             f"init_from={init_from}",
             f"task.data_files.train={files['train']}",
             f"task.data_files.validation={files['validation']}",
-            "trainer=cpu",
+            "trainer=gpu" if args.device == "cuda" else "trainer=cpu",  # gpu: bf16-mixed, fused AdamW
             "trainer.max_steps=-1",
             f"trainer.max_epochs={args.epochs}",
             f"task.batch_size={args.batch_size}",
@@ -85,7 +86,7 @@ def run_transformers(hf_dir: Path, files: dict, args) -> tuple[list[float], floa
     started = time.time()
     command = [sys.executable, str(Path(__file__).with_name("plain_transformers_finetune.py")), str(hf_dir)]
     command += [str(files["train"]), str(files["validation"]), str(args.epochs), str(args.batch_size), str(args.lr)]
-    command.append(str(args.seed))
+    command += [str(args.seed), args.device]
     result = subprocess.run(command, check=True, capture_output=True, text=True)
     return json.loads(result.stdout.strip().splitlines()[-1]), time.time() - started
 
@@ -99,13 +100,17 @@ def main() -> None:
     parser.add_argument("--num-train", type=int, default=2000)
     parser.add_argument("--num-dev", type=int, default=500)
     parser.add_argument("--seed", type=int, default=12345)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: bf16 on both sides")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lightbert-bench-"))
     files = word_order_task(work / "cache", work / "data", args.num_train, args.num_dev, args.seed)
     hf_dir = export_hf(load_pretrained(args.init_from), work / "hf")
     ours, ours_seconds = run_lightbert(args.init_from, files, args, work / "lightbert-run")
     ref, ref_seconds = run_transformers(hf_dir, files, args)
-    print(f"word-order task: {args.num_train} train / {args.num_dev} dev sentences; init_from={args.init_from}")
+    print(
+        f"word-order task: {args.num_train} train / {args.num_dev} dev sentences; init_from={args.init_from}; "
+        f"{args.device}{' (bf16)' if args.device == 'cuda' else ''}"
+    )
     print("epoch  lightbert  transformers")
     for epoch, (a, b) in enumerate(zip(ours, ref, strict=False), 1):
         print(f"{epoch:5d}  {a:9.4f}  {b:12.4f}")

@@ -78,27 +78,40 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "lightbert-bench-cache")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="both sides on this device")
+    parser.add_argument(
+        "--dtype", choices=["fp32", "bf16"], default=None, help="both sides; default fp32 CPU, bf16 GPU"
+    )
+    parser.add_argument(
+        "--pipeline-batch-sizes", default=None, help="comma-separated; the best counts (default 1 and --batch-size; "
+        "on a GPU also 128 and 256)",
+    )  # fmt: skip
     args = parser.parse_args()
+    args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    sizes = args.pipeline_batch_sizes or ("1,64,128,256" if args.device == "cuda" else f"1,{args.batch_size}")
     torch.set_num_threads(args.threads)
     texts = sentences(args.cache_dir, args.sentences, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         directory = write_classifier(Path(tmp) / "classifier", args.model, texts, args.vocab_size)
         finetuned = load_finetuned(str(directory))
-        classify = transformers.pipeline("text-classification", model=str(directory), device="cpu", top_k=None)
+        dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+        classify = transformers.pipeline(
+            "text-classification", model=str(directory), device=args.device, top_k=None, dtype=dtype
+        )
         records = [(number, {"text": text}) for number, text in enumerate(texts, start=1)]
 
         def ours() -> list[dict]:
-            return predict_records(finetuned, records, batch_size=args.batch_size)[0].predictions
+            predicted = predict_records(
+                finetuned, records, batch_size=args.batch_size, device=args.device, dtype=args.dtype
+            )
+            return predicted[0].predictions
 
         def theirs(batch_size: int):
             return lambda: classify(texts, batch_size=batch_size)
 
-        sides = {
-            "lightbert predict": ours,
-            "pipeline, batch 1": theirs(1),
-            f"pipeline, batch {args.batch_size}": theirs(args.batch_size),
-        }
-        check(ours(), theirs(args.batch_size)())
+        sides = {"lightbert predict": ours}
+        sides.update({f"pipeline, batch {size}": theirs(int(size)) for size in sizes.split(",")})
+        check(ours(), theirs(args.batch_size)(), 1e-4 if args.dtype == "fp32" else 1e-3)
         for fn in sides.values():
             for _ in range(args.warmup):
                 fn()
@@ -110,8 +123,8 @@ def main() -> None:
                 seconds[name].append(time.perf_counter() - started)
     tokens = sum(len(finetuned.tokenizer.encode_batch([t])[0]) + 2 for t in texts)
     print(
-        f"{args.model}, {len(texts)} sentences ({tokens} tokens, 3-60 words), {args.threads} threads, "
-        f"median of {args.repeats}"
+        f"{args.model}, {len(texts)} sentences ({tokens} tokens, 3-60 words), {args.device} ({args.dtype}), "
+        f"{args.threads} threads, median of {args.repeats}"
     )
     rates = {}
     for name, times in seconds.items():
@@ -121,12 +134,12 @@ def main() -> None:
     print(f"predict speedup vs transformers.pipeline: {rates['lightbert predict'] / best:.2f}x")
 
 
-def check(ours: list[dict], theirs: list[list[dict]]) -> None:
-    """Same labels and probabilities within 1e-4: the two sides do the same work."""
+def check(ours: list[dict], theirs: list[list[dict]], tolerance: float) -> None:
+    """Same labels and probabilities within `tolerance`: the two sides do the same work."""
     for number, (a, b) in enumerate(zip(ours, theirs, strict=True), start=1):
         scores = {s["label"]: s["score"] for s in b}
         if a["label"] != max(scores, key=scores.get) or any(
-            abs(a["probabilities"][label] - score) > 1e-4 for label, score in scores.items()
+            abs(a["probabilities"][label] - score) > tolerance for label, score in scores.items()
         ):
             sys.exit(f"predict_vs_pipeline.py: sentence {number} differs: lightbert {a}, transformers {b}")
 
