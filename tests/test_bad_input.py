@@ -152,6 +152,8 @@ REFUSED = [
      "trainer.devices='abc' is not a number of devices"),
     ("unknown precision", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "trainer.precision=bogus"],
      "trainer.precision='bogus' is not a precision"),
+    ("unknown compile mode", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "speed.compile_mode=fast"],
+     "speed.compile_mode=fast is not known; valid: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"),
     ("unknown matmul precision", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "speed.matmul_precision=tf32"],
      "speed.matmul_precision must be one of highest, high, medium, got tf32"),
     ("the trainer removed", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "~trainer"],

@@ -78,3 +78,16 @@ def test_fp32_matmuls_use_tf32_on_cuda_and_the_run_line_says_so(tmp_path):
         assert "bf16-mixed (TF32 matmuls)" in line
     finally:
         torch.set_float32_matmul_precision(was)
+
+
+def test_the_compile_mode_reaches_torch_compile():
+    """speed.compile_mode=reduce-overhead (CUDA graphs) is what torch.compile is given; default passes no mode."""
+    from lightbert.pretraining.module import PreTrainingModule
+    from lightbert.run.jobs import _apply_speed_switches
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    for mode, given in (("reduce-overhead", "reduce-overhead"), ("default", None)):
+        module = PreTrainingModule(config.to_dict(), {"lr": 1e-4})
+        with mock.patch.object(module.model, "compile") as compile_:
+            _apply_speed_switches(module, {"compile": True, "compile_mode": mode})
+        compile_.assert_called_once_with(mode=given)

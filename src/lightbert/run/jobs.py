@@ -193,6 +193,7 @@ def _prepare(
     warnings.filterwarnings("ignore", message=".*is smaller than the logging interval.*")
     _check_devices(cfg)
     matmuls = _set_fp32_matmuls(cfg)
+    compile_mode(cfg.get("speed") or {})  # a bad one is refused before anything is written
     tidy_lightning_console()
     datasets_logging.disable_progress_bar()  # on only around maps worth watching (data.local_files.progress_bars_for)
     # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
@@ -488,12 +489,26 @@ def _describe_run(
     )
 
 
+# torch.compile's modes: reduce-overhead captures CUDA graphs (a launch-bound step, e.g. the paper's per-device
+# batch), which needs fixed shapes: task.datamodule.packing=true, or speed.unpad=false with full-width padding.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_mode(speed: DictConfig | dict) -> str:
+    mode = str(speed.get("compile_mode", "default"))
+    if mode not in COMPILE_MODES:
+        raise ConfigError(f"speed.compile_mode={mode} is not known; valid: {', '.join(COMPILE_MODES)}")
+    return mode
+
+
 def _apply_speed_switches(module: L.LightningModule, speed: DictConfig | dict) -> None:
     for submodule in module.modules():
         if isinstance(submodule, BertModel):
             submodule.unpad = bool(speed.get("unpad", True))
+    mode = compile_mode(speed)
     if speed.get("compile", False):
-        module.model.compile()  # in place, so parameter names and checkpoints stay those of the plain model
+        # In place, so parameter names and checkpoints stay those of the plain model.
+        module.model.compile(mode=None if mode == "default" else mode)
 
 
 def _with_vocabulary(model_config: dict, tokenizer, pretrained: Pretrained | None) -> dict:
