@@ -144,3 +144,14 @@ def test_console_lines_go_above_the_progress_bar_not_into_it():
     line = written.index("validation at step 2")
     assert "2/4" in written[:line] and written[:line].endswith("\r")  # the bar was drawn, then taken down
     assert "2/4" in written[line:]  # and drawn again below the line
+
+
+def test_packed_rows_count_their_examples_and_each_example_s_attention():
+    """Packed rows hold several examples: examples/s counts them, and MFU's attention term is each example's."""
+    from lightbert.run.callbacks import sequence_lengths
+
+    plain = {"attention_mask": torch.tensor([[1] * 6 + [0] * 2, [1] * 8])}
+    assert sequence_lengths(plain).tolist() == [6, 8]
+    documents = torch.tensor([[1, 1, 1, 2, 2, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
+    packed = {"attention_mask": (documents > 0).long(), "document_ids": documents, "cls_positions": torch.zeros(2, 3)}
+    assert sequence_lengths(packed).tolist() == [3, 2, 0, 8, 0, 0]

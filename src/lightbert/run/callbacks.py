@@ -55,6 +55,18 @@ def step_flops(config: BertConfig, lengths: torch.Tensor, num_predictions: int |
     return per_sequence.sum() + 6 * num_predictions * (h * h + h * config.vocab_size)
 
 
+def sequence_lengths(batch: dict) -> torch.Tensor:
+    """Each sequence's real length, on the batch's device: a row's, or in packed rows (`document_ids`) each
+    example's (empty slots 0), since attention's work grows with the example's length, not the row's."""
+    mask = batch["attention_mask"]
+    documents = batch.get("document_ids")
+    if documents is None:
+        return mask.reshape(-1, mask.shape[-1]).sum(-1)
+    slots = batch["cls_positions"].shape[-1]
+    counts = torch.zeros(documents.shape[0], slots + 1, dtype=torch.long, device=documents.device)
+    return counts.scatter_add_(1, documents, torch.ones_like(documents))[:, 1:].flatten()
+
+
 class StepClock(L.Callback):
     """Starts `self._last` at the run's first training batch (timing starts with the run's own first step); the
     subclasses read and restart it."""
@@ -105,11 +117,12 @@ class Throughput(StepClock):
             # Logged as device tensors: read (one sync) only when Lightning writes the logs, never every step.
             # Without a per-step sync a step's wall time can shift to the next one, but over the steps between two
             # logs the GPU's queue keeps the total honest. An example is the first dimension: (B, T), or (B, C, T).
+            lengths = sequence_lengths(batch)
             module.log("train/tokens_per_s", mask.sum() / seconds, on_step=True, on_epoch=False)
-            module.log("train/examples_per_s", mask.shape[0] / seconds, on_step=True, on_epoch=False)
+            module.log("train/examples_per_s", (lengths > 0).sum() / seconds, on_step=True, on_epoch=False)
             if self.peak_flops and self._config is not None:
                 predicted = (batch["labels"] != IGNORE_INDEX).sum() if self._mlm else 0
-                flops = step_flops(self._config, mask.reshape(-1, mask.shape[-1]).sum(-1), predicted)
+                flops = step_flops(self._config, lengths, predicted)
                 module.log("train/mfu", flops / seconds / self.peak_flops, on_step=True, on_epoch=False)
 
     def on_validation_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
@@ -127,7 +140,7 @@ class ConsoleReport(StepClock):
     def __init__(self, every_seconds: float = 30.0) -> None:
         self.every_seconds = every_seconds
         self._lines = False
-        self._examples = 0
+        self._examples: torch.Tensor | int = 0
         self._tokens: torch.Tensor | int = 0
 
     def on_fit_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
@@ -141,7 +154,8 @@ class ConsoleReport(StepClock):
         now = time.perf_counter()
         mask = batch.get("attention_mask")
         if mask is not None:  # summed on the device: read once per line, not once per step
-            self._examples, self._tokens = self._examples + mask.shape[0], self._tokens + mask.sum()
+            examples = (sequence_lengths(batch) > 0).sum()  # packed rows: their examples
+            self._examples, self._tokens = self._examples + examples, self._tokens + mask.sum()
         step = trainer.global_step
         if now - self._last < self.every_seconds and step != 1 and step != trainer.max_steps:
             return
@@ -151,7 +165,7 @@ class ConsoleReport(StepClock):
         parts = [f"step {step}/{int(total)}"]
         if isinstance(loss, torch.Tensor):
             parts.append(f"train/loss {float(loss):.4f}")
-        parts.append(f"{self._examples / seconds:.1f} examples/s, {float(self._tokens) / seconds:.0f} tokens/s")
+        parts.append(f"{float(self._examples) / seconds:.1f} examples/s, {float(self._tokens) / seconds:.0f} tokens/s")
         if trainer.optimizers:
             parts.append(f"lr {trainer.optimizers[0].param_groups[0]['lr']:.3g}")
         log.info(", ".join(parts))
