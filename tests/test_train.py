@@ -124,9 +124,14 @@ def test_entry_point_with_default_wandb_logger_runs_offline(tmp_path, corpus_fil
         *text_corpus_overrides(corpus_file),
         f"hydra.run.dir={tmp_path / 'run'}",
         WANDB_API_KEY="",
+        WANDB_SILENT="false",  # as a user has it (the test session sets it): W&B's own lines are lightbert's doing
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "lightbert: finished 4 steps" in result.stdout
+    # W&B says nothing itself; lightbert says where the run went, once, after the closing line
+    assert not [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("wandb:")]
+    where = [line for line in result.stdout.splitlines() if line.startswith("lightbert: W&B: saved offline in ")]
+    assert len(where) == 1 and f"upload it with: wandb sync {tmp_path / 'run' / 'wandb' / 'offline-run-'}" in where[0]
     # Not a terminal: plain progress lines (every step here), every validation, on the console and in train.log
     lines = result.stdout.splitlines()
     assert lines[0] == f"lightbert: run directory: {tmp_path / 'run'}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import inspect
+import logging
 import netrc
 import os
 import sys
@@ -21,6 +22,8 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from lightbert.errors import UserError
 from lightbert.files import open_atomically
+
+log = logging.getLogger(__name__)
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
@@ -57,6 +60,9 @@ def wandb_logger(
         raise UserError(f"logger.wandb.{unknown[0]} is not a wandb.init setting; valid: {', '.join(sorted(valid))}")
     if mode == "auto":
         mode = os.environ.get("WANDB_MODE") or ("online" if wandb_has_credentials() else "offline")
+    # W&B's own console lines (a dozen per run: banner, summary, sync hint) stay off; lightbert says where the run
+    # went in one line at the end (`say_where_wandb_went`). `+logger.wandb.settings=...` replaces this.
+    init_settings.setdefault("settings", wandb.Settings(silent=True))
     tags = [str(t) for t in tags or [] if t not in (None, "", "None")]  # e.g. no sweep= choice
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         # Every job of a sweep is its own run, named by its number; the sweep is one group, named by the task, the
@@ -88,10 +94,18 @@ def wandb_logger(
 
 
 def finish_wandb() -> None:
-    """Ends the W&B run, if one was started (also after a failed run: its state is uploaded, not left open)."""
+    """Ends the W&B run, if one was started (also after a failed run: its state is uploaded, not left open), and
+    says in one line where it went."""
     wandb = sys.modules.get("wandb")
     if wandb is not None and wandb.run is not None:
+        run = wandb.run
+        offline = run.settings.mode == "offline" or getattr(run, "offline", False)
+        where = Path(run.dir).parent if run.dir else None
         wandb.finish()
+        if offline and where is not None:
+            log.info(f"W&B: saved offline in {where}; upload it with: wandb sync {where}")
+        elif not offline and run.url:
+            log.info(f"W&B: {run.url}")
 
 
 @rank_zero_only
