@@ -124,6 +124,7 @@ def test_feature_sweep_summary_has_table_7_s_shape(tmp_path, bert4):
         *(f"task.data_files.{k}={v}" for k, v in files.items()),
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "in eval mode at the start of training" not in result.stderr  # the frozen encoder is eval on purpose
     summary = (tmp_path / "sweep" / "summary.md").read_text()
     table = summary.split("## Feature-based approach (paper Table 7)")[1].strip().splitlines()
     assert table[0] == "| Layers | task.features | val/f1 |"

@@ -191,6 +191,8 @@ def _prepare(
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     # A short epoch logs once per epoch instead (callbacks.ShortEpochLogging): nothing left for the user to do.
     warnings.filterwarnings("ignore", message=".*is smaller than the logging interval.*")
+    # The feature-based tasks keep their frozen encoder in eval mode on purpose (no dropout in the features).
+    warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode at the start of training.*")
     _check_devices(cfg)
     matmuls = _set_fp32_matmuls(cfg)
     compile_mode(cfg.get("speed") or {})  # a bad one is refused before anything is written
