@@ -30,6 +30,13 @@ EXTRAS = {
 }
 
 
+def require_extra(extra: str, what: str) -> None:
+    """Raises `missing_extra`'s error when `what` needs an extra that is not installed."""
+    error = missing_extra(extra, what)
+    if error is not None:
+        raise error
+
+
 def missing_extra(extra: str, what: str) -> UserError | None:
     """The error for `what` (an option, a command) when the extra it needs is not installed, else None."""
     import importlib.util

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from lightbert.errors import UserError, exits_on_user_error, missing_extra
+from lightbert.errors import UserError, exits_on_user_error, require_extra
 from lightbert.files import RESULTS_FILE, write_atomically
 
 # The paper's dev-set numbers (Devlin et al. 2019), by lightbert task name.
@@ -281,9 +281,7 @@ def _fmt(value: float | None) -> str:
 
 
 def figure5(result: dict, path: Path) -> None:
-    error = missing_extra("report", "figure5.png of python -m lightbert.analysis.paper_tables")
-    if error is not None:
-        raise error
+    require_extra("report", "figure5.png of python -m lightbert.analysis.paper_tables")
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(6, 4))

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lightbert.analysis.sweep import FEATURES_KEY, SUMMARY_MD, job_rows, write_summary
-from lightbert.errors import UserError, exits_on_user_error, missing_extra
+from lightbert.errors import UserError, exits_on_user_error, require_extra
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -75,9 +75,7 @@ def mean_by_config(rows: list[dict], keys: list[str]) -> dict[tuple, float]:
 
 def _matplotlib() -> tuple[type, type]:
     """matplotlib's Figure and Rectangle (the report extra), or the error that names the extra."""
-    error = missing_extra("report", "python -m lightbert.analysis.report (a sweep's plots)")
-    if error is not None:
-        raise error
+    require_extra("report", "python -m lightbert.analysis.report (a sweep's plots)")
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 

@@ -203,6 +203,11 @@ class BertPooler(nn.Module):
             return torch.tanh(self.dense(sequence_output[:, 0]))  # (B, H)
         return torch.tanh(self.dense(sequence_output[torch.arange(len(last), device=last.device), last]))
 
+    def at(self, sequence_output: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """At several positions per row (B, K), e.g. each packed example's [CLS]: (B, K, H)."""
+        index = positions[:, :, None].expand(-1, -1, sequence_output.shape[-1])
+        return torch.tanh(self.dense(sequence_output.gather(1, index)))
+
 
 def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
     """(B, T) example numbers of a packed row (1, 2, ...; 0 at padding) -> (B, 1, T, T) boolean mask: a token attends
@@ -378,13 +383,16 @@ class BertModel(nn.Module):
         batch's: no host sync, one graph under torch.compile.
         """
         causal = self.config.causal if causal is None else causal
-        if packed is not None:
-            return self._forward_packed(input_ids, token_type_ids, packed, output_hidden_states, causal)
-        attn_mask, is_causal = attention_mask_for(attention_mask, input_ids.shape[1], causal, input_ids.device)
-        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        if packed is None:
+            attn_mask, is_causal = attention_mask_for(attention_mask, input_ids.shape[1], causal, input_ids.device)
+        elif causal:
+            raise ValueError("packed rows are for bidirectional encoders (a left-to-right model reads no [CLS])")
+        else:
+            attn_mask, is_causal = document_mask(packed.document_ids), False
+        x = self.embeddings(input_ids, token_type_ids, packed.position_ids if packed is not None else None)
         hidden_states = [x] if output_hidden_states else None
         tokens = None
-        if self.unpad and attention_mask is not None and not bool(attention_mask.all()):
+        if packed is None and self.unpad and attention_mask is not None and not bool(attention_mask.all()):
             tokens = RealTokens(attention_mask)
             if causal and not is_causal:  # groups carry padding masks only: attend in (B, T) with the full mask
                 tokens.groups = None
@@ -395,30 +403,11 @@ class BertModel(nn.Module):
                 hidden_states.append(tokens.pad(x) if tokens is not None else x)
         if tokens is not None:
             x = tokens.pad(x)  # (B, T, H)
-        pooled = self.pool(x, attention_mask, causal) if self.pooler is not None else None
-        return x, pooled, tuple(hidden_states) if hidden_states is not None else None
-
-    def _forward_packed(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-        packed: PackedRows,
-        output_hidden_states: bool,
-        causal: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
-        if causal:
-            raise ValueError("packed rows are for bidirectional encoders (a left-to-right model reads no [CLS])")
-        attn_mask = document_mask(packed.document_ids)
-        x = self.embeddings(input_ids, token_type_ids, packed.position_ids)  # (B, T, H)
-        hidden_states = [x] if output_hidden_states else None
-        for layer in self.encoder.layer:
-            x = layer(x, attn_mask)
-            if hidden_states is not None:
-                hidden_states.append(x)
         pooled = None
-        if self.pooler is not None:  # (B, K, H): every example's [CLS]; empty slots read position 0 (ignored)
-            at_cls = x.gather(1, packed.cls_positions[:, :, None].expand(-1, -1, x.shape[-1]))
-            pooled = torch.tanh(self.pooler.dense(at_cls))
+        if self.pooler is not None and packed is not None:  # every example's [CLS]; empty slots read position 0
+            pooled = self.pooler.at(x, packed.cls_positions)  # (B, K, H)
+        elif self.pooler is not None:
+            pooled = self.pool(x, attention_mask, causal)
         return x, pooled, tuple(hidden_states) if hidden_states is not None else None
 
     def pool(self, x: torch.Tensor, attention_mask: torch.Tensor | None, causal: bool | None = None) -> torch.Tensor:

@@ -10,7 +10,7 @@ from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.finetuning.module import TaskModule
 from lightbert.model import BertForPreTraining
 from lightbert.pretraining.objectives import check_objective
-from lightbert.pretraining.packing import PACKED_KEYS, packed_rows
+from lightbert.pretraining.packing import PACKED_KEYS, examples_in, packed_rows
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -78,12 +78,6 @@ class PreTrainingModule(TaskModule):
             out["nsp_accuracy"] = accuracy(nsp_logits, nsp_labels)
         return out
 
-    def examples_in(self, batch: dict) -> int:
-        """Sequences in a batch: its rows, or, packed, the examples in them (read on the host: validation only)."""
-        if "example_index" in batch:
-            return int((batch["example_index"] >= 0).sum())
-        return batch["input_ids"].shape[0]
-
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self._step(batch)
         batch_size = batch["input_ids"].shape[0]  # rows: logged per step, so only epoch means would weigh them
@@ -93,7 +87,7 @@ class PreTrainingModule(TaskModule):
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         out = self._step(batch)
-        batch_size = self.examples_in(batch)
+        batch_size = int(examples_in(batch))  # packed: read on the host, in validation only
         self.log_mean("val/loss", self.val_losses[0], out["loss"], batch_size)
         # MLM numbers are per predicted token, NSP numbers per sequence: weight each accordingly.
         weights = {"mlm_loss": out["num_predictions"], "mlm_accuracy": out["num_predictions"]}

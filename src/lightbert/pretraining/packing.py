@@ -101,6 +101,14 @@ class PackingCollator:
         return pack_batch(batch, self.width, self.max_examples_per_row, self.slots, self.masking.pad_id)
 
 
+def examples_in(batch: dict) -> int | torch.Tensor:
+    """The examples a batch holds: its first dimension ((B, T), or (B, C, T) for multiple choice), or in packed rows
+    the filled slots (a device tensor: nothing waits for the GPU)."""
+    if "example_index" in batch:
+        return (batch["example_index"] >= 0).sum()
+    return batch["attention_mask"].shape[0]
+
+
 def packed_rows(batch: dict) -> PackedRows | None:
     """The model's view of a packed batch, or None for a plain one."""
     if "document_ids" not in batch:

@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.model import BertConfig, BertForPreTraining
+from lightbert.pretraining.packing import examples_in
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class Throughput(StepClock):
             # logs the GPU's queue keeps the total honest. An example is the first dimension: (B, T), or (B, C, T).
             lengths = sequence_lengths(batch)
             module.log("train/tokens_per_s", mask.sum() / seconds, on_step=True, on_epoch=False)
-            module.log("train/examples_per_s", (lengths > 0).sum() / seconds, on_step=True, on_epoch=False)
+            module.log("train/examples_per_s", examples_in(batch) / seconds, on_step=True, on_epoch=False)
             if self.peak_flops and self._config is not None:
                 predicted = (batch["labels"] != IGNORE_INDEX).sum() if self._mlm else 0
                 flops = step_flops(self._config, lengths, predicted)
@@ -154,8 +155,7 @@ class ConsoleReport(StepClock):
         now = time.perf_counter()
         mask = batch.get("attention_mask")
         if mask is not None:  # summed on the device: read once per line, not once per step
-            examples = (sequence_lengths(batch) > 0).sum()  # packed rows: their examples
-            self._examples, self._tokens = self._examples + examples, self._tokens + mask.sum()
+            self._examples, self._tokens = self._examples + examples_in(batch), self._tokens + mask.sum()
         step = trainer.global_step
         if now - self._last < self.every_seconds and step != 1 and step != trainer.max_steps:
             return
