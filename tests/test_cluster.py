@@ -8,6 +8,7 @@ import torch
 from helpers.runs import run_train_script, write_bert_corpus
 
 from lightbert.pretraining.resumable import StepSampler
+from lightbert.run import processes
 from lightbert.run.checkpointing import AtomicCheckpointIO
 
 TINY_RUN = [
@@ -76,7 +77,29 @@ def test_ddp_inside_a_multirun_keeps_each_jobs_processes_in_its_directory(tmp_pa
     assert jobs == ["0", "1"]
     for job in jobs:
         assert json.loads((sweep / job / "results.json").read_text())["global_step"] == 3
+        assert (sweep / job / "train_ddp_process_1.log").is_file()  # each job's rank 1 ran in its directory
     assert len(list(sweep.rglob("results.json"))) == 2
+    # Each job launched its own rank 1, which ran that job alone (no second sweep), with the job's seed.
+    assert result.stdout.count("Launching 2 jobs") == 1
+    assert [line for line in result.stderr.splitlines() if "Seed set to" in line] == [
+        "INFO: Seed set to 1", "INFO: [rank: 1] Seed set to 1", "INFO: Seed set to 2", "INFO: [rank: 1] Seed set to 2"
+    ]  # fmt: skip
+
+
+def test_a_multirun_jobs_ddp_process_runs_that_job_alone(monkeypatch):
+    lightning_argv = ["-m", "seed=1,2", "hydra.sweep.dir=/s", 'hydra.run.dir="outputs/x"',
+                      "hydra.job.name=train_ddp_process_1", "hydra.output_subdir=null"]  # fmt: skip
+    job = {"overrides": ["model=bert_tiny", "seed=2"], "output_dir": "/s/1"}
+    monkeypatch.setenv(processes.DDP_JOB, json.dumps(job))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert processes.ddp_child_argv(lightning_argv) == [
+        "model=bert_tiny", "seed=2", 'hydra.run.dir="/s/1"', "hydra.job.name=train_ddp_process_1",
+        "hydra.output_subdir=null",
+    ]  # fmt: skip
+    monkeypatch.setenv("LOCAL_RANK", "0")  # the job's own process, or a command line with no sweep: unchanged
+    assert processes.ddp_child_argv(lightning_argv) == lightning_argv
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert processes.ddp_child_argv(["seed=2"]) == ["seed=2"]
 
 
 def test_fsdp_without_a_gpu_says_so():

@@ -97,7 +97,9 @@ def _hydra_command(task, config_name: str, on_refusal=None):
 
 
 def train_command() -> None:
-    argv = sys.argv[1:]
+    from lightbert.run.processes import ddp_child_argv
+
+    sys.argv[1:] = argv = ddp_child_argv(sys.argv[1:])  # a multirun job's DDP process runs that job alone
     answer_completion_query(argv)
     check_command_line(argv)
     check_run_directory(argv)
@@ -105,6 +107,9 @@ def train_command() -> None:
 
 
 def evaluate_command() -> None:
+    from lightbert.run.processes import ddp_child_argv
+
+    sys.argv[1:] = ddp_child_argv(sys.argv[1:])
     check_command_line(sys.argv[1:], config_name="evaluate")
     check_run_directory(sys.argv[1:])
     _hydra_command(_evaluate, "evaluate")()

@@ -156,7 +156,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     check_config(cfg)  # before anything is read or written
     output_dir = Path(cfg.paths.output_dir)
     processes.install()  # its DataLoader workers and data-preparation pool die with it, and hold no lock
-    with locked(output_dir), refused_leaves_nothing(output_dir):
+    with locked(output_dir), refused_leaves_nothing(output_dir), processes.ddp_children_of_this_job():
         return _train(cfg, output_dir)
 
 
@@ -166,7 +166,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     check_config(cfg)
     output_dir = Path(cfg.paths.output_dir)
     processes.install()
-    with locked(output_dir), refused_leaves_nothing(output_dir):
+    with locked(output_dir), refused_leaves_nothing(output_dir), processes.ddp_children_of_this_job():
         return _evaluate(cfg, output_dir)
 
 

@@ -169,3 +169,53 @@ def naming_killed_ranks(trainer: Any) -> Iterator[None]:
             else signal.Signals(signum).name
         )
         raise UserError(f"DDP process {rank} of {trainer.world_size} was killed by {why}") from None
+
+
+# Hydra multirun with DDP. Lightning launches ranks 1..N-1 by re-running the command line (`-m` and the sweep
+# included) and, once it has, takes every later job's processes as launched by someone else (it set LOCAL_RANK), so
+# each child ran the whole sweep in lock-step with the parent: a job the parent refused, or a child that started
+# its next job before the parent had made that job's directory, left a rank waiting for the other for good (seen in
+# CI as a hung sweep). Instead each job launches its own children, which run that job alone and end with it.
+DDP_JOB = "LIGHTBERT_DDP_JOB"  # the multirun job a DDP child runs: its overrides and its directory
+_LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", DDP_JOB)
+
+
+@contextmanager
+def ddp_children_of_this_job() -> Iterator[None]:
+    """Around a multirun job: the DDP processes Lightning launches run this job only (`ddp_child_argv`), and the
+    next job launches its own (on a new port). Processes a cluster or torchrun launched (LOCAL_RANK already set) are
+    left as they are."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if "LOCAL_RANK" in os.environ or not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        yield
+        return
+    import json
+
+    hydra_config = HydraConfig.get()
+    before = {name: os.environ.get(name) for name in _LAUNCH_VARIABLES}
+    os.environ[DDP_JOB] = json.dumps(
+        {"overrides": list(hydra_config.overrides.task), "output_dir": hydra_config.runtime.output_dir}
+    )
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def ddp_child_argv(argv: list[str]) -> list[str]:
+    """The command line of a DDP child of a multirun job: that job's overrides in its own directory, a single run,
+    in place of the sweep Lightning passes on (`ddp_children_of_this_job`). Any other command line as it is."""
+    job = os.environ.get(DDP_JOB)
+    if not job or os.environ.get("LOCAL_RANK", "0") == "0" or not {"-m", "--multirun"} & set(argv):
+        return argv
+    import json
+
+    job = json.loads(job)
+    lightning_settings = [a for a in argv if a.startswith(("hydra.job.name=", "hydra.output_subdir="))]
+    return [*job["overrides"], f'hydra.run.dir="{job["output_dir"]}"', *lightning_settings]
