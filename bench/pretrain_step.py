@@ -44,7 +44,7 @@ from omegaconf import open_dict
 from lightbert.data.batches import PaddingCollator
 from lightbert.interop.hf import lightbert_config_to_hf, lightbert_state_dict_to_hf
 from lightbert.model import BertConfig, BertForSequenceClassification
-from lightbert.optim import parameter_groups
+from lightbert.optim import MasterWeights, parameter_groups
 from lightbert.pretraining.corpus import DemoCorpus, TextCorpus
 from lightbert.pretraining.datamodule import PretrainDataModule
 from lightbert.pretraining.module import PreTrainingModule
@@ -78,13 +78,21 @@ def hf_twin(ours: torch.nn.Module, config: BertConfig, hf_class) -> torch.nn.Mod
     return hf
 
 
-def training_step(model: torch.nn.Module, loss: Callable[[], torch.Tensor], device: torch.device, args) -> Callable:
-    """One optimizer step of `model` on `loss()`: forward (under bf16 autocast if asked), backward, AdamW."""
+def training_step(
+    model: torch.nn.Module, loss: Callable[[], torch.Tensor], device: torch.device, args, bf16_weights: bool = False
+) -> Callable:
+    """One optimizer step of `model` on `loss()`: forward (under bf16 autocast if asked), backward, AdamW. With
+    `bf16_weights` the model is already bf16 (trainer.precision=bf16-true): no autocast, AdamW on fp32 masters."""
     fused = device.type in ("cpu", "cuda") and not args.foreach
-    optimizer = torch.optim.AdamW(parameter_groups(model, 0.01), lr=1e-5, eps=1e-6, fused=fused)
+
+    def adamw(groups):
+        return torch.optim.AdamW(groups, lr=1e-5, eps=1e-6, fused=fused)
+
+    groups = parameter_groups(model, 0.01)
+    optimizer = MasterWeights(groups, adamw) if bf16_weights else adamw(groups)
 
     def step() -> None:
-        with autocast(device, args):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16" and not bf16_weights):
             value = loss()
         value.backward()
         optimizer.step()
@@ -120,7 +128,7 @@ def time_interleaved(steps: dict, device: torch.device, warmup: int, repeats: in
 
 def matmul_peak(device: torch.device, dtype: torch.dtype) -> float:
     """The machine's practical peak: best FLOP/s of a large square matmul."""
-    n = 2048 if device.type == "cpu" else 8192
+    n = 8192 if device.type == "cuda" else 2048 if dtype == torch.float32 else 512  # bf16 is emulated on most CPUs
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     a @ b  # warm-up
     best = float("inf")
@@ -178,8 +186,10 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
     assert abs(ours_loss - hf_loss) < (1e-3 if args.dtype == "fp32" else 5e-2), "the two models disagree"
     module.train()
     hf.train()
+    if args.bf16_weights:
+        module.to(torch.bfloat16)
     steps = {
-        "lightbert": training_step(module.model, lambda: module._step(batch)["loss"], device, args),
+        "lightbert": training_step(module.model, lambda: module._step(batch)["loss"], device, args, args.bf16_weights),
         "transformers": training_step(hf, lambda: hf(**hf_inputs).loss, device, args),
     }
     if args.compile:
@@ -429,9 +439,15 @@ def main() -> None:
     parser.add_argument("--no-unpad", action="store_true", help="lightbert without unpadding (speed.unpad=false)")
     parser.add_argument("--foreach", action="store_true", help="AdamW's foreach implementation (optim.fused=false)")
     parser.add_argument("--dense-mlm-head", action="store_true", help="MLM head on every position")
+    parser.add_argument(
+        "--bf16-weights", action="store_true",
+        help="lightbert's model in bf16 with fp32 master weights, no autocast (trainer.precision=bf16-true); bf16",
+    )  # fmt: skip
     args = parser.parse_args()
     device = torch.device(args.device)
-    args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
+    args.dtype = args.dtype or ("bf16" if device.type == "cuda" or args.bf16_weights else "fp32")
+    if args.bf16_weights and args.dtype != "bf16":
+        sys.exit("pretrain_step.py: --bf16-weights compares bf16 runs; drop --dtype fp32")
     args.batch_size = args.batch_size or (64 if device.type == "cuda" else 8)
     args.trainer = args.trainer or ("gpu" if device.type == "cuda" else "cpu")
     torch.set_num_threads(args.threads)

@@ -152,6 +152,10 @@ REFUSED = [
      "trainer.devices='abc' is not a number of devices"),
     ("unknown precision", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "trainer.precision=bogus"],
      "trainer.precision='bogus' is not a precision"),
+    ("bf16-true under FSDP", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "trainer=fsdp",
+                                        "trainer.precision=bf16-true"],
+     "trainer.precision=bf16-true (a bf16 model with fp32 master weights in the optimizer) does not run under "
+     "trainer=fsdp; use trainer.precision=bf16-mixed with FSDP"),
     ("unknown compile mode", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "speed.compile_mode=fast"],
      "speed.compile_mode=fast is not known; valid: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"),
     ("unknown matmul precision", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "speed.matmul_precision=tf32"],

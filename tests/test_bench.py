@@ -64,3 +64,16 @@ def test_the_packed_step_compiles_with_no_graph_break_or_recompilation():
     report = next(line for line in lines if line.startswith("torch.compile:"))
     assert report.startswith("torch.compile: 0 graph breaks, 0 recompilations after warm-up (1 graph(s)"), report
     assert re.fullmatch(r"speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]
+
+
+def test_the_bf16_model_with_master_weights_runs_in_the_benchmark():
+    """`--bf16-weights` (trainer.precision=bf16-true): lightbert's model in bf16 with fp32 master weights and no
+    autocast, against transformers under bf16 autocast; the two agree on the loss before anything is timed."""
+    lines = run_bench(
+        "pretrain_step.py", "--model", "bert_tiny", "--seq-len", "64", "--batch-size", "4", "--part", "pretrain",
+        "--bf16-weights", "--warmup", "0", "--repeats", "1",
+    )  # fmt: skip
+    assert any("; bf16; " in line for line in lines)
+    losses = re.search(r"loss lightbert ([\d.]+), transformers ([\d.]+)", "\n".join(lines))
+    assert losses and abs(float(losses[1]) - float(losses[2])) < 5e-2
+    assert re.fullmatch(r"speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]

@@ -15,7 +15,7 @@ from helpers.loss_recorder import global_norm
 from helpers.runs import compose_config, cpu_twin, pretrain_overrides
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from lightbert.optim import clip_gradients
+from lightbert.optim import MasterWeights, clip_gradients
 from lightbert.pretraining.module import PreTrainingModule
 from lightbert.run.jobs import train
 
@@ -113,6 +113,29 @@ def test_bf16_pretraining_tracks_fp32(corpus_file, tmp_path):
     assert max(differences) < 0.01, differences  # measured: 7.7e-4 at most, on losses of 6.0 -> 5.15
 
 
+def test_a_bf16_model_with_fp32_master_weights_tracks_fp32(corpus_file, tmp_path):
+    """trainer.precision=bf16-true: the model in bf16 (no autocast casts), AdamW on fp32 master weights. Same seed,
+    data and dropout as an fp32 run: the per-step losses stay close, and the checkpoint's weights are the fp32
+    masters (what init_from and an export read), the same tensors the optimizer state holds for a resume."""
+    common = [*pretrain_overrides(corpus_file, "adamw", phases=1), "trainer.max_steps=30", "optim.lr=1e-3"]
+    common += ["trainer.log_every_n_steps=1", "trainer.val_check_interval=30"]
+    results = train(compose_config([*cpu_twin("gpu"), *common, "trainer.precision=bf16-true"], tmp_path / "bf16"))
+    train(compose_config([*cpu_twin("gpu"), *common, "trainer.precision=32-true"], tmp_path / "fp32"))
+    bf16, fp32 = losses(tmp_path / "bf16"), losses(tmp_path / "fp32")
+    assert len(bf16) == len(fp32) == 30
+    assert fp32[-1] < fp32[0] - 0.5
+    differences = [abs(a - b) for a, b in zip(bf16, fp32, strict=True)]
+    assert max(differences) < 0.02, differences  # measured: 1.6e-3 (bf16-mixed: 7.7e-4)
+    val_loss = results["metrics"]["val/loss"]
+    assert torch.tensor(val_loss).bfloat16().item() != val_loss  # summed in fp32, not in bf16 metric states
+    checkpoint = torch.load(results["last_checkpoint"], weights_only=True)
+    weights = checkpoint["state_dict"]
+    assert {v.dtype for v in weights.values() if v.is_floating_point()} == {torch.float32}
+    masters = [m for group in checkpoint["optimizer_states"][0]["masters"] for m in group]
+    assert len(masters) == len([p for p in weights.values() if p.is_floating_point()]) - 1  # the decoder is tied
+    assert all(any(v.shape == m.shape and torch.equal(v, m) for v in weights.values()) for m in masters)
+
+
 def test_losses_and_their_softmax_stay_fp32_under_bf16_autocast(monkeypatch):
     seen = []
     original = torch.nn.functional.cross_entropy
@@ -138,3 +161,64 @@ def test_losses_and_their_softmax_stay_fp32_under_bf16_autocast(monkeypatch):
     assert mlm_logits.dtype == torch.bfloat16  # the matmuls did run in bf16
     assert seen == [torch.float32, torch.float32]  # MLM and NSP cross-entropy (log-softmax) on fp32 logits
     assert out["loss"].dtype == torch.float32
+
+
+def test_master_weights_step_the_fp32_weights_a_bf16_optimizer_would_round_away():
+    """trainer.precision=bf16-true holds the model in bf16; MasterWeights steps fp32 copies with the same AdamW and
+    rounds the model from them. Given the same gradients, its masters follow an fp32 AdamW exactly; a bf16 AdamW
+    on the bf16 weights loses most of the updates (lr 1e-4 on weights near 1 is below bf16's resolution)."""
+    torch.manual_seed(0)
+    reference = torch.nn.Parameter((torch.randn(64, 32) + 1.0).bfloat16().float())  # a bf16 model's start
+    model = torch.nn.Parameter(reference.detach().bfloat16())
+    plain = torch.nn.Parameter(reference.detach().bfloat16())
+
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, fused=True)
+
+    expected = adamw([reference])
+    optimizer = MasterWeights([{"params": [model], "weight_decay": 0.01}], adamw)
+    rounding = adamw([plain])
+    start = model.detach().clone()
+    for _ in range(10):
+        grad = torch.randn(64, 32).bfloat16()  # the gradients a bf16 backward gives
+        reference.grad, model.grad, plain.grad = grad.float(), grad.clone(), grad.clone()
+        for opt in (expected, optimizer, rounding):
+            opt.step()
+    torch.testing.assert_close(optimizer.masters[0][0], reference.detach(), atol=0, rtol=0)
+    torch.testing.assert_close(model.detach(), reference.detach().bfloat16(), atol=0, rtol=0)
+    assert model.dtype == torch.bfloat16 and model.grad is not None  # Lightning zeroes the model's gradients
+    moved = (optimizer.masters[0][0] != start.float()).float().mean()
+    stuck = (plain == start).float().mean()
+    assert moved == 1 and stuck > 0.95, (moved, stuck)  # every master moved; a bf16 AdamW left over 95% where they were
+
+
+def test_master_weights_resume_from_their_state_dict():
+    torch.manual_seed(0)
+
+    def make(init):
+        weight = torch.nn.Parameter(init.bfloat16())
+        optimizer = MasterWeights([{"params": [weight]}], lambda g: torch.optim.AdamW(g, lr=1e-3))
+        return weight, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (step + 1))
+
+    weight, optimizer, schedule = make(torch.randn(8, 4))
+    grads = [torch.randn(8, 4).bfloat16() for _ in range(6)]
+    states = []
+    for grad in grads:
+        weight.grad = grad.clone()
+        optimizer.step()
+        schedule.step()
+        states.append((copy.deepcopy(optimizer.state_dict()), copy.deepcopy(schedule.state_dict())))
+    resumed_weight, resumed, resumed_schedule = make(torch.zeros(8, 4))  # as Lightning restores: fresh, then loaded
+    with torch.no_grad():
+        resumed_weight.copy_(optimizer.masters[0][0] * 0)  # wrong on purpose: the state dict must bring them back
+    resumed.load_state_dict(states[2][0])
+    resumed_schedule.load_state_dict(states[2][1])
+    with torch.no_grad():
+        resumed_weight.copy_(resumed.masters[0][0])  # the checkpoint's weights (the masters, rounded on load)
+    for grad in grads[3:]:
+        resumed_weight.grad = grad.clone()
+        resumed.step()
+        resumed_schedule.step()
+    assert resumed.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
+    torch.testing.assert_close(resumed.masters[0][0], optimizer.masters[0][0], atol=0, rtol=0)
+    torch.testing.assert_close(resumed_weight, weight, atol=0, rtol=0)

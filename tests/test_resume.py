@@ -39,15 +39,19 @@ def corpus(tmp_path_factory) -> Path:
     return write_bert_corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt", num_documents=10)
 
 
-@pytest.mark.parametrize(("devices", "streaming"), [(1, False), (2, False), (1, True)])
-def test_killed_run_resumes_bit_for_bit(tmp_path, corpus, devices, streaming):
+@pytest.mark.parametrize(
+    ("devices", "streaming", "precision"), [(1, False, "32-true"), (2, False, "32-true"), (1, True, "32-true"),
+                                            (1, False, "bf16-true")]
+)  # fmt: skip
+def test_killed_run_resumes_bit_for_bit(tmp_path, corpus, devices, streaming, precision):
     """SIGKILL after step 10 (last checkpoint at 8), then the same command with resume=true: steps 9-14 give the
     very losses of an uninterrupted run. Dropout is on; the 14 steps cross an epoch and two validations.
-    Streamed data fast-forwards to the same batch instead."""
+    Streamed data fast-forwards to the same batch instead. A bf16 model resumes from its fp32 master weights."""
     stream = ["task.datamodule.streaming=true", "task.datamodule.validation_documents=1"]
     args = [
         *(stream + ["task.datamodule.shuffle_buffer=8"] if streaming else []),
         *BASE,
+        f"trainer.precision={precision}",
         f"corpus.paths=[{corpus}]",
         "trainer.max_steps=14",
         "trainer.val_check_interval=5",

@@ -142,6 +142,7 @@ def clip_gradients(trainer: L.Trainer, optimizer: torch.optim.Optimizer, max_val
     - 16-mixed: the gradients are scaled. Lightning unscales them before clipping, except for an optimizer that
       unscales inside its step (the fused AdamW); for that one they are unscaled here, and `GradScaler.step` then
       knows not to unscale again (it still skips the step on inf/NaN).
+    - bf16-true (a bf16 model, `MasterWeights`): bf16 gradients, whose global norm is summed in fp32 here.
     - FSDP: each device holds a shard, so the global norm is the FSDP module's `clip_grad_norm_`, which reduces the
       shards' norms across devices (`torch.nn.utils.clip_grad_norm_` would clip each shard by its own norm).
     """
@@ -157,23 +158,115 @@ def clip_gradients(trainer: L.Trainer, optimizer: torch.optim.Optimizer, max_val
         torch.nn.utils.clip_grad_value_(parameters, max_value)
     elif isinstance(trainer.strategy.model, FullyShardedDataParallel):
         trainer.strategy.model.clip_grad_norm_(max_value)
+    elif isinstance(optimizer, MasterWeights):
+        _clip_half_gradients(parameters, max_value)
     else:
         torch.nn.utils.clip_grad_norm_(parameters, max_value)
 
 
+class MasterWeights(torch.optim.Optimizer):
+    """The optimiser of a model held in bf16 (`trainer.precision=bf16-true`): the update is computed on fp32 copies
+    of the weights (the master weights), and the model's bf16 weights are rounded from them once per step.
+
+    The model then runs bf16 from end to end with no cast per use (autocast casts every weight and activation at
+    every matmul), and no update is lost: an AdamW step of lr 1e-4 is below bf16's resolution for most weights (8
+    bits of mantissa), so a bf16 model stepped by a bf16 optimiser stops learning. Its `param_groups` are the
+    model's (what Lightning clips and the schedule sets the learning rate of); `inner` steps the masters with the
+    same hyperparameters. Checkpoints hold the fp32 masters as the weights (`TaskModule.on_save_checkpoint`) and in
+    the optimiser's state, so a resume continues exactly and init_from loads the fp32 weights.
+    """
+
+    def __init__(self, groups: list[dict], make_inner):
+        weights = [list(group["params"]) for group in groups]
+        self.masters = [[p.detach().float().clone() for p in group] for group in weights]
+        self.inner = make_inner(
+            [{**_hyperparameters(g), "params": m} for g, m in zip(groups, self.masters, strict=True)]
+        )
+        # The inner optimiser's groups, with its defaults filled in, over the model's weights.
+        super().__init__(
+            [{**_hyperparameters(g), "params": w} for g, w in zip(self.inner.param_groups, weights, strict=True)], {}
+        )
+
+    def master_of(self) -> dict[int, torch.Tensor]:
+        """Each model weight's master, by the weight's id()."""
+        return {
+            id(p): m
+            for group, ms in zip(self.param_groups, self.masters, strict=True)
+            for p, m in zip(group["params"], ms, strict=True)
+        }
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group, inner_group, masters in zip(self.param_groups, self.inner.param_groups, self.masters, strict=True):
+            inner_group.update(_hyperparameters(group))  # the schedule's learning rate
+            for p, master in zip(group["params"], masters, strict=True):
+                master.grad = None if p.grad is None else p.grad.float()
+        self.inner.step()
+        for group, masters in zip(self.param_groups, self.masters, strict=True):
+            for p, master in zip(group["params"], masters, strict=True):
+                master.grad = None  # fp32 gradients live only during the step
+                p.copy_(master)  # rounded to the model's dtype
+        return loss
+
+    def state_dict(self) -> dict:
+        return {
+            "inner": self.inner.state_dict(),
+            "masters": [list(masters) for masters in self.masters],
+            "param_groups": [_hyperparameters(group) for group in self.param_groups],
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.inner.load_state_dict(state_dict["inner"])
+        for group, saved in zip(self.param_groups, state_dict["param_groups"], strict=True):
+            group.update(saved)
+        with torch.no_grad():
+            for masters, saved in zip(self.masters, state_dict["masters"], strict=True):
+                for master, value in zip(masters, saved, strict=True):
+                    master.copy_(value)
+
+
+def _hyperparameters(group: dict) -> dict:
+    return {key: value for key, value in group.items() if key != "params"}
+
+
+def _clip_half_gradients(parameters: list[torch.Tensor], max_norm: float) -> None:
+    """Global-norm clipping of a bf16 model's gradients with the norm summed in fp32 (torch's clip_grad_norm_ would
+    round the norm, and so the factor, to bf16)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]))
+    factor = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for grad in grads:
+        grad.copy_(grad.float() * factor)
+
+
 def build_optimizer(model: nn.Module, config: OptimConfig, total_steps: int) -> dict:
-    """What `LightningModule.configure_optimizers` returns: the optimiser and a per-step scheduler."""
+    """What `LightningModule.configure_optimizers` returns: the optimiser and a per-step scheduler. A model held in
+    bf16 or fp16 (`trainer.precision=bf16-true`) gets fp32 master weights (`MasterWeights`)."""
     total_steps = config.total_steps or total_steps
     groups = parameter_groups(model, config.weight_decay)
     if config.name == "lamb":
-        optimizer = Lamb(groups, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)
+
+        def make(groups):
+            return Lamb(groups, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)
+
     else:
         fused = config.fused
         if fused is None:  # one kernel for all tensors: faster than foreach on CPU too (bench/RESULTS.md)
             fused = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
         for group in groups:
             del group["adapt"]  # LAMB's; AdamW would keep it in its state dict
-        optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=fused)
+
+        def make(groups):
+            return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=fused)
+
+    half = any(p.dtype in (torch.bfloat16, torch.float16) for group in groups for p in group["params"])
+    optimizer = MasterWeights(groups, make) if half else make(groups)
     warmup = config.warmup(total_steps)
     if config.decay_power is None:
         factor = linear_warmup_decay(warmup, total_steps)

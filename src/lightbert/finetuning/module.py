@@ -13,10 +13,10 @@ from typing import Any, ClassVar
 import lightning as L
 import torch
 from torch.optim import Optimizer
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, Metric
 
 from lightbert.model import BertConfig
-from lightbert.optim import OptimConfig, build_optimizer, clip_gradients
+from lightbert.optim import MasterWeights, OptimConfig, build_optimizer, clip_gradients
 
 
 class TaskModule(L.LightningModule):
@@ -39,6 +39,14 @@ class TaskModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.head is not None:
             checkpoint["head"] = self.head  # what loads it back says which head it is (lightbert.heads)
+        masters = next((o.master_of() for o in self._optimizers() if isinstance(o, MasterWeights)), None)
+        if masters:  # a bf16 model (bf16-true): its fp32 master weights, what every other precision saves
+            for name, tensor in self.state_dict(keep_vars=True).items():
+                if id(tensor) in masters:
+                    checkpoint["state_dict"][name] = masters[id(tensor)].detach()
+
+    def _optimizers(self) -> list[Optimizer]:
+        return list(self.trainer.optimizers) if self._trainer is not None else []
 
     def forward(self, batch: dict) -> Any:
         return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
@@ -89,6 +97,13 @@ class TaskModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self.log_metrics()
+
+    def on_validation_start(self) -> None:
+        # trainer.precision=bf16-true casts the module with .to(bfloat16), which torchmetrics lets reach its states:
+        # the sums over a validation split would then be rounded to bf16 (val/loss 10.5000). They stay fp32.
+        for metric in self.modules():
+            if isinstance(metric, Metric):  # (its `dtype` may read fp32 while its states are bf16)
+                metric.to(torch.float32)  # its floating states only (set_dtype would turn counts into floats)
 
     def predict_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
         return {"idx": batch["idx"], "prediction": self.prediction(self(batch), batch)}

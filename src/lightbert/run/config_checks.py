@@ -132,6 +132,15 @@ def _check_trainer_choices(cfg: DictConfig) -> None:
     precision = _value(cfg, "trainer.precision")
     if precision is not _MISSING and precision is not None and str(precision) not in PRECISIONS:
         raise ConfigError(f"trainer.precision={precision!r} is not a precision; valid: {', '.join(PRECISIONS)}")
+    strategy = _value(cfg, "trainer.strategy")
+    target = strategy.get("_target_", "") if OmegaConf.is_dict(strategy) else str(strategy)
+    if str(precision) in ("bf16-true", "16-true") and "fsdp" in str(target).lower():
+        # lightbert.optim.MasterWeights keeps the fp32 weights in its own state, which FSDP's sharded optimizer
+        # state does not know; FSDP with bf16-mixed keeps fp32 shards and computes in bf16 already.
+        raise ConfigError(
+            f"trainer.precision={precision} (a bf16 model with fp32 master weights in the optimizer) does not run "
+            "under trainer=fsdp; use trainer.precision=bf16-mixed with FSDP"
+        )
     devices = _value(cfg, "trainer.devices")
     if devices is _MISSING or devices is None or OmegaConf.is_list(devices):
         return

@@ -485,6 +485,8 @@ def _describe_run(
     if evaluation:  # src/evaluate.py trains nothing
         length = "evaluation only"
     precision = f"{trainer.precision}" + (f" ({matmuls})" if matmuls else "")
+    if str(trainer.precision) in ("bf16-true", "16-true") and not evaluation:
+        precision += " (fp32 master weights)"  # lightbert.optim.MasterWeights
     return (
         f"{cfg.task.name}: {sizes} ({source}) on {data}; {devices}, strategy {strategy}, {precision}, "
         f"{length}, batch {cfg.task.batch_size} per device"
