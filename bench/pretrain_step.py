@@ -92,7 +92,7 @@ def training_step(
     optimizer = MasterWeights(groups, adamw) if bf16_weights else adamw(groups)
 
     def step() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16" and not bf16_weights):
+        with autocast(device, args, model_in_bf16=bf16_weights):
             value = loss()
         value.backward()
         optimizer.step()
@@ -101,8 +101,8 @@ def training_step(
     return step
 
 
-def autocast(device: torch.device, args) -> torch.autocast:
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+def autocast(device: torch.device, args, model_in_bf16: bool = False) -> torch.autocast:
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16" and not model_in_bf16)
 
 
 def synchronize(device: torch.device) -> None:

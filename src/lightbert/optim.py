@@ -75,10 +75,7 @@ class Lamb(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
@@ -103,6 +100,14 @@ class Lamb(torch.optim.Optimizer):
                     trust = torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, 1.0)
                 p.sub_(update * (group["lr"] * trust))
         return loss
+
+
+def _closure_loss(closure):
+    """The loss of an optimiser's `closure` (forward and backward, as Lightning passes it), or None."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
 OPTIMIZERS = {"adamw", "lamb"}
@@ -197,10 +202,7 @@ class MasterWeights(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group, inner_group, masters in zip(self.param_groups, self.inner.param_groups, self.masters, strict=True):
             inner_group.update(_hyperparameters(group))  # the schedule's learning rate
             for p, master in zip(group["params"], masters, strict=True):
