@@ -16,7 +16,7 @@ from lightbert.run.jobs import train
 @pytest.fixture(scope="module")
 def corpus_and_tokenizer(tmp_path_factory):
     path = write_bert_corpus(tmp_path_factory.mktemp("stream") / "corpus.txt", num_documents=20)
-    tokenizer = train_wordpiece(iter_sentences(read_bert_format(path)), vocab_size=300)
+    tokenizer = train_wordpiece(lambda: iter_sentences(read_bert_format(path)), vocab_size=300)
     return path, tokenizer
 
 

@@ -1,5 +1,9 @@
 """WordPiece: trained from a corpus, saved, and loaded back from tokenizer.json or a BERT vocab.txt."""
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from lightbert.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, train_wordpiece
@@ -54,3 +58,35 @@ def test_missing_or_unusable_tokenizer_is_a_clear_error(tmp_path):
     (tmp_path / "vocab.txt").write_text("the\ndog\n")
     with pytest.raises(UserError, match="lacks the special token"):
         load_tokenizer(tmp_path / "vocab.txt")
+
+
+# Many words of equal counts: the `tokenizers` trainer alone gave each process its own vocabulary order here.
+TIES = """
+import json, random, sys
+from lightbert.data.tokenizer import train_wordpiece
+rng = random.Random(0)
+syllables = ["ka", "to", "ri", "mu", "sen", "lo", "pa", "qui", "dra", "vel", "nos", "ter", "ab", "zy", "x"]
+words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(3000)]
+sentences = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(2000)]
+tokenizer = train_wordpiece(sentences, vocab_size=int(sys.argv[1]))
+print(json.dumps(tokenizer.backend.get_vocab(), sort_keys=True))
+"""
+
+
+@pytest.mark.parametrize("vocab_size", [120, 700])
+def test_training_gives_the_same_vocabulary_in_every_process(vocab_size):
+    vocabs = [
+        json.loads(subprocess.run([sys.executable, "-c", TIES, str(vocab_size)], capture_output=True, text=True,
+                                  check=True).stdout)
+        for _ in range(3)
+    ]  # fmt: skip
+    assert vocabs[0] == vocabs[1] == vocabs[2]
+    order = sorted(vocabs[0], key=vocabs[0].__getitem__)
+    assert order[: len(SPECIAL_TOKENS)] == list(SPECIAL_TOKENS)
+    pieces = [t for t in order if t.startswith("##") and len(t) == 3]
+    assert pieces == sorted(pieces) and len(order) == vocab_size
+
+
+def test_training_refuses_sentences_it_cannot_read_twice():
+    with pytest.raises(TypeError, match="reads the sentences twice"):
+        train_wordpiece(iter(SENTENCES), vocab_size=200)

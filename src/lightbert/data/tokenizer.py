@@ -7,7 +7,7 @@ puts the specials first ([PAD]=0 ...), Google's uncased vocab.txt has [PAD]=0 bu
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -32,20 +32,48 @@ def _bert_pipeline(model: models.Model, lowercase: bool) -> Tokenizer:
     return tokenizer
 
 
-def train_wordpiece(sentences: Iterable[str], vocab_size: int = 30522, lowercase: bool = True) -> BertTokenizer:
-    """Learn a WordPiece vocabulary of at most `vocab_size` entries (fewer if the corpus is small)."""
+def train_wordpiece(
+    sentences: Collection[str] | Callable[[], Iterable[str]], vocab_size: int = 30522, lowercase: bool = True
+) -> BertTokenizer:
+    """Learn a WordPiece vocabulary of at most `vocab_size` entries (fewer if the corpus is small).
+
+    The same sentences and settings give the same vocabulary, in the same order, in every process. `sentences` is
+    read twice: a collection, or a function that returns a fresh iterable of them.
+    """
     if vocab_size <= len(SPECIAL_TOKENS):
         must = f"{{0}} must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}"
         raise ParameterError(must, "vocab_size")
+    if not callable(sentences) and iter(sentences) is sentences:
+        raise TypeError("train_wordpiece reads the sentences twice: give a collection or a function that returns them")
+    read = sentences if callable(sentences) else lambda: sentences
+    # The `tokenizers` trainer numbers the `##x` continuation pieces in hash-map order, and breaks ties between
+    # equal pair counts by those numbers (huggingface/tokenizers#1794): two trainings could differ in their order
+    # and, at a tie, in their merges. A first pass with no merges finds the characters and continuation pieces;
+    # the second names the pieces up front, sorted, so every number and so every tie is decided the same way.
+    alphabet = _train(read(), len(SPECIAL_TOKENS) + 1, lowercase, reserved=()).get_vocab()
+    pieces = sorted(t for t in alphabet if t.startswith(SUBWORD_PREFIX))
+    chars = sorted(t for t in alphabet if t not in SPECIAL_TOKENS and not t.startswith(SUBWORD_PREFIX))
+    trained = _train(read(), vocab_size, lowercase, reserved=pieces).get_vocab()
+    # Renumbered as usual (specials, characters, continuation pieces, then merges in the order they were made),
+    # and the pieces are ordinary tokens again, not the reserved tokens they were in training.
+    merges = sorted((t for t in trained if t not in alphabet), key=trained.__getitem__)
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *chars, *pieces, *merges])}
+    model = models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100)
+    tokenizer = _bert_pipeline(model, lowercase)
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    return BertTokenizer(tokenizer)
+
+
+def _train(sentences: Iterable[str], vocab_size: int, lowercase: bool, reserved: Iterable[str]) -> Tokenizer:
     tokenizer = _bert_pipeline(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100), lowercase)
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=[*SPECIAL_TOKENS, *reserved],
         continuing_subword_prefix=SUBWORD_PREFIX,
         show_progress=False,
     )
     tokenizer.train_from_iterator(sentences, trainer=trainer)
-    return BertTokenizer(tokenizer)
+    return tokenizer
 
 
 def load_tokenizer(path: str | Path, lowercase: bool = True) -> BertTokenizer:

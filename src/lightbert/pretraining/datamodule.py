@@ -342,11 +342,10 @@ class PretrainDataModule(L.LightningDataModule):
             return load_tokenizer(path)
 
     def _train_tokenizer(self, documents: Callable[[], Iterable[list[str]]], path: Path) -> None:
-        # The `tokenizers` WordPiece trainer breaks ties between equal counts in hash-map order
-        # (huggingface/tokenizers#1794), so two trainings on one corpus can differ in their last tokens. The first
-        # tokenizer published for this corpus and these settings is the one every run uses, two runs started at once
-        # on a cold cache included.
-        tokenizer = train_wordpiece(iter_sentences(documents()), vocab_size=self.vocab_size, lowercase=self.lowercase)
+        # Training is deterministic; publishing once still matters for two runs started at once on a cold cache:
+        # both use the first file, and neither reads one half-written.
+        sentences = lambda: iter_sentences(documents())  # noqa: E731 (read twice)
+        tokenizer = train_wordpiece(sentences, vocab_size=self.vocab_size, lowercase=self.lowercase)
         with cache_writes(path.parent):
             publish_file_once(path, lambda tmp: tokenizer.backend.save(str(tmp)))
 
