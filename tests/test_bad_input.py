@@ -72,19 +72,29 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     (root / "squad_no_answers.json").write_text(json.dumps(data))
     paths["squad_no_answers"] = root / "squad_no_answers.json"
     paths["squad_validation"] = squad["validation"]
-    for name, change in (("squad_null_context", {"context": None}), ("squad_far_answer", {"answer_start": 1e30})):
+    changes = (("squad_null_context", None), ("squad_far_answer", 1e30), ("squad_start_not_a_number", "12a"))
+    for name, value in changes:
         broken = json.loads(squad["train"].read_text())
         paragraph = broken["data"][0]["paragraphs"][0]
-        if "context" in change:
+        if name == "squad_null_context":
             paragraph["context"] = None
         else:
-            paragraph["qas"][0]["answers"][0]["answer_start"] = change["answer_start"]
+            paragraph["qas"][0]["answers"][0]["answer_start"] = value
         (root / f"{name}.json").write_text(json.dumps(broken))
         paths[name] = root / f"{name}.json"
     tsv = glue_data_files(root / "glue_tsv", "sst2", "tsv")
     lines = tsv["train"].read_text().splitlines()
     (root / "trailing_tabs.tsv").write_text("\n".join([lines[0], *(line + "\t" for line in lines[1:])]) + "\n")
     paths["trailing_tabs"] = root / "trailing_tabs.tsv"
+    cells = lines[2].split("\t")
+    cells[0] = cells[0].replace(" ", "\t", 1)  # a tab inside the sentence
+    (root / "tab_in_cell.tsv").write_text("\n".join([*lines[:2], "\t".join(cells), *lines[3:]]) + "\n")
+    paths["tab_in_cell"] = root / "tab_in_cell.tsv"
+    flat = {"id": "a", "title": "t", "context": "the river of oslo is blue.", "question": "what is the river?"}
+    (root / "squad_flat_no_start.jsonl").write_text(
+        json.dumps({**flat, "answers": {"text": ["blue"], "answer_start": []}}) + "\n"
+    )
+    paths["squad_flat_no_start"] = root / "squad_flat_no_start.jsonl"
     csv_lines = glue["train"].read_text().splitlines()
     csv_lines[3] = '"' + csv_lines[3]  # a quote opened and never closed
     (root / "open_quote.csv").write_text("\n".join(csv_lines) + "\n")
@@ -119,6 +129,19 @@ def glue(inputs, train: str = "glue_train") -> list[str]:
 
 
 SQUAD_SIZES = ["task.max_seq_length=128", "task.doc_stride=32", "task.max_query_length=16"]
+
+
+def squad(inputs, train: str) -> list[str]:
+    return [
+        "task=squad_v1",
+        "trainer=cpu",
+        "logger=csv",
+        *SQUAD_SIZES,
+        f"init_from={inputs['bert']}",
+        f"task.data_files.train={inputs[train]}",
+        f"task.data_files.validation={inputs['squad_validation']}",
+    ]
+
 
 # (case, the command's arguments given the inputs, what its one error line says)
 REFUSED = [
@@ -204,6 +227,11 @@ REFUSED = [
                                                     f"task.data_files.validation={i['squad_validation']}"],
      "answer_start 1e+30 is not a character position"),
     ("header-only file", lambda i: glue(i, "header_only"), "holds a header and no rows"),
+    ("TSV tab inside a cell", lambda i: glue(i, "tab_in_cell"), "line 3 has 4 cells and the header 3"),
+    ("SQuAD answer_start not a number", lambda i: squad(i, "squad_start_not_a_number"),
+     "question q1-0-0: answer_start '12a' is not a character position"),
+    ("SQuAD flat answer without answer_start", lambda i: squad(i, "squad_flat_no_start"),
+     "question a: answers has 1 text(s) and answer_start []"),
 ]  # fmt: skip
 
 

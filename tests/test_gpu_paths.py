@@ -6,6 +6,7 @@ from __future__ import annotations
 from unittest import mock
 
 import lightning as L
+import pytest
 import torch
 
 from lightbert.model import BertConfig, BertForPreTraining
@@ -91,3 +92,22 @@ def test_the_compile_mode_reaches_torch_compile():
         with mock.patch.object(module.model, "compile") as compile_:
             _apply_speed_switches(module, {"compile": True, "compile_mode": mode})
         compile_.assert_called_once_with(mode=given)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "length"),
+    [
+        (["task=glue/sst2", "trainer=cpu"], "3 epochs or 200 steps"),  # whichever comes first
+        (["task=glue/sst2", "trainer=cpu", "trainer.max_epochs=0"], "0 epochs or 200 steps"),
+        (["task=pretrain", "trainer=cpu", "trainer.max_steps=7"], "7 steps"),
+    ],
+)
+def test_the_run_line_gives_every_limit_that_can_end_the_run(tmp_path, overrides, length):
+    from helpers.runs import compose_config
+
+    from lightbert.run.jobs import _describe_run
+
+    line = _describe_run(
+        compose_config(overrides, tmp_path), {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2}
+    )
+    assert f", {length}, batch" in line

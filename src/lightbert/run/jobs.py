@@ -479,9 +479,11 @@ def _describe_run(
         f" x {trainer.num_nodes} nodes" if trainer.num_nodes > 1 else ""
     )
     strategy = trainer.strategy if isinstance(trainer.strategy, str) else "fsdp"
-    length = (
-        f"{trainer.max_steps} steps" if trainer.max_steps and trainer.max_steps > 0 else f"{trainer.max_epochs} epochs"
-    )
+    steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+    epochs = trainer.get("max_epochs")
+    epochs = epochs if epochs is not None and epochs >= 0 else None
+    # Lightning stops at whichever limit comes first; a fine-tune on trainer=cpu has both (3 epochs, 200 steps).
+    length = " or ".join([f"{epochs} epochs"] * (epochs is not None) + [f"{steps} steps"] * (steps is not None))
     if evaluation:  # src/evaluate.py trains nothing
         length = "evaluation only"
     precision = f"{trainer.precision}" + (f" ({matmuls})" if matmuls else "")
