@@ -109,7 +109,7 @@ def test_feature_extraction_leaves_no_temporary_file_after_an_error(tmp_path, be
 
 
 def test_a_damaged_cache_is_rebuilt_and_said(tmp_path, caplog, monkeypatch):
-    """The cached examples' dataset_dict.json and the cached tokenizer cut short (a disk that filled, a copy
+    """The cached examples' dataset_dict.json, an .arrow file and the cached tokenizer cut short (a disk that filled, a copy
     interrupted): the next run rebuilds both, says so, and trains."""
     from helpers.runs import TINY_PRETRAIN, compose_config
 
@@ -123,6 +123,11 @@ def test_a_damaged_cache_is_rebuilt_and_said(tmp_path, caplog, monkeypatch):
     (index,) = (tmp_path / "cache" / "examples").glob("*/dataset_dict.json")
     index.write_text('{"splits": ["tra')
     assert train(compose_config(overrides, tmp_path / "second"))["global_step"] == 1
+    assert f"the cache entry {index.parent} could not be read" in caplog.text and "it is rebuilt" in caplog.text
+    arrow = max((tmp_path / "cache" / "examples").glob("*/*/*.arrow"), key=lambda p: p.stat().st_size)
+    arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
+    caplog.clear()
+    assert train(compose_config(overrides, tmp_path / "second_arrow"))["global_step"] == 1
     assert f"the cache entry {index.parent} could not be read" in caplog.text and "it is rebuilt" in caplog.text
     (tokenizer,) = (tmp_path / "cache" / "tokenizers").glob("*/tokenizer.json")
     tokenizer.write_text(tokenizer.read_text()[:100])
