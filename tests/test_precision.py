@@ -89,10 +89,12 @@ def test_bf16_fused_and_unfused_adamw_end_on_the_same_weights(corpus_file, tmp_p
     fused = final_weights(tmp_path, corpus_file, [*cpu_twin("gpu"), "optim.fused=true"], "fused")
     plain = final_weights(tmp_path, corpus_file, [*cpu_twin("gpu"), "optim.fused=false"], "foreach")
     assert fused.keys() == plain.keys()
-    # 8 steps at lr 1e-4 move a weight by up to ~8e-4. The two kernels round differently in fp32, and the bf16
-    # forward passes could amplify that; measured: 3.7e-9 at most.
-    worst = max((fused[k].float() - plain[k].float()).abs().max().item() for k in fused)
-    assert worst < 1e-5, worst
+    # 8 steps at lr 1e-4 move a weight by up to ~8e-4. The two kernels round differently in fp32; where that flips
+    # a bf16 rounding in a later forward pass, the gradients and so some weights differ a little more. Measured:
+    # 3.7e-9 at most on one corpus, 1.4e-5 at most (0.08% of weights past 1e-6) on another. A different algorithm
+    # (a missing bias correction, other betas) moves nearly every weight by more than 1e-4.
+    diffs = torch.cat([(fused[k].float() - plain[k].float()).abs().flatten() for k in fused])
+    assert diffs.max() < 1e-4 and (diffs > 1e-6).float().mean() < 0.01, (diffs.max(), (diffs > 1e-6).float().mean())
 
 
 def losses(run: Path) -> list[float]:
