@@ -13,8 +13,13 @@ from helpers.runs import write_bert_corpus
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """All tokenizers, examples and the demo corpus of the test session live in one temporary cache."""
-    cache = tmp_path_factory.mktemp("lightbert-cache")
+    """All tokenizers, examples and the demo corpus of the test session live in one temporary cache, which the
+    session's workers share (each builds what it needs once, as runs sharing ~/.cache/lightbert do)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist: the workers' temporary roots share a parent
+        shared = shared.parent
+    cache = shared / "lightbert-cache"
+    cache.mkdir(exist_ok=True)
     os.environ["LIGHTBERT_CACHE"] = str(cache)
     os.environ["WANDB_MODE"] = "offline"
     os.environ["WANDB_SILENT"] = "true"
