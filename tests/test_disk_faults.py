@@ -109,8 +109,8 @@ def test_feature_extraction_leaves_no_temporary_file_after_an_error(tmp_path, be
 
 
 def test_a_damaged_cache_is_rebuilt_and_said(tmp_path, caplog, monkeypatch):
-    """The cached examples' dataset_dict.json, an .arrow file and the cached tokenizer cut short (a disk that filled, a copy
-    interrupted): the next run rebuilds both, says so, and trains."""
+    """The cached examples' dataset_dict.json, one of their .arrow files and the cached tokenizer cut short (a disk
+    that filled, a copy interrupted): the next run rebuilds each, says so, and trains."""
     from helpers.runs import TINY_PRETRAIN, compose_config
 
     from lightbert.run.jobs import train

@@ -158,7 +158,9 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
     if results["monitor"] and results["best_score"] is not None:
         shown.append(f"best {results['monitor']}={results['best_score']:.4f}")
     if not shown:
-        shown = ["no validation ran: raise trainer.max_steps or trainer.max_epochs, or lower trainer.val_check_interval"]
+        shown = [
+            "no validation ran: raise trainer.max_steps or trainer.max_epochs, or lower trainer.val_check_interval"
+        ]
     outputs = _existing(output_dir, [RESULTS_FILE, "metrics.csv", "checkpoints/", "tokenizer.json", "predictions/"])
     print(
         f"lightbert: finished {results['global_step']} steps in {results['seconds']:.0f}s ({', '.join(shown)}). "
