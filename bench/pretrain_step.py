@@ -44,6 +44,7 @@ from omegaconf import open_dict
 from lightbert.data.batches import PaddingCollator
 from lightbert.interop.hf import lightbert_config_to_hf, lightbert_state_dict_to_hf
 from lightbert.model import BertConfig, BertForSequenceClassification
+from lightbert.model.fp8 import convert_to_fp8
 from lightbert.optim import MasterWeights, parameter_groups
 from lightbert.pretraining.corpus import DemoCorpus, TextCorpus
 from lightbert.pretraining.datamodule import PretrainDataModule
@@ -188,6 +189,8 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
     hf.train()
     if args.bf16_weights:
         module.to(torch.bfloat16)
+    if args.fp8:  # after the loss check: float8 matmuls move the loss by their rounding
+        print(f"speed.fp8: {convert_to_fp8(module.model)} Linear layers of lightbert's model in float8 (torchao)")
     steps = {
         "lightbert": training_step(module.model, lambda: module._step(batch)["loss"], device, args, args.bf16_weights),
         "transformers": training_step(hf, lambda: hf(**hf_inputs).loss, device, args),
@@ -442,6 +445,10 @@ def main() -> None:
     parser.add_argument(
         "--bf16-weights", action="store_true",
         help="lightbert's model in bf16 with fp32 master weights, no autocast (trainer.precision=bf16-true); bf16",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fp8", action="store_true",
+        help="lightbert's encoder matmuls in float8 (speed.fp8=true; torchao; emulated, slowly, on a CPU)",
     )  # fmt: skip
     args = parser.parse_args()
     device = torch.device(args.device)

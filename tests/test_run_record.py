@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from helpers.runs import BASE, REPO, default_sigint, run_train_script, write_bert_corpus
+from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.slow
 
@@ -70,11 +71,22 @@ def test_a_refused_command_leaves_a_finished_run_as_it_was(tmp_path, corpus):
     assert after == before, (run_dir / "train.log").read_text()[-1500:]  # not one byte: not .hydra/, not train.log
 
 
+def recorded_by_an_older_version(run_dir: Path) -> None:
+    """The run's record as a lightbert without the speed.fp8 setting wrote it."""
+    config = run_dir / ".hydra" / "config.yaml"
+    recorded = OmegaConf.load(config)
+    if "fp8" in recorded.speed:
+        del recorded.speed["fp8"]
+        config.write_text(OmegaConf.to_yaml(recorded))
+
+
 def test_a_resume_that_changes_settings_is_refused_and_writes_nothing(killed_run, tmp_path):
     run_dir, args = killed_run
+    recorded_by_an_older_version(run_dir)  # a setting new since the run started: set on the command line, a change
     before = snapshot(run_dir)
     other_corpus = write_bert_corpus(tmp_path / "other.txt", num_documents=12, seed=3)
-    for change, key in (("optim.lr=1e-3", "optim.lr"), (f"corpus.paths=[{other_corpus}]", "corpus.paths")):
+    changes = [("optim.lr=1e-3", "optim.lr"), (f"corpus.paths=[{other_corpus}]", "corpus.paths")]
+    for change, key in [*changes, ("speed.fp8=true", "speed.fp8: None recorded, True now")]:
         refused = run(*args, "resume=true", change)
         assert refused.returncode == 2, refused.stderr[-2000:]
         assert "resume=true continues the run" in refused.stderr and key in refused.stderr
@@ -83,6 +95,7 @@ def test_a_resume_that_changes_settings_is_refused_and_writes_nothing(killed_run
 
 def test_a_resume_continues_metrics_csv_and_keeps_the_runs_tokenizer(killed_run):
     run_dir, args = killed_run
+    recorded_by_an_older_version(run_dir)  # a setting new since the run started, at its default: resumes
     tokenizer = (run_dir / "tokenizer.json").read_bytes()
     assert metric_steps(run_dir)[-1] >= 4  # logged past the checkpoint at step 4 (rows 0-3): those rows are redone
     resumed = run(*args, "resume=true")

@@ -27,6 +27,7 @@ EXTRAS = {
     "optuna": "hydra_plugins.hydra_optuna_sweeper",  # sweep=optuna
     "slurm": "hydra_plugins.hydra_submitit_launcher",  # cluster=slurm, cluster=submitit_local
     "report": "matplotlib",  # python -m lightbert.analysis.report, paper_tables' figure 5
+    "fp8": "torchao",  # speed.fp8=true
 }
 
 

@@ -26,6 +26,7 @@ from lightbert.finetuning.datamodule import FineTuningDataModule
 from lightbert.interop.hf import Pretrained, load_into, load_pretrained
 from lightbert.model import BertConfig, BertModel
 from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
+from lightbert.model.fp8 import check_fp8_device, convert_to_fp8
 from lightbert.pretraining.corpus import TextCorpus
 from lightbert.run import processes
 from lightbert.run.callbacks import RunProgressBar
@@ -196,6 +197,8 @@ def _prepare(
     _check_devices(cfg)
     matmuls = _set_fp32_matmuls(cfg)
     compile_mode(cfg.get("speed") or {})  # a bad one is refused before anything is written
+    if (cfg.get("speed") or {}).get("fp8", False) and not evaluation:  # evaluation runs no fp8: it trains nothing
+        check_fp8_device(str(cfg.trainer.get("accelerator", "auto")))
     tidy_lightning_console()
     datasets_logging.disable_progress_bar()  # on only around maps worth watching (data.local_files.progress_bars_for)
     # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
@@ -221,7 +224,9 @@ def _prepare(
     return pretrained, model_config
 
 
-def _data_and_module(cfg: DictConfig, pretrained: Pretrained | None, model_config: dict, tokenizer_kwargs: dict):
+def _data_and_module(
+    cfg: DictConfig, pretrained: Pretrained | None, model_config: dict, tokenizer_kwargs: dict, training: bool = True
+):
     """The task's DataModule and LightningModule, the module holding init_from's weights; and the fresh ones."""
     # Partial, then called: objects passed through instantiate() would be turned into configs.
     with parameters_named_by(cfg.task.datamodule):
@@ -234,7 +239,7 @@ def _data_and_module(cfg: DictConfig, pretrained: Pretrained | None, model_confi
         _convert_="all",
     )
     fresh = load_into(module.model, pretrained) if pretrained is not None else []
-    _apply_speed_switches(module, cfg.get("speed") or {})
+    _apply_speed_switches(module, cfg.get("speed") or {}, training)
     return datamodule, module, fresh
 
 
@@ -355,7 +360,7 @@ def _evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         kwargs = {"tokenizer": pretrained.tokenizer} if pretrained.tokenizer else {}
         if OmegaConf.select(cfg, "task.data_files") is not None:  # fine-tuning data: no training split needed
             kwargs["fit"] = False
-        datamodule, module, fresh = _data_and_module(cfg, pretrained, model_config, kwargs)
+        datamodule, module, fresh = _data_and_module(cfg, pretrained, model_config, kwargs, training=False)
         if fresh:
             raise UserError(
                 f"init_from={init_from} has no fine-tuned {cfg.task.name} head: {', '.join(fresh[:3])} would be "
@@ -489,6 +494,8 @@ def _describe_run(
     precision = f"{trainer.precision}" + (f" ({matmuls})" if matmuls else "")
     if str(trainer.precision) in ("bf16-true", "16-true") and not evaluation:
         precision += " (fp32 master weights)"  # lightbert.optim.MasterWeights
+    if (cfg.get("speed") or {}).get("fp8", False) and not evaluation:
+        precision += ", fp8 matmuls" + (" (emulated on CPU: slower than fp32)" if matmuls is None else "")
     return (
         f"{cfg.task.name}: {sizes} ({source}) on {data}; {devices}, strategy {strategy}, {precision}, "
         f"{length}, batch {cfg.task.batch_size} per device"
@@ -507,10 +514,13 @@ def compile_mode(speed: DictConfig | dict) -> str:
     return mode
 
 
-def _apply_speed_switches(module: L.LightningModule, speed: DictConfig | dict) -> None:
+def _apply_speed_switches(module: L.LightningModule, speed: DictConfig | dict, training: bool = True) -> None:
     for submodule in module.modules():
         if isinstance(submodule, BertModel):
             submodule.unpad = bool(speed.get("unpad", True))
+    if speed.get("fp8", False) and training:  # before compiling, which then fuses the float8 casts
+        converted = convert_to_fp8(module.model)
+        log.debug(f"speed.fp8: {converted} Linear layers run their matmuls in float8 (torchao Float8Linear)")
     mode = compile_mode(speed)
     if speed.get("compile", False):
         # In place, so parameter names and checkpoints stay those of the plain model.

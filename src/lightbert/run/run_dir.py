@@ -188,6 +188,11 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): node}
 
 
+def _override_key(override: str) -> str:
+    """The key of a command-line override: `speed.fp8` for `speed.fp8=true`, `+callbacks.x=...`, `~logger`."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 def record_run(cfg: DictConfig, output_dir: Path, resuming: bool) -> None:
     """The run's record in `.hydra/`: the config (as composed, interpolations kept), the command line's overrides
     and, in a Hydra run, Hydra's own config. A resumed run continues the run as recorded: a setting it changes is
@@ -197,11 +202,15 @@ def record_run(cfg: DictConfig, output_dir: Path, resuming: bool) -> None:
     if resuming and (record / "config.yaml").is_file():
         recorded = _flat(OmegaConf.to_container(OmegaConf.load(record / "config.yaml"), resolve=False))
         now = _flat(config)
+        # A setting that an earlier lightbert did not have (e.g. speed.fp8) is not in that run's record: at its
+        # default, it changes nothing, so the run resumes; set on this command line, it is a change like any other.
+        overridden = {_override_key(o) for o in cfg.get("overrides") or []}
         changed = [
             key
             for key in sorted(set(recorded) | set(now))
             if recorded.get(key) != now.get(key)
             and not any(key == c or key.startswith(c + ".") for c in CHANGEABLE_ON_RESUME)
+            and (key in recorded or any(key == o or key.startswith(o + ".") for o in overridden))
         ]
         if changed:
             shown = "; ".join(f"{k}: {recorded.get(k)!r} recorded, {now.get(k)!r} now" for k in changed[:6])

@@ -1,0 +1,76 @@
+"""speed.fp8=true: torchao's Float8Linear for the encoder's matmuls. On CPU torchao emulates the float8 kernels, so
+these tests check what the switch converts, that checkpoints stay plain, and that the losses track fp32; what it
+pays on an H100 is for bench/pretrain_step.py on a GPU (never measured here)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.runs import compose_config, pretrain_overrides
+from torch import nn
+
+from lightbert.errors import UserError
+from lightbert.model import BertConfig
+from lightbert.model.bert import BertForSequenceClassification
+from lightbert.model.fp8 import convert_to_fp8, import_torchao
+from lightbert.run.jobs import train
+
+Float8Linear = import_torchao().float8_linear.Float8Linear
+
+CONFIG = BertConfig(
+    vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+    max_position_embeddings=32,
+)  # fmt: skip
+
+
+def test_fp8_converts_the_encoder_linears_and_keeps_the_state_dict():
+    torch.manual_seed(0)
+    plain = BertForSequenceClassification(CONFIG, num_labels=3)
+    converted = BertForSequenceClassification(CONFIG, num_labels=3)
+    converted.load_state_dict(plain.state_dict())
+    assert convert_to_fp8(converted) == 2 * 6 + 1  # per layer q, k, v, attention output, two feed-forward; pooler
+    kinds = {name: type(module) for name, module in converted.named_modules() if isinstance(module, nn.Linear)}
+    assert kinds.pop("classifier") is nn.Linear  # 3 outputs: not a size the kernels take
+    assert set(kinds.values()) == {Float8Linear}
+    # The same parameter names, shapes and values: a checkpoint trained with fp8 loads into a plain model.
+    state = converted.state_dict()
+    assert {k: v.shape for k, v in state.items()} == {k: v.shape for k, v in plain.state_dict().items()}
+    assert all(torch.equal(state[k], v) for k, v in plain.state_dict().items())
+    # The matmuls do run in float8: the logits move by float8's rounding, not more.
+    input_ids = torch.randint(5, 300, (4, 16))
+    plain.eval(), converted.eval()
+    want, got = plain(input_ids), converted(input_ids)
+    assert not torch.equal(got, want)
+    torch.testing.assert_close(got, want, atol=0.05, rtol=0.05)
+
+
+def test_fp8_without_torchao_names_the_extra(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    with pytest.raises(UserError, match=r"speed\.fp8=true needs lightbert's fp8 extra.*pip install -e '\.\[fp8\]'"):
+        import_torchao()
+
+
+def losses(run: Path) -> list[float]:
+    with (run / "metrics.csv").open() as f:
+        return [float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")]
+
+
+def test_fp8_pretraining_tracks_fp32(corpus_file, tmp_path, caplog):
+    """Same seed, data and dropout through src/train.py's path: float8 matmuls change the per-step losses a little
+    over 30 steps (about as much as bf16 does), and the run line says they ran."""
+    common = [*pretrain_overrides(corpus_file, "adamw", phases=1), "trainer.max_steps=30", "optim.lr=1e-3"]
+    common += ["trainer.log_every_n_steps=1", "trainer.val_check_interval=30"]
+    with caplog.at_level("INFO", logger="lightbert"):
+        train(compose_config([*common, "speed.fp8=true"], tmp_path / "fp8"))
+    assert "fp8 matmuls (emulated on CPU: slower than fp32)" in caplog.text
+    train(compose_config(common, tmp_path / "fp32"))
+    fp8, fp32 = losses(tmp_path / "fp8"), losses(tmp_path / "fp32")
+    assert len(fp8) == len(fp32) == 30
+    assert fp32[-1] < fp32[0] - 0.5  # the run learns, so tracking it means something
+    differences = [abs(a - b) for a, b in zip(fp8, fp32, strict=True)]
+    assert 0 < max(differences) < 0.05, differences
