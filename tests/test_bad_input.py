@@ -1,4 +1,5 @@
-"""The bad-input table, run through the command line as a user would.
+"""The bad-input table, run through the command line as a user would: src/train.py in a process of its own, forked
+from one that has done the imports once (`helpers.fork_server`: a second per case instead of seven or more).
 
 Each refused case ends with exit code 2 and one line, `lightbert: error: ...`, that names the key, file or row
 to fix; no traceback. The silent cases now say what happened on the console, counted, and still run.
@@ -14,7 +15,7 @@ import pytest
 from helpers.glue_files import glue_data_files
 from helpers.models import write_hf_bert
 from helpers.ner_files import ner_sentences, write_conll_text
-from helpers.runs import run_train_script, write_bert_corpus
+from helpers.runs import run_train_forked, write_bert_corpus
 from helpers.squad_files import squad_data_files
 from helpers.swag_files import swag_data_files
 
@@ -241,7 +242,7 @@ def test_bad_input_is_one_message(inputs, tmp_path, case, args, message):
     new_directory = not any(a.startswith("hydra.run.dir=") for a in arguments)
     if new_directory:
         arguments.append(f"hydra.run.dir={tmp_path / 'run'}")
-    run = run_train_script(*arguments)
+    run = run_train_forked(*arguments)
     errors = [line for line in run.stderr.splitlines() if line.startswith("lightbert: error:")]
     assert run.returncode == 2, run.stderr[-3000:]
     assert len(errors) == 1 and message in errors[0], run.stderr[-3000:]
@@ -251,7 +252,7 @@ def test_bad_input_is_one_message(inputs, tmp_path, case, args, message):
 
 
 def test_a_multirun_with_failed_jobs_ends_with_its_summary_and_no_traceback(inputs, tmp_path):
-    run = run_train_script(
+    run = run_train_forked(
         "-m", *PRETRAIN, f"corpus.paths=[{inputs['corpus']}]", "task.batch_size=0,-1", f"hydra.sweep.dir={tmp_path}"
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr
@@ -266,13 +267,13 @@ def test_what_the_data_loses_is_said_on_the_console_counted(inputs, tmp_path):
     (tmp_path / "train.csv").write_text("\n".join(train) + "\n")
     args = glue(inputs)
     args[5] = f"task.data_files.train={tmp_path / 'train.csv'}"
-    run = run_train_script(*args, f"hydra.run.dir={tmp_path / 'run'}")
+    run = run_train_forked(*args, f"hydra.run.dir={tmp_path / 'run'}")
     assert run.returncode == 0, run.stderr[-3000:]
     console = run.stdout + run.stderr
     assert "1 rows were cut to max_seq_length=128 tokens" in console
     assert "1 rows have an empty text" in console
     assert console.count("initialised fresh, not in") == 1  # the new head, once
-    resumed = run_train_script(*PRETRAIN, f"corpus.paths=[{inputs['corpus']}]", "resume=true",
+    resumed = run_train_forked(*PRETRAIN, f"corpus.paths=[{inputs['corpus']}]", "resume=true",
                                f"hydra.run.dir={tmp_path / 'fresh'}")  # fmt: skip
     assert resumed.returncode == 0 and "resume=true and no" in resumed.stdout + resumed.stderr
 
@@ -330,6 +331,6 @@ def _squad_with_a_moved_answer(directory: Path) -> list[str]:
 )
 def test_what_a_fine_tuning_set_loses_is_said_once(inputs, tmp_path, make, said):
     args = [*make(tmp_path / "data"), "trainer=cpu", "logger=csv", "trainer.max_steps=1", f"init_from={inputs['bert']}"]
-    run = run_train_script(*args, f"hydra.run.dir={tmp_path / 'run'}")
+    run = run_train_forked(*args, f"hydra.run.dir={tmp_path / 'run'}")
     assert run.returncode == 0, run.stderr[-3000:]
     assert (run.stdout + run.stderr).count(said) == 1
