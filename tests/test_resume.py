@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.runs import TINY_PRETRAIN, WORDS, console_noise, run_train_script, write_bert_corpus
+from helpers.runs import TINY_PRETRAIN, WORDS, console_noise, run_train_forked, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ def run(args: list[str], new_session: bool = False, env: dict | None = None) -> 
     """The entry point with the recorder callbacks importable (tests/ on PYTHONPATH)."""
     path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
     # A new session: KillAtStep kills the process group, which is then this run's processes only.
-    return run_train_script(*args, start_new_session=new_session, PYTHONPATH=path, **(env or {}))
+    return run_train_forked(*args, start_new_session=new_session, PYTHONPATH=path, **(env or {}))
 
 
 def recorded(path: Path) -> dict[tuple[int, int], list[str]]:

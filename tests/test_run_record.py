@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.runs import BASE, REPO, default_sigint, run_train_script, write_bert_corpus
+from helpers.runs import BASE, REPO, default_sigint, run_train_forked, write_bert_corpus
 from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ TESTS = Path(__file__).parent
 
 def run(*args: str, new_session: bool = False) -> subprocess.CompletedProcess:
     path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])  # the recorder callbacks
-    return run_train_script(*args, start_new_session=new_session, PYTHONPATH=path)
+    return run_train_forked(*args, start_new_session=new_session, PYTHONPATH=path)
 
 
 def snapshot(directory: Path) -> dict[str, tuple[int, str]]:

@@ -7,8 +7,8 @@ command is: it runs src/train.py as `__main__` with the command's arguments, wor
 its own stdout and stderr, SIGINT as in a terminal, and exits with the script's status. What it cannot show is a
 failure at import time: the tests that start real `python src/train.py` processes do.
 
-Protocol: one JSON request per line on stdin ({"args", "cwd", "env", "stdout", "stderr"}: the last two are file
-paths), one JSON line back on stdout ({"returncode"}, negative for a signal, as subprocess reports it).
+Protocol: one JSON request per line on stdin ({"args", "cwd", "env", "new_session", "stdout", "stderr"}: the last
+two are file paths), one JSON line back on stdout ({"returncode"}, negative for a signal, as subprocess reports it).
 """
 
 from __future__ import annotations
@@ -42,8 +42,12 @@ def run_child(script: str, request: dict) -> None:
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # as in a terminal's foreground
+    if request["new_session"]:  # its own process group: a test that kills the group kills this run alone
+        os.setsid()
     os.chdir(request["cwd"])
     os.environ.update(request["env"])
+    # What PYTHONPATH would have put on a fresh interpreter's path (e.g. tests/, for the recorder callbacks).
+    sys.path[1:1] = [entry for entry in request["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
     sys.argv = [script, *request["args"]]
     code = 0
     try:

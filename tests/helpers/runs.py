@@ -112,13 +112,16 @@ class ForkedTrainScript:
         self.server: subprocess.Popen | None = None
         self.files = Path(tempfile.mkdtemp(prefix="lightbert-forked-"))
 
-    def __call__(self, *args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
+    def __call__(
+        self, *args: str, cwd: Path = REPO, start_new_session: bool = False, **env: str
+    ) -> subprocess.CompletedProcess:
         if self.server is None or self.server.poll() is not None:
             server = [sys.executable, str(Path(__file__).with_name("fork_server.py")), str(REPO / "src" / "train.py")]
             self.server = subprocess.Popen(server, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
             atexit.register(self.server.kill)
         out, err = self.files / "stdout", self.files / "stderr"
-        request = {"args": list(args), "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
+        request = {"args": list(args), "cwd": str(cwd), "env": env, "new_session": start_new_session}
+        request |= {"stdout": str(out), "stderr": str(err)}
         self.server.stdin.write(json.dumps(request) + "\n")
         self.server.stdin.flush()
         if not select.select([self.server.stdout], [], [], 600)[0]:
