@@ -21,7 +21,7 @@ from helpers.runs import (
     console_noise,
     cpu_twin,
     pretrain_overrides,
-    run_train_script,
+    run_train_forked,
     write_bert_corpus,
 )
 from helpers.squad_files import squad_data_files
@@ -65,7 +65,7 @@ def run_twin(trainer: str, overrides: list[str], run_dir: Path) -> dict:
     launcher starts again for the second device."""
     if DEVICES[trainer] == 1:
         return train(compose_config([*cpu_twin(trainer), *overrides], run_dir))
-    result = run_train_script(*cpu_twin(trainer), *overrides, f"hydra.run.dir={run_dir}")
+    result = run_train_forked(*cpu_twin(trainer), *overrides, f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads((run_dir / "results.json").read_text())
 
@@ -166,7 +166,7 @@ def dry_run(trainer: str, corpus: Path, run_dir: Path) -> list[str]:
 
 def test_readme_dry_run_works_for_ddp(corpus, tmp_path):
     """The README's check of a cluster command on a laptop, as written there."""
-    result = run_train_script(*dry_run("ddp8", corpus, tmp_path / "run"))
+    result = run_train_forked(*dry_run("ddp8", corpus, tmp_path / "run"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["global_step"] == 3
     # The console names the run directory and what runs, once (not once per process), before training.
@@ -179,7 +179,7 @@ def test_readme_dry_run_works_for_ddp(corpus, tmp_path):
 
 def test_readme_dry_run_of_fsdp_says_what_it_needs(corpus, tmp_path):
     """FSDP cannot run on CPU (Lightning and torch refuse it): the dry run stops at once, with one message."""
-    result = run_train_script(*dry_run("fsdp8", corpus, tmp_path / "run"))
+    result = run_train_forked(*dry_run("fsdp8", corpus, tmp_path / "run"))
     assert result.returncode == 2, result.stderr[-3000:]
     assert "FSDP" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
@@ -188,7 +188,7 @@ def test_readme_dry_run_of_fsdp_says_what_it_needs(corpus, tmp_path):
 def test_the_console_says_what_a_user_must_know(corpus, tmp_path):
     """Phases, "nothing to resume", the checkpoint init_from loaded, heads started fresh and data that was cut reach
     the console (stdout), each once, after the run directory and before training."""
-    pretrain = run_train_script(
+    pretrain = run_train_forked(
         *pretrain_overrides(corpus, "adamw", phases=2), "resume=true", f"hydra.run.dir={tmp_path / 'pre'}"
     )
     assert pretrain.returncode == 0, pretrain.stderr[-3000:]
@@ -202,7 +202,7 @@ def test_the_console_says_what_a_user_must_know(corpus, tmp_path):
     sentences.append((["river"] * 300, ["O"] * 300))  # 300 words: cut at task.max_seq_length
     files = {"train": write_conll_text(tmp_path / "train.txt", sentences)}
     files["validation"] = write_conll_text(tmp_path / "dev.txt", ner_sentences(4, seed=2))
-    finetune = run_train_script(
+    finetune = run_train_forked(
         "task=conll2003",
         f"init_from={tmp_path / 'pre'}",
         "logger=csv",
@@ -229,7 +229,7 @@ def test_a_ddp_process_killed_by_the_oom_killer_is_named(corpus, tmp_path):
     and what to do, in one line (not gloo's traceback about a closed connection)."""
     args = dry_run("ddp", corpus, tmp_path / "run")
     kill_rank_1 = ["+callbacks.kill._target_=helpers.loss_recorder.KillRankAtStep", "+callbacks.kill.step=1"]
-    result = run_train_script(*args, *kill_rank_1, PYTHONPATH=str(Path(__file__).parent))
+    result = run_train_forked(*args, *kill_rank_1, PYTHONPATH=str(Path(__file__).parent))
     assert result.returncode == 2, result.stderr[-3000:]
     said = [line for line in result.stderr.splitlines() if line.startswith("lightbert: error:")]
     assert said == [
