@@ -8,12 +8,11 @@ import os
 import resource
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from helpers.models import extract_config
-from helpers.runs import BASE, REPO, default_sigint, write_bert_corpus
+from helpers.runs import BASE, run_train_forked, write_bert_corpus
 
 from lightbert.errors import UserError
 from lightbert.inference.embeddings import extract_to_file
@@ -25,21 +24,10 @@ ARGS = [*BASE, "trainer.max_steps=10"]  # a checkpoint every 4 steps
 
 
 def train(*args: str, file_size_limit: int | None = None, new_session: bool = False) -> subprocess.CompletedProcess:
-    def limits() -> None:
-        default_sigint()
-        if file_size_limit:  # what a full disk does to a write: Python ignores SIGXFSZ, so the write fails (EFBIG)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
-
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(
-        [sys.executable, str(REPO / "src" / "train.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        preexec_fn=limits,
-        start_new_session=new_session,
-    )
+    """src/train.py in a process of its own (forked: `helpers.fork_server`), with tests/ importable (the recorder
+    callbacks) and, for a full disk, a limit on the size of the files it writes."""
+    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    return run_train_forked(*args, file_size_limit=file_size_limit, start_new_session=new_session, PYTHONPATH=path)
 
 
 def temporaries(run_dir: Path) -> list[Path]:

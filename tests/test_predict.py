@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers.ner_files import read_conlleval
 from helpers.predictions import predict, predict_config, records_of, rows
-from helpers.runs import REPO
+from helpers.runs import REPO, run_script_forked
 
 from lightbert.errors import UserError
 from lightbert.inference.finetuned import load_finetuned
@@ -23,9 +23,7 @@ from lightbert.inference.predict import predict_records, predict_to_file, read_r
 
 
 def predict_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "src" / "predict.py"), *args], input=stdin, capture_output=True, text=True, cwd=REPO
-    )
+    return run_script_forked("predict", *args, stdin=stdin)  # a process of its own, forked: helpers.fork_server
 
 
 # -- equal to the run's own predictions -----------------------------------------------------------------------

@@ -1,26 +1,29 @@
-"""`python src/train.py ARGS` for the many short commands of the tests (refusals, one-line errors), without paying
-for the imports each time.
+"""`python src/<script>.py ARGS` for the tests' many commands, without paying for the imports each time.
 
-A server process imports what src/train.py imports, once (torch, Lightning, Hydra, datasets: 7 s of a 2-core
+A server process imports what the scripts import, once (torch, Lightning, Hydra, datasets: 7 s of a 2-core
 machine's time per process), then forks one child per command. The child is a process of its own, as a user's
-command is: it runs src/train.py as `__main__` with the command's arguments, working directory and environment,
-its own stdout and stderr, SIGINT as in a terminal, and exits with the script's status. What it cannot show is a
-failure at import time: the tests that start real `python src/train.py` processes do.
+command is: it runs the script as `__main__` with the command's arguments, working directory, environment and
+standard input, its own stdout and stderr, SIGINT as in a terminal, and exits with the script's status (a DDP
+run's other ranks are fresh processes that Lightning starts). What it cannot show is a failure at import time: the
+tests that start `python src/train.py` itself (test_processes, test_packaging, test_readme, ...) do.
 
-Protocol: one JSON request per line on stdin ({"args", "cwd", "env", "new_session", "stdout", "stderr"}: the last
-two are file paths), one JSON line back on stdout ({"returncode"}, negative for a signal, as subprocess reports it).
+Protocol: one JSON request per line on stdin ({"script", "args", "cwd", "env", "new_session", "file_size_limit",
+"stdin", "stdout", "stderr"}: the last three are file paths), one JSON line back on stdout ({"returncode"},
+negative for a signal, as subprocess reports it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import sys
 import traceback
 
 
-def serve(script: str) -> None:
+def serve() -> None:
+    import lightbert.inference.predict
     import lightbert.run.commands
     import lightbert.run.jobs  # noqa: F401  (the imports are the point: every child starts with them done)
 
@@ -29,25 +32,28 @@ def serve(script: str) -> None:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            run_child(script, request)  # never returns
+            run_child(request)  # never returns
         _, status = os.waitpid(pid, 0)
         returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         reply.write(json.dumps({"returncode": returncode}) + "\n")
 
 
-def run_child(script: str, request: dict) -> None:
-    """In the forked child: src/train.py as a fresh process would run it, then exit with its status."""
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
+def run_child(request: dict) -> None:
+    """In the forked child: the script as a fresh process would run it, then exit with its status."""
+    os.dup2(os.open(request["stdin"] or os.devnull, os.O_RDONLY), 0)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115  (the file descriptor, without the server's buffered lines)
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # as in a terminal's foreground
     if request["new_session"]:  # its own process group: a test that kills the group kills this run alone
         os.setsid()
+    if request["file_size_limit"]:  # what a full disk does to a write: Python ignores SIGXFSZ, so it fails (EFBIG)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (request["file_size_limit"],) * 2)
     os.chdir(request["cwd"])
     os.environ.update(request["env"])
     # What PYTHONPATH would have put on a fresh interpreter's path (e.g. tests/, for the recorder callbacks).
     sys.path[1:1] = [entry for entry in request["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
+    script = request["script"]
     sys.argv = [script, *request["args"]]
     code = 0
     try:
@@ -70,4 +76,4 @@ def run_child(script: str, request: dict) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve()

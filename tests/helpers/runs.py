@@ -104,34 +104,54 @@ def run_train_script(
     )
 
 
-class ForkedTrainScript:
-    """`run_train_script` for commands that are refused or end quickly: each runs in a child forked from a server
-    that has done src/train.py's imports once (`helpers.fork_server`), a second instead of seven or more here."""
+class ForkedScripts:
+    """`python src/<script>.py ARGS` as `subprocess.run` would run it, in a child forked from a server that has done
+    the scripts' imports once (`helpers.fork_server`): a second or two instead of seven or more on this machine."""
 
     def __init__(self) -> None:
         self.server: subprocess.Popen | None = None
         self.files = Path(tempfile.mkdtemp(prefix="lightbert-forked-"))
 
-    def __call__(
-        self, *args: str, cwd: Path = REPO, start_new_session: bool = False, **env: str
+    def run(
+        self,
+        script: str,
+        *args: str,
+        cwd: Path = REPO,
+        start_new_session: bool = False,
+        file_size_limit: int | None = None,
+        stdin: str | None = None,
+        **env: str,
     ) -> subprocess.CompletedProcess:
         if self.server is None or self.server.poll() is not None:
-            server = [sys.executable, str(Path(__file__).with_name("fork_server.py")), str(REPO / "src" / "train.py")]
+            server = [sys.executable, str(Path(__file__).with_name("fork_server.py"))]
             self.server = subprocess.Popen(server, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
             atexit.register(self.server.kill)
-        out, err = self.files / "stdout", self.files / "stderr"
-        request = {"args": list(args), "cwd": str(cwd), "env": env, "new_session": start_new_session}
-        request |= {"stdout": str(out), "stderr": str(err)}
+        out, err, given = self.files / "stdout", self.files / "stderr", self.files / "stdin"
+        if stdin is not None:
+            given.write_text(stdin)
+        request = {"script": str(REPO / "src" / f"{script}.py"), "args": list(args), "cwd": str(cwd), "env": env}
+        request |= {"new_session": start_new_session, "file_size_limit": file_size_limit}
+        request |= {"stdin": str(given) if stdin is not None else None, "stdout": str(out), "stderr": str(err)}
         self.server.stdin.write(json.dumps(request) + "\n")
         self.server.stdin.flush()
         if not select.select([self.server.stdout], [], [], 600)[0]:
             self.server.kill()
-            raise TimeoutError(f"python src/train.py {' '.join(args)} ran past 600 s")
+            raise TimeoutError(f"python src/{script}.py {' '.join(args)} ran past 600 s")
         returncode = json.loads(self.server.stdout.readline())["returncode"]
-        return subprocess.CompletedProcess(["src/train.py", *args], returncode, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess([f"src/{script}.py", *args], returncode, out.read_text(), err.read_text())
 
 
-run_train_forked = ForkedTrainScript()
+forked_scripts = ForkedScripts()
+
+
+def run_train_forked(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """`run_train_script`, in a forked child (`ForkedScripts`)."""
+    return forked_scripts.run("train", *args, **kwargs)
+
+
+def run_script_forked(script: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    """`python src/<script>.py ARGS` (evaluate, predict, ...), in a forked child (`ForkedScripts`)."""
+    return forked_scripts.run(script, *args, **kwargs)
 
 
 def cpu_twin(trainer: str) -> list[str]:
