@@ -46,6 +46,10 @@ def test_fp8_converts_the_encoder_linears_and_keeps_the_state_dict():
     want, got = plain(input_ids), converted(input_ids)
     assert not torch.equal(got, want)
     torch.testing.assert_close(got, want, atol=0.05, rtol=0.05)
+    # A frozen encoder (the feature-based tasks) trains nothing: its features are computed as they were.
+    frozen = BertForSequenceClassification(CONFIG, num_labels=3)
+    frozen.bert.requires_grad_(False)
+    assert convert_to_fp8(frozen) == 0
 
 
 def test_fp8_without_torchao_names_the_extra(monkeypatch):

@@ -7,7 +7,7 @@ Parameter names and state dicts are unchanged, so checkpoints load into a plain 
 
 What is converted: the encoder's Linear layers, the pooler and the MLM transform, whose sizes are multiples of 16
 (what the FP8 kernels take). The task heads (2 or 3 outputs) and the tied MLM decoder stay as they are: too small
-to gain, or tied to the embedding.
+to gain, or tied to the embedding; so does a frozen encoder (the feature-based tasks), which trains nothing.
 
 Float8 tensor cores exist on H100 and Ada GPUs (compute capability 8.9 and later). On a CPU torchao emulates the
 kernels, slower than fp32: that path is for tests. Never run on a GPU here (bench/RESULTS.md says what has).
@@ -58,9 +58,11 @@ def check_fp8_device(accelerator: str) -> None:
 
 
 def fp8_convertible(module: nn.Module, name: str) -> bool:
-    """An encoder-side Linear whose sizes the FP8 kernels take (multiples of 16)."""
+    """An encoder-side Linear that trains (a frozen encoder's features stay as they were) and whose sizes the FP8
+    kernels take (multiples of 16)."""
     return (
         type(module) is nn.Linear
+        and module.weight.requires_grad
         and module.in_features % 16 == 0
         and module.out_features % 16 == 0
         and (name.startswith("bert.") or name.startswith("cls.predictions.transform"))
