@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from lightbert.model import BertConfig
@@ -54,13 +55,15 @@ def test_inference_benchmark_runs_checks_parity_and_ends_with_the_ratio_line():
     assert sum("examples/s" in line for line in lines) == 3  # lightbert and two pipeline batch sizes
 
 
-def test_the_packed_step_compiles_with_no_graph_break_or_recompilation():
+@pytest.mark.parametrize("switches", [[], ["--fp8"]], ids=["plain", "fp8"])
+def test_the_packed_step_compiles_with_no_graph_break_or_recompilation(switches):
     """`--packing --compile` reports Dynamo's graph breaks and recompilations after warm-up: none (aot_eager: the
-    same graphs as Inductor's, without minutes of C++ compiling here)."""
+    same graphs as Inductor's, without minutes of C++ compiling here); with torchao's float8 matmuls too."""
     lines = run_bench(
         "pretrain_step.py", "--model", "bert_tiny", "--seq-len", "64", "--batch-size", "8", "--part", "pretrain",
-        "--packing", "--compile", "--compile-backend", "aot_eager", "--warmup", "0", "--repeats", "1",
+        "--packing", "--compile", "--compile-backend", "aot_eager", "--warmup", "0", "--repeats", "1", *switches,
     )  # fmt: skip
+    assert any(line.startswith("speed.fp8: 14 Linear layers") for line in lines) == bool(switches)
     report = next(line for line in lines if line.startswith("torch.compile:"))
     assert report.startswith("torch.compile: 0 graph breaks, 0 recompilations after warm-up (1 graph(s)"), report
     assert re.fullmatch(r"speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]
