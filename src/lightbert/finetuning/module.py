@@ -108,6 +108,11 @@ class TaskModule(L.LightningModule):
     def predict_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
         return {"idx": batch["idx"], "prediction": self.prediction(self(batch), batch)}
 
+    def compile_step(self, mode: str | None = None, backend: str = "inductor") -> None:
+        """torch.compile what a step runs (`speed.compile`): the model, in place, so that parameter names and
+        checkpoints stay those of the plain model. Pre-training compiles its losses too."""
+        self.model.compile(mode=mode, backend=backend)
+
     # -- optimisation ------------------------------------------------------------------------------------------
 
     def configure_optimizers(self) -> dict:

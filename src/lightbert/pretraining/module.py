@@ -21,6 +21,31 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return right.sum() / labelled.sum().clamp(min=1)
 
 
+def pretraining_losses(
+    mlm_logits: torch.Tensor,
+    mlm_labels: torch.Tensor,
+    nsp_logits: torch.Tensor | None = None,
+    nsp_labels: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """The step's losses and accuracies from (N, V) MLM logits and (M, 2) NSP logits; IGNORE_INDEX labels count
+    for nothing. The logits are read in fp32, for a stable softmax whatever the model's precision."""
+    mlm_logits = mlm_logits.float()
+    mlm_loss = F.cross_entropy(mlm_logits, mlm_labels, ignore_index=IGNORE_INDEX)
+    out = {
+        "loss": mlm_loss,
+        "mlm_loss": mlm_loss.detach(),
+        "mlm_accuracy": accuracy(mlm_logits, mlm_labels),
+        "num_predictions": (mlm_labels != IGNORE_INDEX).sum(),
+    }
+    if nsp_logits is not None:
+        nsp_logits = nsp_logits.float()
+        nsp_loss = F.cross_entropy(nsp_logits, nsp_labels, ignore_index=IGNORE_INDEX)
+        out["loss"] = mlm_loss + nsp_loss
+        out["nsp_loss"] = nsp_loss.detach()
+        out["nsp_accuracy"] = accuracy(nsp_logits, nsp_labels)
+    return out
+
+
 class PreTrainingModule(TaskModule):
     """loss = LM cross-entropy (over the predicted positions) + NSP cross-entropy where the objective has NSP.
 
@@ -42,6 +67,7 @@ class PreTrainingModule(TaskModule):
         # Validation aggregates besides the loss (the base's): exact over the split and across devices.
         names = ("mlm_loss", "mlm_accuracy", *(("nsp_loss", "nsp_accuracy") if self.next_sentence else ()))
         self.val_sums = torch.nn.ModuleDict({name: MeanMetric() for name in names})
+        self.losses = pretraining_losses  # compile_step swaps in the compiled function
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
         packed = packed_rows(batch)
@@ -62,21 +88,22 @@ class PreTrainingModule(TaskModule):
             mlm_labels = labels.gather(1, batch["masked_positions"]).flatten()  # empty slots: IGNORE_INDEX
         else:
             mlm_labels = labels[labels != IGNORE_INDEX]
-        mlm_logits = mlm_logits.reshape(-1, mlm_logits.shape[-1]).float()  # (N, V); fp32 for a stable softmax
-        mlm_loss = F.cross_entropy(mlm_logits, mlm_labels, ignore_index=IGNORE_INDEX)
-        out = {
-            "loss": mlm_loss,
-            "mlm_loss": mlm_loss.detach(),
-            "mlm_accuracy": accuracy(mlm_logits, mlm_labels),
-            "num_predictions": (mlm_labels != IGNORE_INDEX).sum(),
-        }
+        mlm_logits = mlm_logits.reshape(-1, mlm_logits.shape[-1])  # (N, V)
+        nsp_labels = None
         if nsp_logits is not None:  # (B, 2), or packed (R, K, 2) with IGNORE_INDEX in empty slots
-            nsp_logits, nsp_labels = nsp_logits.reshape(-1, 2).float(), batch["next_sentence_label"].flatten()
-            nsp_loss = F.cross_entropy(nsp_logits, nsp_labels, ignore_index=IGNORE_INDEX)
-            out["loss"] = mlm_loss + nsp_loss
-            out["nsp_loss"] = nsp_loss.detach()
-            out["nsp_accuracy"] = accuracy(nsp_logits, nsp_labels)
-        return out
+            nsp_logits, nsp_labels = nsp_logits.reshape(-1, 2), batch["next_sentence_label"].flatten()
+        for rows in (mlm_logits, mlm_labels, nsp_logits, nsp_labels):
+            if rows is not None:  # the number of predictions follows the data: compiled once, not per count
+                torch._dynamo.maybe_mark_dynamic(rows, 0)
+        return self.losses(mlm_logits, mlm_labels, nsp_logits, nsp_labels)
+
+    def compile_step(self, mode: str | None = None, backend: str = "inductor") -> None:
+        """The model, and the losses: Inductor then reads the (N, V) MLM logits in one fused pass for the cast,
+        log-softmax, loss and arg-max (and one for their gradient) instead of one pass per eager kernel. Never in
+        CUDA graphs (reduce-overhead): a replay overwrites its outputs, and the logged losses of the step before
+        would change under the logger."""
+        super().compile_step(mode, backend)
+        self.losses = torch.compile(pretraining_losses, backend=backend)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self._step(batch)

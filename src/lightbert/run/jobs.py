@@ -523,8 +523,7 @@ def _apply_speed_switches(module: L.LightningModule, speed: DictConfig | dict, t
         log.debug(f"speed.fp8: {converted} Linear layers run their matmuls in float8 (torchao Float8Linear)")
     mode = compile_mode(speed)
     if speed.get("compile", False):
-        # In place, so parameter names and checkpoints stay those of the plain model.
-        module.model.compile(mode=None if mode == "default" else mode)
+        module.compile_step(mode=None if mode == "default" else mode)
 
 
 def _with_vocabulary(model_config: dict, tokenizer, pretrained: Pretrained | None) -> dict:
