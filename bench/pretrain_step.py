@@ -143,13 +143,19 @@ def matmul_peak(device: torch.device, dtype: torch.dtype) -> float:
 
 
 def report(name: str, seconds: dict, tokens: int, flops: float, peak: float, device: torch.device) -> float:
+    """A line per side timed; with --hf-compile also the ratio to transformers compiled. Returns the ratio to
+    transformers eager."""
     peak_name = "MFU" if device.type == "cuda" else "of measured matmul peak"
-    for side in ("lightbert", "transformers"):
-        achieved = flops / seconds[side]
+    width = max(map(len, seconds))
+    for side, step in seconds.items():
+        achieved = flops / step
         print(
-            f"{name:<14} {side:<13} {seconds[side] * 1e3:9.1f} ms/step {tokens / seconds[side]:10.0f} tokens/s "
+            f"{name:<14} {side:<{width}} {step * 1e3:9.1f} ms/step {tokens / step:10.0f} tokens/s "
             f"{achieved / 1e12:7.3f} TFLOP/s  {100 * achieved / peak:5.1f}% {peak_name}"
         )
+    if "transformers compiled" in seconds:
+        ratio = seconds["transformers compiled"] / seconds["lightbert"]
+        print(f"{name} speedup vs transformers compiled: {ratio:.2f}x")
     return seconds["transformers"] / seconds["lightbert"]
 
 
@@ -199,7 +205,7 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
         module.compile_step(backend=args.compile_backend)  # what speed.compile runs
         print(compile_report(steps["lightbert"]))
     if args.hf_compile:  # the same weights; calling `hf` itself stays eager
-        compiled = torch.compile(hf)
+        compiled = torch.compile(hf, backend=args.compile_backend)
         steps["transformers compiled"] = training_step(hf, lambda: compiled(**hf_inputs).loss, device, args)
     seconds = time_interleaved(steps, device, args.warmup, args.repeats)
     lengths = plain["attention_mask"].sum(1).cpu()  # the useful work is each example's, packed or not
@@ -260,6 +266,12 @@ def bench_finetune(args, datamodule: PretrainDataModule, device: torch.device, p
         "lightbert": training_step(ours, lambda: F.cross_entropy(ours(**inputs).float(), labels), device, args),
         "transformers": training_step(hf, lambda: hf(**inputs, labels=labels).loss, device, args),
     }
+    if args.compile:  # what speed.compile does to a fine-tuning model (padded, --no-unpad: one graph per width)
+        ours.compile(backend=args.compile_backend)
+        print(f"fine-tuning {compile_report(steps['lightbert'])}")
+    if args.hf_compile:
+        compiled = torch.compile(hf, backend=args.compile_backend)
+        steps["transformers compiled"] = training_step(hf, lambda: compiled(**inputs, labels=labels).loss, device, args)
     seconds = time_interleaved(steps, device, args.warmup, args.repeats)
     lengths = batch["attention_mask"].sum(1).cpu()
     print(
@@ -436,7 +448,9 @@ def main() -> None:
         "--cache-dir", default=os.environ.get("LIGHTBERT_CACHE", "~/.cache/lightbert"), help="demo corpus, vocab"
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile lightbert's model (speed.compile)")
-    parser.add_argument("--compile-backend", default="inductor", help="--compile's backend (aot_eager: graphs only)")
+    parser.add_argument(
+        "--compile-backend", default="inductor", help="--compile's and --hf-compile's backend (aot_eager: graphs only)"
+    )
     parser.add_argument("--hf-compile", action="store_true", help="also time transformers torch.compile'd")
     parser.add_argument("--packing", action="store_true", help="lightbert on the same examples packed into rows")
     parser.add_argument("--no-unpad", action="store_true", help="lightbert without unpadding (speed.unpad=false)")

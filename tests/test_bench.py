@@ -55,6 +55,22 @@ def test_inference_benchmark_runs_checks_parity_and_ends_with_the_ratio_line():
     assert sum("examples/s" in line for line in lines) == 3  # lightbert and two pipeline batch sizes
 
 
+def test_the_padded_fine_tuning_step_compiles_to_one_graph_and_is_compared_with_transformers_compiled():
+    """`--part finetune --no-unpad --compile`: the padded classifier step has no graph break (so one CUDA graph per
+    padded width on a GPU); `--hf-compile` adds transformers compiled, with its own ratio line."""
+    lines = run_bench(
+        "pretrain_step.py", "--model", "bert_tiny", "--seq-len", "64", "--finetune-batch-size", "8", "--part",
+        "finetune", "--no-unpad", "--compile", "--compile-backend", "aot_eager", "--hf-compile", "--warmup", "1",
+        "--repeats", "1",
+    )  # fmt: skip
+    report = next(line for line in lines if line.startswith("fine-tuning torch.compile:"))
+    assert report.startswith("fine-tuning torch.compile: 0 graph breaks, 0 recompilations after warm-up (1 graph(s)")
+    sides = [m[1] for line in lines if (m := re.match(r"fine-tuning +(\S.*?) +[\d.]+ ms/step", line))]
+    assert sides == ["lightbert", "transformers", "transformers compiled"], sides
+    assert any(re.fullmatch(r"fine-tuning speedup vs transformers compiled: \d+\.\d\dx", line) for line in lines)
+    assert re.fullmatch(r"fine-tuning speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]
+
+
 def test_losses_benchmark_checks_equality_and_ends_with_the_ratio_line():
     lines = run_bench("mlm_loss.py", "--rows", "64", "--vocab-size", "500", "--sequences", "8", "--repeats", "1")
     assert lines[0] == "pre-training losses, forward and backward: 64 x 500 fp32 MLM logits, 8 NSP rows, cpu"

@@ -4,30 +4,20 @@ checkpoint and leaves no temporary file, a killed save's temporary file is clean
 
 from __future__ import annotations
 
-import os
 import resource
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 from helpers.models import extract_config
-from helpers.runs import BASE, run_train_forked, write_bert_corpus
+from helpers.runs import BASE, run_train_recorded, write_bert_corpus
 
 from lightbert.errors import UserError
 from lightbert.inference.embeddings import extract_to_file
 
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).parent
 ARGS = [*BASE, "trainer.max_steps=10"]  # a checkpoint every 4 steps
-
-
-def train(*args: str, file_size_limit: int | None = None, new_session: bool = False) -> subprocess.CompletedProcess:
-    """src/train.py in a process of its own (forked: `helpers.fork_server`), with tests/ importable (the recorder
-    callbacks) and, for a full disk, a limit on the size of the files it writes."""
-    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
-    return run_train_forked(*args, file_size_limit=file_size_limit, start_new_session=new_session, PYTHONPATH=path)
 
 
 def temporaries(run_dir: Path) -> list[Path]:
@@ -40,7 +30,7 @@ def killed_run(tmp_path) -> tuple[Path, list[str]]:
     corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=10)
     run_dir = tmp_path / "run"
     args = [*ARGS, f"corpus.paths=[{corpus}]", f"hydra.run.dir={run_dir}"]
-    killed = train(
+    killed = run_train_recorded(
         *args, "+callbacks.kill._target_=helpers.loss_recorder.KillAtStep", "+callbacks.kill.step=6", new_session=True
     )
     assert killed.returncode == -signal.SIGKILL
@@ -51,13 +41,14 @@ def test_a_full_disk_while_saving_keeps_the_last_checkpoint_and_no_temporary_fil
     run_dir, args = killed_run
     last = run_dir / "checkpoints" / "last.ckpt"
     before = last.read_bytes()
-    full = train(*args, "resume=true", file_size_limit=len(before) // 2)  # step 8's checkpoint does not fit
+    # step 8's checkpoint does not fit
+    full = run_train_recorded(*args, "resume=true", file_size_limit=len(before) // 2)
     assert full.returncode == 2, full.stderr[-3000:]
     errors = [line for line in full.stderr.splitlines() if line.startswith("lightbert: error:")]
     assert len(errors) == 1 and "could not write the checkpoint" in errors[0] and "is kept whole" in errors[0]
     assert "Traceback" not in full.stderr
     assert last.read_bytes() == before and temporaries(run_dir) == []
-    resumed = train(*args, "resume=true")  # room again: the run goes on from step 4
+    resumed = run_train_recorded(*args, "resume=true")  # room again: the run goes on from step 4
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
@@ -65,13 +56,13 @@ def test_a_kill_during_a_save_keeps_the_last_checkpoint_and_the_next_run_removes
     run_dir, args = killed_run
     last = run_dir / "checkpoints" / "last.ckpt"
     before = last.read_bytes()  # step 4's
-    killed = train(*args, "resume=true", "+callbacks.kill._target_=helpers.loss_recorder.KillDuringSave",
+    killed = run_train_recorded(*args, "resume=true", "+callbacks.kill._target_=helpers.loss_recorder.KillDuringSave",
                    "+callbacks.kill.step=5", new_session=True)  # fmt: skip
     assert killed.returncode == -signal.SIGKILL
     assert last.read_bytes() == before  # the save of step 8 never replaced it
     (left,) = temporaries(run_dir)  # what the kill left: step 8's checkpoint, never renamed into place
     assert left.stat().st_size > 0
-    resumed = train(*args, "resume=true")
+    resumed = run_train_recorded(*args, "resume=true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "removed 1 temporary file(s)" in resumed.stdout + resumed.stderr and "that a killed save left" in (
         resumed.stdout + resumed.stderr
@@ -84,7 +75,7 @@ def test_a_checkpoints_that_cannot_hold_checkpoints_is_found_before_training(tmp
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "checkpoints").write_text("not a directory")
-    refused = train(*ARGS, f"corpus.paths=[{corpus}]", f"hydra.run.dir={run_dir}")
+    refused = run_train_recorded(*ARGS, f"corpus.paths=[{corpus}]", f"hydra.run.dir={run_dir}")
     assert refused.returncode == 2 and "checkpoints is a file, not a directory" in refused.stderr
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints"]  # nothing else written
 

@@ -13,11 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.runs import BASE, REPO, default_sigint, write_bert_corpus
+from helpers.runs import BASE, REPO, default_sigint, pythonpath_with_tests, write_bert_corpus
 
 pytestmark = pytest.mark.slow
-
-TESTS = Path(__file__).parent
 
 
 def group_members(pgid: int) -> list[int]:
@@ -42,7 +40,7 @@ def wait_until_gone(pgid: int, seconds: float = 3.0) -> list[int]:
 
 def start(args: list[str]) -> subprocess.Popen:
     """`python src/train.py ARGS` in a process group of its own, as a terminal's foreground job."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": pythonpath_with_tests()}
     return subprocess.Popen(
         [sys.executable, str(REPO / "src" / "train.py"), *args],
         stdout=subprocess.PIPE,

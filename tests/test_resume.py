@@ -2,27 +2,17 @@
 
 import csv
 import json
-import os
 import random
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from helpers.runs import TINY_PRETRAIN, WORDS, console_noise, run_train_forked, write_bert_corpus
+from helpers.runs import TINY_PRETRAIN, WORDS, console_noise, run_train_recorded, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).parent
 BASE = [*TINY_PRETRAIN, "trainer.log_every_n_steps=1"]
-
-
-def run(args: list[str], new_session: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The entry point with the recorder callbacks importable (tests/ on PYTHONPATH)."""
-    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
-    # A new session: KillAtStep kills the process group, which is then this run's processes only.
-    return run_train_forked(*args, start_new_session=new_session, PYTHONPATH=path, **(env or {}))
 
 
 def recorded(path: Path) -> dict[tuple[int, int], list[str]]:
@@ -60,7 +50,9 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, corpus, devices, streaming, pr
         *(["trainer.strategy=ddp"] if devices > 1 else []),
         "+callbacks.record._target_=helpers.loss_recorder.RecordLosses",
     ]
-    whole = run([*args, f"+callbacks.record.path={tmp_path / 'whole.txt'}", f"hydra.run.dir={tmp_path / 'whole'}"])
+    whole = run_train_recorded(
+        *args, f"+callbacks.record.path={tmp_path / 'whole.txt'}", f"hydra.run.dir={tmp_path / 'whole'}"
+    )
     assert whole.returncode == 0, whole.stderr[-3000:]
     reference = recorded(tmp_path / "whole.txt")
     assert max(step for step, _ in reference) == 14 and len(reference) == 14 * devices
@@ -69,14 +61,12 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, corpus, devices, streaming, pr
     assert max(epochs) >= 1 or streaming  # the steps after the resume cross into a new epoch (a stream has none)
 
     crashed = tmp_path / "crashed"
-    killed = run(
-        [
-            *args,
-            f"+callbacks.record.path={tmp_path / 'before.txt'}",
-            "+callbacks.kill._target_=helpers.loss_recorder.KillAtStep",
-            "+callbacks.kill.step=10",
-            f"hydra.run.dir={crashed}",
-        ],
+    killed = run_train_recorded(
+        *args,
+        f"+callbacks.record.path={tmp_path / 'before.txt'}",
+        "+callbacks.kill._target_=helpers.loss_recorder.KillAtStep",
+        "+callbacks.kill.step=10",
+        f"hydra.run.dir={crashed}",
         new_session=True,
     )
     assert killed.returncode == -signal.SIGKILL
@@ -84,10 +74,10 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, corpus, devices, streaming, pr
     assert max(step for step, _ in before) == 10 and not (crashed / "results.json").exists()
     assert torch.load(crashed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
 
-    again = run([*args, f"+callbacks.record.path={tmp_path / 'after.txt'}", f"hydra.run.dir={crashed}"])
+    again = run_train_recorded(*args, f"+callbacks.record.path={tmp_path / 'after.txt'}", f"hydra.run.dir={crashed}")
     assert again.returncode == 2 and "resume=true" in again.stderr  # an unfinished run is never overwritten
-    resumed = run(
-        [*args, f"+callbacks.record.path={tmp_path / 'after.txt'}", f"hydra.run.dir={crashed}", "resume=true"]
+    resumed = run_train_recorded(
+        *args, f"+callbacks.record.path={tmp_path / 'after.txt'}", f"hydra.run.dir={crashed}", "resume=true"
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert console_noise(resumed) == []  # e.g. "not resumable": the loader resumes by step, and Lightning is told so
@@ -115,15 +105,13 @@ def test_two_process_ddp_equals_one_process_with_the_same_global_batch(tmp_path,
     logs = {}
     for devices, accumulate in ((1, 2), (2, 1)):
         out = tmp_path / f"outputs{devices}"
-        result = run(
-            [
-                *args,
-                f"trainer.devices={devices}",
-                f"trainer.accumulate_grad_batches={accumulate}",
-                *(["trainer.strategy=ddp"] if devices > 1 else []),
-                f"+callbacks.record.path={tmp_path / f'losses{devices}.txt'}",
-                f"paths.log_dir={out}",
-            ]
+        result = run_train_recorded(
+            *args,
+            f"trainer.devices={devices}",
+            f"trainer.accumulate_grad_batches={accumulate}",
+            *(["trainer.strategy=ddp"] if devices > 1 else []),
+            f"+callbacks.record.path={tmp_path / f'losses{devices}.txt'}",
+            f"paths.log_dir={out}",
         )
         assert result.returncode == 0, result.stderr[-3000:]
         assert result.stdout.count("lightbert: finished 6 steps") == 1  # printed by rank zero alone
@@ -153,19 +141,19 @@ def test_stop_signal_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp
         "task.checkpoint_every_n_steps=100",  # no periodic checkpoint: only SIGTERM's
         "+callbacks.record._target_=helpers.loss_recorder.RecordLosses",
     ]
-    whole = run([*args, f"+callbacks.record.path={tmp_path / 'whole.txt'}", f"hydra.run.dir={tmp_path / 'whole'}"])
+    whole = run_train_recorded(
+        *args, f"+callbacks.record.path={tmp_path / 'whole.txt'}", f"hydra.run.dir={tmp_path / 'whole'}"
+    )
     assert whole.returncode == 0, whole.stderr[-3000:]
     stopped = tmp_path / "stopped"
-    terminated = run(
-        [
-            *args,
-            f"+callbacks.record.path={tmp_path / 'before.txt'}",
-            "+callbacks.term._target_=helpers.loss_recorder.SignalAtStep",
-            "+callbacks.term.step=5",
-            f"+callbacks.term.name={name}",
-            f"hydra.run.dir={stopped}",
-        ],
-        env={"SUBMITIT_EXECUTOR": "slurm"} if name == "USR2" else {},
+    terminated = run_train_recorded(
+        *args,
+        f"+callbacks.record.path={tmp_path / 'before.txt'}",
+        "+callbacks.term._target_=helpers.loss_recorder.SignalAtStep",
+        "+callbacks.term.step=5",
+        f"+callbacks.term.name={name}",
+        f"hydra.run.dir={stopped}",
+        **({"SUBMITIT_EXECUTOR": "slurm"} if name == "USR2" else {}),
     )
     stop = signal.SIGINT if name == "INT" else signal.SIGTERM
     assert terminated.returncode == 128 + stop and not (stopped / "results.json").exists()
@@ -174,8 +162,8 @@ def test_stop_signal_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp
     checkpoint = torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 5  # saved after the batch it was running, before exiting
     assert max(step for step, _ in recorded(tmp_path / "before.txt")) == 5
-    resumed = run(
-        [*args, f"+callbacks.record.path={tmp_path / 'after.txt'}", f"hydra.run.dir={stopped}", "resume=true"]
+    resumed = run_train_recorded(
+        *args, f"+callbacks.record.path={tmp_path / 'after.txt'}", f"hydra.run.dir={stopped}", "resume=true"
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     reference, after = recorded(tmp_path / "whole.txt"), recorded(tmp_path / "after.txt")
@@ -204,7 +192,7 @@ def test_paper_recipe_runs_both_phases_and_phase_two_starts_from_phase_one(tmp_p
         "+callbacks.record._target_=helpers.loss_recorder.RecordLosses",
         f"+callbacks.record.path={tmp_path / 'losses.txt'}",
     ]
-    result = run([*args, f"hydra.run.dir={run_dir}"])
+    result = run_train_recorded(*args, f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     log = (run_dir / "train.log").read_text()
     assert "phase 1/2: steps 0-9" in log and "phase 2/2: steps 9-10" in log

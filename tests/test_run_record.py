@@ -14,17 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.runs import BASE, REPO, default_sigint, run_train_forked, write_bert_corpus
+from helpers.runs import BASE, REPO, default_sigint, pythonpath_with_tests, run_train_recorded, write_bert_corpus
 from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.slow
-
-TESTS = Path(__file__).parent
-
-
-def run(*args: str, new_session: bool = False) -> subprocess.CompletedProcess:
-    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])  # the recorder callbacks
-    return run_train_forked(*args, start_new_session=new_session, PYTHONPATH=path)
 
 
 def snapshot(directory: Path) -> dict[str, tuple[int, str]]:
@@ -52,7 +45,7 @@ def killed_run(tmp_path_factory, corpus) -> tuple[Path, list[str]]:
     run_dir = tmp_path_factory.mktemp("killed") / "run"
     args = [*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=10", f"hydra.run.dir={run_dir}"]
     args.append("+logger.csv.flush_logs_every_n_steps=1")  # rows past the checkpoint reach the disk before the kill
-    killed = run(
+    killed = run_train_recorded(
         *args, "+callbacks.kill._target_=helpers.loss_recorder.KillAtStep", "+callbacks.kill.step=6", new_session=True
     )
     assert killed.returncode == -signal.SIGKILL
@@ -62,10 +55,10 @@ def killed_run(tmp_path_factory, corpus) -> tuple[Path, list[str]]:
 def test_a_refused_command_leaves_a_finished_run_as_it_was(tmp_path, corpus):
     run_dir = tmp_path / "run"
     args = [*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=2", f"hydra.run.dir={run_dir}"]
-    assert run(*args).returncode == 0
+    assert run_train_recorded(*args).returncode == 0
     before = snapshot(run_dir)
     assert {".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml", "train.log"} <= set(before)
-    again = run(*args, "optim.lr=1e-3")
+    again = run_train_recorded(*args, "optim.lr=1e-3")
     assert again.returncode == 2 and "already holds a finished run" in again.stderr
     after = snapshot(run_dir)
     assert after == before, (run_dir / "train.log").read_text()[-1500:]  # not one byte: not .hydra/, not train.log
@@ -87,7 +80,7 @@ def test_a_resume_that_changes_settings_is_refused_and_writes_nothing(killed_run
     other_corpus = write_bert_corpus(tmp_path / "other.txt", num_documents=12, seed=3)
     changes = [("optim.lr=1e-3", "optim.lr"), (f"corpus.paths=[{other_corpus}]", "corpus.paths")]
     for change, key in [*changes, ("speed.fp8=true", "speed.fp8: None recorded, True now")]:
-        refused = run(*args, "resume=true", change)
+        refused = run_train_recorded(*args, "resume=true", change)
         assert refused.returncode == 2, refused.stderr[-2000:]
         assert "resume=true continues the run" in refused.stderr and key in refused.stderr
         assert snapshot(run_dir) == before
@@ -98,7 +91,7 @@ def test_a_resume_continues_metrics_csv_and_keeps_the_runs_tokenizer(killed_run)
     recorded_by_an_older_version(run_dir)  # a setting new since the run started, at its default: resumes
     tokenizer = (run_dir / "tokenizer.json").read_bytes()
     assert metric_steps(run_dir)[-1] >= 4  # logged past the checkpoint at step 4 (rows 0-3): those rows are redone
-    resumed = run(*args, "resume=true")
+    resumed = run_train_recorded(*args, "resume=true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = metric_steps(run_dir)
     assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 9  # one row per step, history kept
@@ -110,7 +103,7 @@ def test_a_fresh_run_into_a_directory_with_a_users_metrics_csv_is_refused(tmp_pa
     run_dir.mkdir()
     (run_dir / "metrics.csv").write_text("step,my/metric\n0,1.0\n")
     before = snapshot(run_dir)
-    refused = run(*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=2", f"hydra.run.dir={run_dir}")
+    refused = run_train_recorded(*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=2", f"hydra.run.dir={run_dir}")
     assert refused.returncode == 2 and "holds a metrics.csv" in refused.stderr
     assert snapshot(run_dir) == before
 
@@ -118,13 +111,12 @@ def test_a_fresh_run_into_a_directory_with_a_users_metrics_csv_is_refused(tmp_pa
 def test_two_runs_in_one_directory_the_second_is_refused(tmp_path, corpus):
     run_dir = tmp_path / "run"
     args = [*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=100000", f"hydra.run.dir={run_dir}"]
-    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
     first = subprocess.Popen(
         [sys.executable, str(REPO / "src" / "train.py"), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": path},
+        env={**os.environ, "PYTHONPATH": pythonpath_with_tests()},
         preexec_fn=default_sigint,
     )
     try:
@@ -132,7 +124,7 @@ def test_two_runs_in_one_directory_the_second_is_refused(tmp_path, corpus):
         while not (run_dir / ".hydra" / "config.yaml").is_file():  # the first has passed its checks
             assert first.poll() is None and time.time() < deadline, "the first run ended before it started"
             time.sleep(0.2)
-        second = run(*args)
+        second = run_train_recorded(*args)
         assert second.returncode == 2 and "another run is training in" in second.stderr
     finally:
         first.send_signal(signal.SIGINT)
@@ -148,13 +140,13 @@ def test_a_resume_without_a_checkpoint_keeps_the_earlier_attempts_metrics(tmp_pa
     args = [*base, f"corpus.paths=[{corpus}]", "trainer.max_steps=6", "task.checkpoint_every_n_steps=100"]
     args += ["trainer.val_check_interval=100", f"hydra.run.dir={run_dir}", "+logger.csv.flush_logs_every_n_steps=1"]
     kill = ["+callbacks.kill._target_=helpers.loss_recorder.KillAtStep", "+callbacks.kill.step=3"]
-    assert run(*args, *kill, new_session=True).returncode == -signal.SIGKILL
+    assert run_train_recorded(*args, *kill, new_session=True).returncode == -signal.SIGKILL
     assert not (run_dir / "checkpoints" / "last.ckpt").exists()
     before = (run_dir / "metrics.csv").read_text().splitlines()
     earlier = metric_steps(run_dir)
     assert earlier and earlier == list(range(len(earlier)))  # the rows that reached the disk before the kill
 
-    resumed = run(*args, "resume=true")
+    resumed = run_train_recorded(*args, "resume=true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"metrics.csv keeps the {len(before) - 1} row(s) of the earlier attempt" in resumed.stdout + resumed.stderr
     after = (run_dir / "metrics.csv").read_text().splitlines()
@@ -169,13 +161,13 @@ def test_a_resume_on_an_edited_corpus_is_refused_and_names_it(tmp_path):
     run_dir = tmp_path / "run"
     args = [*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=8", f"hydra.run.dir={run_dir}"]
     kill = ["+callbacks.kill._target_=helpers.loss_recorder.KillAtStep", "+callbacks.kill.step=5"]
-    assert run(*args, *kill, new_session=True).returncode == -signal.SIGKILL
+    assert run_train_recorded(*args, *kill, new_session=True).returncode == -signal.SIGKILL
     stat = corpus.stat()
     text = corpus.read_text()
     corpus.write_text(text.replace("the", "teh", 1))  # same size, other words
     os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     before = snapshot(run_dir)
-    refused = run(*args, "resume=true")
+    refused = run_train_recorded(*args, "resume=true")
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert f"sources changed since ({corpus}" in refused.stderr
     assert snapshot(run_dir) == before
@@ -191,9 +183,9 @@ def test_a_resumed_run_logs_every_row_an_unbroken_run_logs(tmp_path, corpus):
         table = csv.DictReader((run_dir / "metrics.csv").read_text().splitlines())
         return [(int(r["step"]), tuple(sorted(k for k, v in r.items() if v and k != "epoch"))) for r in table]
 
-    assert run(*args, f"hydra.run.dir={tmp_path / 'whole'}").returncode == 0
+    assert run_train_recorded(*args, f"hydra.run.dir={tmp_path / 'whole'}").returncode == 0
     kill = ["+callbacks.kill._target_=helpers.loss_recorder.KillAtStep", "+callbacks.kill.step=6"]
     crashed = [*args, f"hydra.run.dir={tmp_path / 'crashed'}"]
-    assert run(*crashed, *kill, new_session=True).returncode == -signal.SIGKILL
-    assert run(*crashed, "resume=true").returncode == 0
+    assert run_train_recorded(*crashed, *kill, new_session=True).returncode == -signal.SIGKILL
+    assert run_train_recorded(*crashed, "resume=true").returncode == 0
     assert rows(tmp_path / "crashed") == rows(tmp_path / "whole")

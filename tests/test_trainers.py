@@ -22,6 +22,7 @@ from helpers.runs import (
     cpu_twin,
     pretrain_overrides,
     run_train_forked,
+    run_train_recorded,
     write_bert_corpus,
 )
 from helpers.squad_files import squad_data_files
@@ -31,8 +32,6 @@ from omegaconf import OmegaConf
 from lightbert.run.jobs import train
 
 pytestmark = pytest.mark.slow
-
-TESTS = Path(__file__).parent
 
 
 def finetune_overrides(family: str, data: Path, init_from: Path) -> list[str]:
@@ -229,7 +228,7 @@ def test_a_ddp_process_killed_by_the_oom_killer_is_named(corpus, tmp_path):
     and what to do, in one line (not gloo's traceback about a closed connection)."""
     args = dry_run("ddp", corpus, tmp_path / "run")
     kill_rank_1 = ["+callbacks.kill._target_=helpers.loss_recorder.KillRankAtStep", "+callbacks.kill.step=1"]
-    result = run_train_forked(*args, *kill_rank_1, PYTHONPATH=str(Path(__file__).parent))
+    result = run_train_recorded(*args, *kill_rank_1)
     assert result.returncode == 2, result.stderr[-3000:]
     said = [line for line in result.stderr.splitlines() if line.startswith("lightbert: error:")]
     assert said == [

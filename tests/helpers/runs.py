@@ -149,6 +149,17 @@ def run_train_forked(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return forked_scripts.run("train", *args, **kwargs)
 
 
+def pythonpath_with_tests() -> str:
+    """PYTHONPATH for a run that loads the tests' own callbacks (`+callbacks.x._target_=helpers.loss_recorder...`)."""
+    return os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+
+
+def run_train_recorded(*args: str, new_session: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    """`run_train_forked` with the tests' callbacks importable. `new_session`: a process group of its own, so that a
+    callback that kills the group (`KillAtStep`) kills this run's processes only."""
+    return run_train_forked(*args, start_new_session=new_session, PYTHONPATH=pythonpath_with_tests(), **kwargs)
+
+
 def run_script_forked(script: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
     """`python src/<script>.py ARGS` (evaluate, predict, ...), in a forked child (`ForkedScripts`)."""
     return forked_scripts.run(script, *args, **kwargs)
