@@ -71,6 +71,31 @@ def test_the_padded_fine_tuning_step_compiles_to_one_graph_and_is_compared_with_
     assert re.fullmatch(r"fine-tuning speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]
 
 
+def test_switch_table_runs_each_case_in_its_own_process_and_writes_one_table(tmp_path):
+    out = tmp_path / "switches.md"
+    lines = run_bench("switch_table.py", "--quick", "--cases", "packing+compile", "losses compiled", "--out", str(out))
+    table = out.read_text().splitlines()
+    assert table == lines[-4:]  # printed and written
+    assert table[0].startswith("| case | lightbert ms/step | % of matmul peak | vs transformers |")
+    assert re.fullmatch(
+        r"\| packing\+compile \| [\d.]+ \| [\d.]+% \| [\d.]+x \| - \| 0 breaks, 0 recompilations \|", table[2]
+    )
+    assert re.fullmatch(r"\| losses compiled \| [\d.]+ \| - \| - \| - \| [\d.]+x the eager losses \|", table[3])
+
+
+def test_switch_table_keeps_a_failed_case_in_its_row():
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import switch_table
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    failed = switch_table.row("fp8", "Traceback ...\nRuntimeError: CUDA out of memory | tried 2 GiB", 1)
+    assert failed == {"case": "fp8", "error": "RuntimeError: CUDA out of memory | tried 2 GiB"}
+    rendered = switch_table.table([failed], "MFU").splitlines()
+    assert rendered[2] == "| fp8 | failed: RuntimeError: CUDA out of memory / tried 2 GiB | | | | |"
+    assert rendered[2].count("|") == rendered[0].count("|")
+
+
 def test_losses_benchmark_checks_equality_and_ends_with_the_ratio_line():
     lines = run_bench("mlm_loss.py", "--rows", "64", "--vocab-size", "500", "--sequences", "8", "--repeats", "1")
     assert lines[0] == "pre-training losses, forward and backward: 64 x 500 fp32 MLM logits, 8 NSP rows, cpu"
