@@ -1,5 +1,6 @@
 """bench/pretrain_step.py runs end to end (tiny sizes, one repeat) and checks itself before it times anything."""
 
+import argparse
 import re
 import subprocess
 import sys
@@ -55,9 +56,20 @@ def test_inference_benchmark_runs_checks_parity_and_ends_with_the_ratio_line():
     assert sum("examples/s" in line for line in lines) == 3  # lightbert and two pipeline batch sizes
 
 
+def switch_table():
+    """bench/switch_table.py as a module."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import switch_table
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    return switch_table
+
+
 def test_the_padded_fine_tuning_step_compiles_to_one_graph_and_is_compared_with_transformers_compiled():
     """`--part finetune --no-unpad --compile`: the padded classifier step has no graph break (so one CUDA graph per
-    padded width on a GPU); `--hf-compile` adds transformers compiled, with its own ratio line."""
+    padded width on a GPU); `--hf-compile` adds transformers compiled, with its own ratio line. switch_table.py
+    reads every figure of that output."""
     lines = run_bench(
         "pretrain_step.py", "--model", "bert_tiny", "--seq-len", "64", "--finetune-batch-size", "8", "--part",
         "finetune", "--no-unpad", "--compile", "--compile-backend", "aot_eager", "--hf-compile", "--warmup", "1",
@@ -69,37 +81,37 @@ def test_the_padded_fine_tuning_step_compiles_to_one_graph_and_is_compared_with_
     assert sides == ["lightbert", "transformers", "transformers compiled"], sides
     assert any(re.fullmatch(r"fine-tuning speedup vs transformers compiled: \d+\.\d\dx", line) for line in lines)
     assert re.fullmatch(r"fine-tuning speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]
+    found = switch_table().row("finetune padded+compile", "\n".join(lines), 0)
+    assert set(found) == {"case", "ms", "peak", "vs eager", "vs compiled", "graphs"}, found
+    assert found["graphs"] == "0 breaks, 0 recompilations" and found["vs eager"] == lines[-1].split()[-1]
 
 
 def test_switch_table_runs_each_case_in_its_own_process_and_writes_one_table(tmp_path):
+    """One case end to end (the compiled losses: bench/mlm_loss.py checks them against eager before timing); the
+    pre-training cases' commands are pretrain_step.py's switches."""
     out = tmp_path / "switches.md"
-    lines = run_bench("switch_table.py", "--quick", "--cases", "packing+compile", "losses compiled", "--out", str(out))
+    lines = run_bench("switch_table.py", "--quick", "--cases", "losses compiled", "--out", str(out))
     table = out.read_text().splitlines()
-    assert table == lines[-4:]  # printed and written
-    assert table[0].startswith("| case | lightbert ms/step | % of matmul peak | vs transformers |")
-    assert re.fullmatch(
-        r"\| packing\+compile \| [\d.]+ \| [\d.]+% \| [\d.]+x \| - \| 0 breaks, 0 recompilations \|", table[2]
+    assert table == lines[-3:]  # printed and written
+    assert table[0] == (
+        "| case | lightbert ms/step | % of matmul peak | vs transformers | vs transformers compiled | torch.compile |"
     )
-    assert re.fullmatch(r"\| losses compiled \| [\d.]+ \| - \| - \| - \| [\d.]+x the eager losses \|", table[3])
+    assert re.fullmatch(r"\| losses compiled \| [\d.]+ \| - \| - \| - \| \d+\.\d\dx the eager losses \|", table[2])
+    args = argparse.Namespace(device="cuda", gpu=True, quick=False, model="bert_base", seq_len=128, batch_size=256,
+                              hf_compile=True)  # fmt: skip
+    command = switch_table().case_command("packing+compile", args)
+    assert command[1].endswith("bench/pretrain_step.py")
+    assert command[2:] == ["--device", "cuda", "--packing", "--compile", "--part", "pretrain", "--model", "bert_base",
+                           "--seq-len", "128", "--batch-size", "256", "--hf-compile"]  # fmt: skip
 
 
 def test_switch_table_keeps_a_failed_case_in_its_row():
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import switch_table
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    failed = switch_table.row("fp8", "Traceback ...\nRuntimeError: CUDA out of memory | tried 2 GiB", 1)
+    table = switch_table()
+    failed = table.row("fp8", "Traceback ...\nRuntimeError: CUDA out of memory | tried 2 GiB", 1)
     assert failed == {"case": "fp8", "error": "RuntimeError: CUDA out of memory | tried 2 GiB"}
-    rendered = switch_table.table([failed], "MFU").splitlines()
+    rendered = table.table([failed], "MFU").splitlines()
     assert rendered[2] == "| fp8 | failed: RuntimeError: CUDA out of memory / tried 2 GiB | | | | |"
     assert rendered[2].count("|") == rendered[0].count("|")
-
-
-def test_losses_benchmark_checks_equality_and_ends_with_the_ratio_line():
-    lines = run_bench("mlm_loss.py", "--rows", "64", "--vocab-size", "500", "--sequences", "8", "--repeats", "1")
-    assert lines[0] == "pre-training losses, forward and backward: 64 x 500 fp32 MLM logits, 8 NSP rows, cpu"
-    assert re.fullmatch(r"compiled losses speedup vs eager: \d+\.\d\dx", lines[-1]), lines[-1]
 
 
 @pytest.mark.parametrize("switches", [[], ["--fp8"]], ids=["plain", "fp8"])
