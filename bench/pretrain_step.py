@@ -288,7 +288,7 @@ def bench_data(args, datamodule: PretrainDataModule) -> float:
     tokenizer = datamodule.tokenizer
     lines = [line for line in text_file.read_text().splitlines() if line.strip()]
     tokenizer_seconds, prepare_seconds, masking_seconds = [], [], []
-    for _ in range(5):  # medians of 5: one run of either is about a second, and this machine is noisy
+    for _ in range(args.repeats):  # medians of 5 by default: one run of either is about a second, and CPUs are noisy
         started = time.perf_counter()
         tokenizer.backend.encode_batch_fast(lines, add_special_tokens=False)  # the fastest it gets, ids only
         tokenizer_seconds.append(time.perf_counter() - started)

@@ -41,6 +41,7 @@ def test_benchmark_runs_and_ends_with_the_ratio_line():
     assert re.fullmatch(r"speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]
     assert any(re.fullmatch(r"fine-tuning speedup vs transformers: \d+\.\d\dx", line) for line in lines)
     assert any(line.startswith("data preparation (to cached examples) vs tokenizer alone: ") for line in lines)
+    assert any(line.startswith("trainer path (src/train.py) per step over the hand loop: ") for line in lines)
     # Before timing, both models gave the same loss on the batch with the same weights.
     losses = re.search(r"loss lightbert ([\d.]+), transformers ([\d.]+)", "\n".join(lines))
     assert losses and abs(float(losses[1]) - float(losses[2])) < 1e-3
