@@ -204,9 +204,8 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
     if args.compile:
         module.compile_step(backend=args.compile_backend)  # what speed.compile runs
         print(compile_report(steps["lightbert"]))
-    if args.hf_compile:  # the same weights; calling `hf` itself stays eager
-        compiled = torch.compile(hf, backend=args.compile_backend)
-        steps["transformers compiled"] = training_step(hf, lambda: compiled(**hf_inputs).loss, device, args)
+    if args.hf_compile:
+        steps["transformers compiled"] = compiled_step(hf, hf_inputs, device, args)
     seconds = time_interleaved(steps, device, args.warmup, args.repeats)
     lengths = plain["attention_mask"].sum(1).cpu()  # the useful work is each example's, packed or not
     num_predictions = int((plain["labels"] != -100).sum())
@@ -217,6 +216,13 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
     )
     flops = float(step_flops(config, lengths, num_predictions))
     return report("pre-training", seconds, int(lengths.sum()), flops, peak, device)
+
+
+def compiled_step(hf: torch.nn.Module, inputs: dict, device: torch.device, args) -> Callable[[], None]:
+    """--hf-compile: the training step of transformers torch.compile'd, on the same weights (calling `hf` itself
+    stays eager), with --compile-backend as lightbert's."""
+    compiled = torch.compile(hf, backend=args.compile_backend)
+    return training_step(hf, lambda: compiled(**inputs).loss, device, args)
 
 
 def compile_report(step: Callable[[], None]) -> str:
@@ -270,8 +276,7 @@ def bench_finetune(args, datamodule: PretrainDataModule, device: torch.device, p
         ours.compile(backend=args.compile_backend)
         print(f"fine-tuning {compile_report(steps['lightbert'])}")
     if args.hf_compile:
-        compiled = torch.compile(hf, backend=args.compile_backend)
-        steps["transformers compiled"] = training_step(hf, lambda: compiled(**inputs, labels=labels).loss, device, args)
+        steps["transformers compiled"] = compiled_step(hf, {**inputs, "labels": labels}, device, args)
     seconds = time_interleaved(steps, device, args.warmup, args.repeats)
     lengths = batch["attention_mask"].sum(1).cpu()
     print(
