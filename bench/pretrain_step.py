@@ -51,6 +51,7 @@ from lightbert.pretraining.datamodule import PretrainDataModule
 from lightbert.pretraining.module import PreTrainingModule
 from lightbert.pretraining.packing import PackingCollator, pack_batch
 from lightbert.run.callbacks import gpu_peak_flops, step_flops
+from lightbert.run.speed import unpadding_for
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB_SIZE = 30522  # bert-base-uncased's: the sizes are BERT's even where the demo corpus yields fewer pieces
@@ -159,6 +160,15 @@ def report(name: str, seconds: dict, tokens: int, flops: float, peak: float, dev
     return seconds["transformers"] / seconds["lightbert"]
 
 
+def unpadding(args, device: torch.device, packing: bool) -> str:
+    """--unpad as speed.unpad sets it (`lightbert.run.speed.unpadding_for`), said as a run says it."""
+    setting = {"true": True, "false": False}.get(args.unpad, args.unpad)
+    precision = "bf16-mixed" if args.dtype == "bf16" else "32-true"
+    how, line = unpadding_for(setting, device.type == "cuda", precision, packing)
+    print(line)
+    return how
+
+
 def pretraining_batch(datamodule: PretrainDataModule, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
     train = datamodule.datasets["train"].shuffle(seed=seed).select(range(batch_size))
     return datamodule.collator(torch.Generator().manual_seed(seed))([train[i] for i in range(batch_size)])
@@ -168,7 +178,7 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
     config = model_config(args.model)
     torch.manual_seed(args.seed)
     module = PreTrainingModule(config.to_dict(), {"lr": 1e-5}, sparse_mlm_head=not args.dense_mlm_head)
-    module.model.bert.unpad = not args.no_unpad
+    module.model.bert.unpad = unpadding(args, device, packing=args.packing)
     hf = hf_twin(module.model, config, transformers.BertForPreTraining)
     module.to(device)
     hf.to(device)
@@ -250,7 +260,7 @@ def bench_finetune(args, datamodule: PretrainDataModule, device: torch.device, p
     config = model_config(args.model)
     torch.manual_seed(args.seed)
     ours = BertForSequenceClassification(config, num_labels=2)
-    ours.bert.unpad = not args.no_unpad
+    ours.bert.unpad = unpadding(args, device, packing=False)
     hf = hf_twin(ours, config, transformers.BertForSequenceClassification)
     ours.to(device)
     hf.to(device)
@@ -272,7 +282,7 @@ def bench_finetune(args, datamodule: PretrainDataModule, device: torch.device, p
         "lightbert": training_step(ours, lambda: F.cross_entropy(ours(**inputs).float(), labels), device, args),
         "transformers": training_step(hf, lambda: hf(**inputs, labels=labels).loss, device, args),
     }
-    if args.compile:  # what speed.compile does to a fine-tuning model (padded, --no-unpad: one graph per width)
+    if args.compile:  # what speed.compile does to a fine-tuning model (padded, --unpad false: one graph per width)
         ours.compile(backend=args.compile_backend)
         print(f"fine-tuning {compile_report(steps['lightbert'])}")
     if args.hf_compile:
@@ -458,7 +468,10 @@ def main() -> None:
     )
     parser.add_argument("--hf-compile", action="store_true", help="also time transformers torch.compile'd")
     parser.add_argument("--packing", action="store_true", help="lightbert on the same examples packed into rows")
-    parser.add_argument("--no-unpad", action="store_true", help="lightbert without unpadding (speed.unpad=false)")
+    parser.add_argument(
+        "--unpad", choices=["true", "false", "groups", "varlen"], default="true",
+        help="lightbert's unpadding, as speed.unpad (true: by the device; false: padded)",
+    )  # fmt: skip
     parser.add_argument("--foreach", action="store_true", help="AdamW's foreach implementation (optim.fused=false)")
     parser.add_argument("--dense-mlm-head", action="store_true", help="MLM head on every position")
     parser.add_argument(

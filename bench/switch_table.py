@@ -29,13 +29,15 @@ BENCH = Path(__file__).resolve().parent
 CASES = {
     "defaults": ("pretrain_step.py", []),
     "compile": ("pretrain_step.py", ["--compile"]),
-    "packing": ("pretrain_step.py", ["--packing"]),
+    "packing": ("pretrain_step.py", ["--packing"]),  # on a GPU in bf16: flash's variable-length kernel
+    "packing dense mask": ("pretrain_step.py", ["--packing", "--unpad", "groups"]),
     "packing+compile": ("pretrain_step.py", ["--packing", "--compile"]),
     "bf16 weights": ("pretrain_step.py", ["--bf16-weights"]),
     "fp8+packing+compile": ("pretrain_step.py", ["--fp8", "--packing", "--compile"]),
     "finetune": ("pretrain_step.py", ["--part", "finetune"]),
-    "finetune padded": ("pretrain_step.py", ["--part", "finetune", "--no-unpad"]),
-    "finetune padded+compile": ("pretrain_step.py", ["--part", "finetune", "--no-unpad", "--compile"]),
+    "finetune varlen": ("pretrain_step.py", ["--part", "finetune", "--unpad", "varlen"]),
+    "finetune padded": ("pretrain_step.py", ["--part", "finetune", "--unpad", "false"]),
+    "finetune padded+compile": ("pretrain_step.py", ["--part", "finetune", "--unpad", "false", "--compile"]),
     "losses compiled": ("mlm_loss.py", []),
 }
 QUICK = ["--model", "bert_tiny", "--seq-len", "64", "--batch-size", "4", "--finetune-batch-size", "8", "--warmup",

@@ -182,6 +182,8 @@ REFUSED = [
      "trainer=fsdp; use trainer.precision=bf16-mixed with FSDP"),
     ("unknown compile mode", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "speed.compile_mode=fast"],
      "speed.compile_mode=fast is not known; valid: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"),
+    ("unknown unpadding", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "speed.unpad=auto"],
+     "speed.unpad=auto is not known; valid: true (by the device), false, groups, varlen"),
     ("unknown matmul precision", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "speed.matmul_precision=tf32"],
      "speed.matmul_precision must be one of highest, high, medium, got tf32"),
     ("the trainer removed", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "~trainer"],

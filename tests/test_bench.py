@@ -68,12 +68,12 @@ def switch_table():
 
 
 def test_the_padded_fine_tuning_step_compiles_to_one_graph_and_is_compared_with_transformers_compiled():
-    """`--part finetune --no-unpad --compile`: the padded classifier step has no graph break (so one CUDA graph per
+    """`--part finetune --unpad false --compile`: the padded classifier step has no graph break (so one CUDA graph per
     padded width on a GPU); `--hf-compile` adds transformers compiled, with its own ratio line. switch_table.py
     reads every figure of that output."""
     lines = run_bench(
         "pretrain_step.py", "--model", "bert_tiny", "--seq-len", "64", "--finetune-batch-size", "8", "--part",
-        "finetune", "--no-unpad", "--compile", "--compile-backend", "aot_eager", "--hf-compile", "--warmup", "1",
+        "finetune", "--unpad", "false", "--compile", "--compile-backend", "aot_eager", "--hf-compile", "--warmup", "1",
         "--repeats", "1",
     )  # fmt: skip
     report = next(line for line in lines if line.startswith("fine-tuning torch.compile:"))

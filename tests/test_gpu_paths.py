@@ -85,13 +85,13 @@ def test_the_compile_mode_reaches_torch_compile():
     """speed.compile_mode=reduce-overhead (CUDA graphs) is what the model's torch.compile is given; default passes
     no mode. The losses are compiled too, never in CUDA graphs (a replay would overwrite the logged losses)."""
     from lightbert.pretraining.module import PreTrainingModule, pretraining_losses
-    from lightbert.run.jobs import _apply_speed_switches
+    from lightbert.run.speed import apply_speed_switches
 
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
     for mode, given in (("reduce-overhead", "reduce-overhead"), ("default", None)):
         module = PreTrainingModule(config.to_dict(), {"lr": 1e-4})
         with mock.patch.object(module.model, "compile") as compile_, mock.patch("torch.compile") as compile_losses:
-            _apply_speed_switches(module, {"compile": True, "compile_mode": mode})
+            apply_speed_switches(module, {"compile": True, "compile_mode": mode}, {"accelerator": "cpu"})
         compile_.assert_called_once_with(mode=given, backend="inductor")
         compile_losses.assert_called_once_with(pretraining_losses, backend="inductor")
         assert module.losses is compile_losses.return_value

@@ -73,14 +73,15 @@ def test_padding_never_changes_real_token_outputs():
 
 
 def test_unpadding_gives_the_padded_outputs_and_gradients():
-    """speed.unpad: layers on the real tokens only; real-token outputs and every gradient stay the same."""
+    """speed.unpad: layers on the real tokens only (attention in length groups, or variable-length attention, here
+    its one-sequence-at-a-time path of the CPU); real-token outputs and every gradient stay the same."""
     config = BertConfig(**{**TINY.to_dict(), "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
     model = BertForPreTraining(config)
     input_ids, token_type_ids, attention_mask = random_batch()
     labels = input_ids.masked_fill(torch.rand(input_ids.shape, generator=torch.Generator().manual_seed(1)) > 0.3, -100)
     labels[attention_mask == 0] = -100
     outputs, grads = {}, {}
-    for unpad in (False, True):
+    for unpad in ("off", "groups", "varlen"):
         model.zero_grad()
         model.bert.unpad = unpad
         mlm, nsp = model(input_ids, token_type_ids, attention_mask)
@@ -90,10 +91,11 @@ def test_unpadding_gives_the_padded_outputs_and_gradients():
         real = attention_mask.bool()
         outputs[unpad] = [mlm[real], nsp, sequence[real], pooled, *(h[real] for h in hidden)]
         grads[unpad] = {n: p.grad.clone() for n, p in model.named_parameters()}
-    for padded, unpadded in zip(outputs[False], outputs[True], strict=True):
-        torch.testing.assert_close(unpadded, padded, atol=1e-5, rtol=1e-5)
-    for name, grad in grads[False].items():
-        torch.testing.assert_close(grads[True][name], grad, atol=1e-5, rtol=1e-5, msg=name)
+    for unpad in ("groups", "varlen"):
+        for padded, unpadded in zip(outputs["off"], outputs[unpad], strict=True):
+            torch.testing.assert_close(unpadded, padded, atol=1e-5, rtol=1e-5)
+        for name, grad in grads["off"].items():
+            torch.testing.assert_close(grads[unpad][name], grad, atol=1e-5, rtol=1e-5, msg=f"{unpad}: {name}")
 
 
 @pytest.mark.parametrize(("layers", "hidden", "heads", "expected_millions"), [(12, 768, 12, 110), (24, 1024, 16, 340)])

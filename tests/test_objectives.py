@@ -32,7 +32,7 @@ TINY = {
 OPTIM = {"lr": 1e-3, "warmup_ratio": 0.0}
 
 
-@pytest.mark.parametrize("unpad", [True, False])
+@pytest.mark.parametrize("unpad", ["groups", "varlen", "off"])
 def test_the_left_to_right_encoder_never_looks_right(unpad):
     torch.manual_seed(0)
     model = BertModel(BertConfig.from_dict({**TINY, "attention": "left_to_right"})).eval()
@@ -51,7 +51,7 @@ def test_the_left_to_right_encoder_never_looks_right(unpad):
         assert not torch.allclose(both_ways[:, :3], after[:, :3])
 
 
-@pytest.mark.parametrize("unpad", [True, False])
+@pytest.mark.parametrize("unpad", ["groups", "varlen", "off"])
 def test_left_to_right_over_a_padded_batch_equals_each_sequence_alone(unpad):
     """Right-padded batches attend with the kernel's causal mask only (no (T, T) mask, length groups on): every real
     token's output equals the one of its sequence run alone, unpadded, under an explicit lower-triangular mask."""
@@ -61,7 +61,7 @@ def test_left_to_right_over_a_padded_batch_equals_each_sequence_alone(unpad):
     input_ids = torch.randint(5, 120, (8, 24))
     lengths = [24, 3, 17, 9, 24, 5, 12, 20]  # mixed enough that unpadding attends in length groups
     attention_mask = (torch.arange(24)[None] < torch.tensor(lengths)[:, None]).long()
-    assert unpad is False or RealTokens(attention_mask).groups is not None
+    assert unpad != "groups" or RealTokens(attention_mask).groups is not None
     with torch.no_grad():
         batched, pooled, _ = model(input_ids, None, attention_mask)
         for row, n in enumerate(lengths):
@@ -75,10 +75,13 @@ def test_left_to_right_over_a_padded_batch_equals_each_sequence_alone(unpad):
             torch.testing.assert_close(pooled[row], model.pooler(x, torch.tensor([n - 1]))[0], atol=1e-5, rtol=0)
 
 
-def test_a_mask_that_is_not_padding_at_the_end_falls_back_to_the_full_mask():
-    """Left padding or a hole breaks the causal-kernel shortcut; the full mask keeps the hidden token unseen."""
+@pytest.mark.parametrize("unpad", ["groups", "varlen"])
+def test_a_mask_that_is_not_padding_at_the_end_falls_back_to_the_full_mask(unpad):
+    """Left padding or a hole breaks the causal-kernel shortcut; the full mask keeps the hidden token unseen (varlen
+    never needs it: each sequence's real tokens, in order, attend left to right)."""
     torch.manual_seed(0)
     model = BertModel(BertConfig.from_dict({**TINY, "attention": "left_to_right"})).eval()
+    model.unpad = unpad
     input_ids = torch.randint(5, 120, (2, 12))
     attention_mask = torch.ones_like(input_ids)
     attention_mask[0, 4] = 0  # a hole

@@ -58,7 +58,10 @@ def losses_alone(net: BertForPreTraining, example: dict) -> tuple[dict[int, floa
     return dict(zip(positions, tokens.tolist(), strict=True)), float(F.cross_entropy(nsp, batch["next_sentence_label"]))
 
 
-def test_every_example_in_a_packed_batch_has_the_losses_it_has_alone():
+@pytest.mark.parametrize("unpad", ["groups", "varlen"])
+def test_every_example_in_a_packed_batch_has_the_losses_it_has_alone(unpad):
+    """Attention within each example: a (T, T) document mask ("groups", or "off": packed rows have no padding to
+    skip), or variable-length attention over the flattened rows ("varlen", here its CPU path)."""
     examples = sentence_pairs(24)
     packed = PackingCollator(masking(), WIDTH, max_examples_per_row=4)(examples)
     rows = packed["input_ids"].shape[0]
@@ -67,6 +70,7 @@ def test_every_example_in_a_packed_batch_has_the_losses_it_has_alone():
     assert packed["attention_mask"].float().mean() > 0.8  # almost no padding (plain: about half the batch)
 
     net = model()
+    net.bert.unpad = unpad
     with torch.no_grad():
         mlm, nsp = net(
             packed["input_ids"], packed["token_type_ids"], packed["attention_mask"], packed["masked_positions"],

@@ -55,7 +55,7 @@ def padded_model(model: nn.Module) -> nn.Module:
     the data (ONNX needs them static in the graph)."""
     for module in model.modules():
         if isinstance(module, BertModel):
-            module.unpad = False
+            module.unpad = "off"
     return model.eval()
 
 

@@ -11,10 +11,11 @@ How this differs from the reference implementations:
   outputs of real tokens are the same, padded positions just never receive attention. Left to right over
   right-padded sequences no mask is built at all: the kernel's own causal mask keeps every real query off the
   padding, which lies to its right (`attention_mask_for`).
-- Unpadding (`BertModel.unpad`, on by default): every layer but attention itself runs on the real tokens only,
-  (N, H) rather than (B, T, H), the way MosaicBERT and NVIDIA's recipe skip padding. Attention still sees the
-  padded (B, T) layout with the padding mask, so real-token outputs are unchanged; outputs at padded positions
-  are zeros instead of the values nobody reads.
+- Unpadding (`BertModel.unpad`, on by default): every layer runs on the real tokens only, (N, H) rather than
+  (B, T, H), the way MosaicBERT and NVIDIA's recipe skip padding. Attention runs either in length groups, each
+  padded to its own longest, or ("varlen") through a variable-length kernel on the (N, H) tokens as they are
+  (`lightbert.model.varlen`). Real-token outputs are unchanged; outputs at padded positions are zeros instead of
+  the values nobody reads.
 - `BertForPreTraining.forward` can compute the MLM head on the masked positions only
   (`masked_positions`): the head's (N, H) x (H, V) matmul is the most expensive single op of a small
   BERT and the other ~85% of its rows are thrown away by the loss anyway.
@@ -31,6 +32,9 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from lightbert.model.config import BertConfig
+from lightbert.model.varlen import Segments, varlen_attention
+
+UNPADDING = ("off", "groups", "varlen")  # BertModel.unpad
 
 
 class BertEmbeddings(nn.Module):
@@ -84,7 +88,7 @@ class BertSelfAttention(nn.Module):
         `is_causal`: the kernel masks every key right of its query (on top of `attn_mask`, which is then None)."""
         q, k, v = self.query(x), self.key(x), self.value(x)
         dropout_p = self.dropout_p if self.training else 0.0
-        if tokens is not None and tokens.groups is not None:  # sequences of mixed lengths: in length groups
+        if tokens is not None and tokens.attends_unpadded:  # length groups, or a variable-length kernel
             return tokens.attention(q, k, v, self.num_heads, dropout_p, is_causal)
         if tokens is not None:  # attention needs the (B, T) layout back
             q, k, v = tokens.pad(q), tokens.pad(k), tokens.pad(v)
@@ -267,12 +271,18 @@ class PackedRows(NamedTuple):
 
 class RealTokens:
     """Where the real tokens of a padded (B, T) batch sit, to move activations between (B, T, H) and (N, H), and
-    the length groups attention runs in (`attention`)."""
+    how attention runs on them (`attention`): in length groups, or, with `varlen`, through a variable-length kernel
+    on the (N, H) tokens as they are. Without either (`attends_unpadded` false) attention pads them back."""
 
-    def __init__(self, attention_mask: torch.Tensor):
+    def __init__(self, attention_mask: torch.Tensor, varlen: bool = False):
         self.batch, self.seq_len = attention_mask.shape
         self.index = attention_mask.flatten().nonzero().squeeze(1)  # (N,) positions in the flattened batch
-        self.groups = length_groups(attention_mask, len(self.index))
+        self.segments = Segments.of_padded(attention_mask) if varlen else None
+        self.groups = None if varlen else length_groups(attention_mask, len(self.index))
+
+    @property
+    def attends_unpadded(self) -> bool:
+        return self.segments is not None or self.groups is not None
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (N, H)
         return x.flatten(0, 1).index_select(0, self.index)
@@ -292,6 +302,8 @@ class RealTokens:
         square of the padded length, so a batch of mixed lengths (fine-tuning: SST-2's sentences are a third of
         their batch's longest) does a fraction of it.
         """
+        if self.segments is not None:
+            return varlen_attention(q, k, v, self.segments, heads, dropout_p, is_causal)
         hidden = q.shape[-1]
         qkv = torch.cat([torch.cat([q, k, v], dim=1), q.new_zeros(1, 3 * hidden)])  # (N + 1, 3H); row N pads
         outputs = []
@@ -304,6 +316,27 @@ class RealTokens:
             )
             outputs.append(out.transpose(1, 2).reshape(b * t, hidden).index_select(0, group.keep))  # (n_g, H)
         return torch.cat(outputs).index_select(0, self.groups.order)  # back to the tokens' order
+
+
+class PackedTokens:
+    """Every token of packed rows (B, T), flattened: (B, T, H) <-> (B·T, H) are views, not copies, and attention runs
+    through the variable-length kernel within each example (`Segments.of_packed_rows`; a row's padding attends to
+    itself, and nobody reads it)."""
+
+    attends_unpadded = True
+
+    def __init__(self, packed: PackedRows):
+        self.batch, self.seq_len = packed.document_ids.shape
+        self.segments = Segments.of_packed_rows(packed.document_ids, packed.cls_positions.shape[1])
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B·T, H)
+        return x.flatten(0, 1)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:  # (B·T, H) -> (B, T, H)
+        return x.view(self.batch, self.seq_len, -1)
+
+    def attention(self, q, k, v, heads: int, dropout_p: float, is_causal: bool = False) -> torch.Tensor:
+        return varlen_attention(q, k, v, self.segments, heads, dropout_p, is_causal)
 
 
 class LengthGroup:
@@ -359,7 +392,20 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
-        self.unpad = True  # skip padding in every layer but attention (config: speed.unpad)
+        self.unpad = "groups"  # how to skip padding (config: speed.unpad)
+
+    @property
+    def unpad(self) -> str:
+        """How the layers skip padding (`UNPADDING`): "off" (padded (B, T) batches throughout), "groups" (every layer
+        on the real tokens; attention in length groups, each padded to its own longest) or "varlen" (every layer,
+        attention included, on the real tokens, through a variable-length kernel; packed rows too)."""
+        return self._unpad
+
+    @unpad.setter
+    def unpad(self, how: str) -> None:
+        if how not in UNPADDING:
+            raise ValueError(f"BertModel.unpad is one of {', '.join(UNPADDING)}, got {how!r}")
+        self._unpad = how
 
     def forward(
         self,
@@ -383,19 +429,24 @@ class BertModel(nn.Module):
         batch's: no host sync, one graph under torch.compile.
         """
         causal = self.config.causal if causal is None else causal
+        tokens = None
         if packed is None:
             attn_mask, is_causal = attention_mask_for(attention_mask, input_ids.shape[1], causal, input_ids.device)
+            if self.unpad != "off" and attention_mask is not None and not bool(attention_mask.all()):
+                tokens = RealTokens(attention_mask, varlen=self.unpad == "varlen")
+                if tokens.segments is not None:  # each sequence's real tokens, in order: any padding, either way
+                    attn_mask, is_causal = None, causal
+                elif causal and not is_causal:  # groups carry padding masks only: attend in (B, T), full mask
+                    tokens.groups = None
         elif causal:
             raise ValueError("packed rows are for bidirectional encoders (a left-to-right model reads no [CLS])")
+        elif self.unpad == "varlen":
+            tokens, attn_mask, is_causal = PackedTokens(packed), None, False
         else:
             attn_mask, is_causal = document_mask(packed.document_ids), False
         x = self.embeddings(input_ids, token_type_ids, packed.position_ids if packed is not None else None)
         hidden_states = [x] if output_hidden_states else None
-        tokens = None
-        if packed is None and self.unpad and attention_mask is not None and not bool(attention_mask.all()):
-            tokens = RealTokens(attention_mask)
-            if causal and not is_causal:  # groups carry padding masks only: attend in (B, T) with the full mask
-                tokens.groups = None
+        if tokens is not None:
             x = tokens.unpad(x)  # (N, H)
         for layer in self.encoder.layer:
             x = layer(x, attn_mask, tokens, is_causal)

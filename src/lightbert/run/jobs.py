@@ -24,9 +24,9 @@ from lightbert.distributed import gather_dict
 from lightbert.errors import ConfigError, UserError
 from lightbert.finetuning.datamodule import FineTuningDataModule
 from lightbert.interop.hf import Pretrained, load_into, load_pretrained
-from lightbert.model import BertConfig, BertModel
+from lightbert.model import BertConfig
 from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
-from lightbert.model.fp8 import check_fp8_device, convert_to_fp8
+from lightbert.model.fp8 import check_fp8_device
 from lightbert.pretraining.corpus import TextCorpus
 from lightbert.run import processes
 from lightbert.run.callbacks import RunProgressBar
@@ -50,6 +50,7 @@ from lightbert.run.run_dir import (
     write_results,
 )
 from lightbert.run.run_dir import results as run_results
+from lightbert.run.speed import apply_speed_switches, compile_mode, unpad_setting
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +198,7 @@ def _prepare(
     _check_devices(cfg)
     matmuls = _set_fp32_matmuls(cfg)
     compile_mode(cfg.get("speed") or {})  # a bad one is refused before anything is written
+    unpad_setting(cfg.get("speed") or {})
     if (cfg.get("speed") or {}).get("fp8", False) and not evaluation:  # evaluation runs no fp8: it trains nothing
         check_fp8_device(str(cfg.trainer.get("accelerator", "auto")))
     tidy_lightning_console()
@@ -239,7 +241,8 @@ def _data_and_module(
         _convert_="all",
     )
     fresh = load_into(module.model, pretrained) if pretrained is not None else []
-    _apply_speed_switches(module, cfg.get("speed") or {}, training)
+    packing = bool(cfg.task.datamodule.get("packing", False))
+    apply_speed_switches(module, cfg.get("speed") or {}, cfg.trainer, packing, training)
     return datamodule, module, fresh
 
 
@@ -500,30 +503,6 @@ def _describe_run(
         f"{cfg.task.name}: {sizes} ({source}) on {data}; {devices}, strategy {strategy}, {precision}, "
         f"{length}, batch {cfg.task.batch_size} per device"
     )
-
-
-# torch.compile's modes: reduce-overhead captures CUDA graphs (a launch-bound step, e.g. the paper's per-device
-# batch), which needs fixed shapes: task.datamodule.packing=true, or speed.unpad=false with full-width padding.
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-
-def compile_mode(speed: DictConfig | dict) -> str:
-    mode = str(speed.get("compile_mode", "default"))
-    if mode not in COMPILE_MODES:
-        raise ConfigError(f"speed.compile_mode={mode} is not known; valid: {', '.join(COMPILE_MODES)}")
-    return mode
-
-
-def _apply_speed_switches(module: L.LightningModule, speed: DictConfig | dict, training: bool = True) -> None:
-    for submodule in module.modules():
-        if isinstance(submodule, BertModel):
-            submodule.unpad = bool(speed.get("unpad", True))
-    if speed.get("fp8", False) and training:  # before compiling, which then fuses the float8 casts
-        converted = convert_to_fp8(module.model)
-        log.debug(f"speed.fp8: {converted} Linear layers run their matmuls in float8 (torchao Float8Linear)")
-    mode = compile_mode(speed)
-    if speed.get("compile", False):
-        module.compile_step(mode=None if mode == "default" else mode)
 
 
 def _with_vocabulary(model_config: dict, tokenizer, pretrained: Pretrained | None) -> dict:

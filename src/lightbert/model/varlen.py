@@ -1,0 +1,87 @@
+"""Variable-length attention: the tokens of many sequences in one (N, heads, head size) tensor, each attending to
+its own sequence only, the sequences given by their boundaries (`Segments.cu_seqlens`, as flash attention takes them).
+
+This is `speed.unpad=varlen`: no padding anywhere, no (T, T) mask, one kernel call per layer. On a CUDA GPU in
+bf16/fp16 the kernel is flash attention's variable-length one (`aten._flash_attention_forward` with cumulative
+sequence lengths: the kernel `torch.nn.attention.varlen` wraps, called directly because that wrapper drops dropout,
+and BERT trains with attention dropout). Elsewhere (a CPU, fp32) `segmentwise_attention` computes the same thing
+one sequence at a time: slow, the reference the tests hold the model's varlen path to.
+
+Never run on a GPU here: the flash call is checked on the meta device (its arguments, shapes and backward), not
+on a GPU; bench/RESULTS.md says what has run where.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+
+class Segments(NamedTuple):
+    """Where each sequence's tokens sit among N: `cu_seqlens` (S + 1,) int32, 0 first and N last, sequence s at
+    [cu_seqlens[s], cu_seqlens[s + 1]) (empty sequences allowed, so that the shape can be fixed); `max_len`: no
+    sequence is longer (a bound, not a measurement: reading the longest would wait for the GPU)."""
+
+    cu_seqlens: torch.Tensor
+    max_len: int
+
+    @classmethod
+    def of_padded(cls, attention_mask: torch.Tensor) -> Segments:
+        """The real tokens of a right-padded (B, T) batch, in order: B sequences."""
+        lengths = attention_mask.sum(1, dtype=torch.int32)
+        return cls(F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0)), attention_mask.shape[1])
+
+    @classmethod
+    def of_packed_rows(cls, document_ids: torch.Tensor, examples_per_row: int) -> Segments:
+        """Every token of packed (B, T) rows, flattened row after row: in each row its `examples_per_row` example
+        slots (document 1, 2, ...; an empty slot is an empty sequence) and then its padding as one more sequence,
+        which attends to itself only. B x (K + 1) sequences whatever the rows hold: one shape, no host sync."""
+        documents = torch.arange(1, examples_per_row + 1, device=document_ids.device)
+        lengths = (document_ids[:, :, None] == documents).sum(1)  # (B, K): each example's tokens
+        padding = document_ids.shape[1] - lengths.sum(1, keepdim=True)  # (B, 1): the rest of the row
+        lengths = torch.cat([lengths, padding], 1).flatten()
+        return cls(F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32), document_ids.shape[1])
+
+
+def flash_varlen_supported(q: torch.Tensor) -> bool:
+    """Whether flash attention's variable-length kernel takes q (N, A, D): CUDA, bf16/fp16, a head size it has."""
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    segments: Segments,
+    heads: int,
+    dropout_p: float,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """Attention of the tokens q, k, v (N, H) within their own sequences -> (N, H); `is_causal`: each token attends
+    to those at or before it in its sequence (the order of the N)."""
+    n, hidden = q.shape
+    q, k, v = (t.view(n, heads, hidden // heads) for t in (q, k, v))  # views: the Linear outputs as they are
+    if flash_varlen_supported(q):
+        cu, longest = segments.cu_seqlens, segments.max_len
+        out = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, longest, longest, dropout_p, is_causal, False)[0]
+    else:
+        out = segmentwise_attention(q, k, v, segments.cu_seqlens, dropout_p, is_causal)
+    return out.reshape(n, hidden)
+
+
+def segmentwise_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, dropout_p: float, is_causal: bool
+) -> torch.Tensor:
+    """q, k, v (N, A, D) -> (N, A, D), one scaled_dot_product_attention call per non-empty sequence. Reads the
+    boundaries on the host."""
+    bounds = cu_seqlens.tolist()
+    outputs = []
+    for start, end in itertools.pairwise(bounds):
+        if end > start:
+            parts = (t[start:end].transpose(0, 1) for t in (q, k, v))  # (A, n_s, D)
+            out = F.scaled_dot_product_attention(*parts, dropout_p=dropout_p, is_causal=is_causal)
+            outputs.append(out.transpose(0, 1))
+    return torch.cat(outputs)

@@ -1,0 +1,115 @@
+"""speed.unpad=varlen: variable-length attention over the real tokens (unpadded batches) or the flattened rows
+(packed batches). Its results equal the other paths' in test_model, test_objectives and test_packing (through the
+CPU's one-sequence-at-a-time path); here: the sequences it is given, the flash call that a CUDA GPU makes (checked on
+the meta device: no GPU here), and which path `speed.unpad=true` picks where."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+from test_packing import CONFIG, WIDTH, masking, sentence_pairs
+
+from lightbert.model import BertForPreTraining
+from lightbert.model.varlen import Segments, segmentwise_attention, varlen_attention
+from lightbert.pretraining.packing import PackingCollator, packed_rows
+from lightbert.run.speed import unpadding_for
+
+
+def test_packed_rows_are_each_example_then_the_padding_as_sequences():
+    """Row after row: the K slots' examples (an empty slot: an empty sequence) and the row's padding, B x (K + 1)
+    sequences whatever the rows hold, read from the packed batch itself."""
+    packed = PackingCollator(masking(), WIDTH, max_examples_per_row=4)(sentence_pairs(13, seed=3))
+    rows, slots = packed["cls_positions"].shape
+    expected, start = [0], 0
+    for r in range(rows):
+        documents = packed["document_ids"][r].tolist()
+        for slot in range(1, slots + 1):
+            start += documents.count(slot)
+            expected.append(start)
+        start += documents.count(0)  # the padding, as one more sequence
+        expected.append(start)
+    assert start == rows * WIDTH
+    assert any(packed["example_index"][r, -1] < 0 for r in range(rows))  # an empty slot among them
+    segments = Segments.of_packed_rows(packed["document_ids"], slots)
+    assert segments.cu_seqlens.dtype == torch.int32 and segments.cu_seqlens.tolist() == expected
+    assert segments.max_len == WIDTH
+
+
+def test_segments_of_a_padded_batch_are_its_real_tokens_in_order():
+    attention_mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
+    segments = Segments.of_padded(attention_mask)
+    assert segments.cu_seqlens.tolist() == [0, 3, 4, 8] and segments.max_len == 4
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_segmentwise_attention_is_attention_under_the_block_diagonal_mask(is_causal):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 11, 2, 8).unbind(0)  # (N, A, D)
+    cu = torch.tensor([0, 4, 4, 9, 11], dtype=torch.int32)  # with an empty sequence
+    sequence = torch.tensor([0] * 4 + [2] * 5 + [3] * 2)
+    mask = sequence[:, None] == sequence[None, :]
+    if is_causal:
+        mask &= torch.ones(11, 11, dtype=torch.bool).tril()
+    dense = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)), attn_mask=mask)
+    out = segmentwise_attention(q, k, v, cu, 0.0, is_causal)
+    torch.testing.assert_close(out, dense.transpose(0, 1), atol=1e-6, rtol=1e-6)
+
+
+def test_the_flash_call_takes_the_packed_model_forward_and_backward_on_the_meta_device():
+    """What a CUDA GPU in bf16 runs, down to `aten._flash_attention_forward` and its backward, with torch's meta
+    kernels checking every argument and shape: the flattened rows (B·T, A, D), int32 boundaries, dropout."""
+    packed = PackingCollator(masking(), WIDTH, max_examples_per_row=4)(sentence_pairs(12))
+    net = BertForPreTraining(CONFIG).to("meta", torch.bfloat16).train()
+    net.bert.unpad = "varlen"
+    batch = {k: v.to("meta") for k, v in packed.items()}
+    flash = torch.ops.aten._flash_attention_forward
+    with (
+        mock.patch("lightbert.model.varlen.flash_varlen_supported", lambda q: q.dtype == torch.bfloat16),
+        mock.patch("torch.ops.aten._flash_attention_forward", side_effect=flash) as called,
+    ):
+        mlm, nsp = net(
+            batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["masked_positions"],
+            packed=packed_rows(batch),
+        )  # fmt: skip
+        (mlm.float().sum() + nsp.float().sum()).backward()
+    assert called.call_count == CONFIG.num_hidden_layers
+    q, _, _, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, _ = called.call_args.args
+    rows = packed["input_ids"].shape[0]
+    assert q.shape == (rows * WIDTH, CONFIG.num_attention_heads, CONFIG.head_size) and q.dtype == torch.bfloat16
+    assert cu_q is cu_k and cu_q.shape == (rows * 5 + 1,) and cu_q.dtype == torch.int32
+    assert (max_q, max_k, dropout_p, is_causal) == (WIDTH, WIDTH, CONFIG.attention_probs_dropout_prob, False)
+    query = net.bert.encoder.layer[0].attention.self.query.weight
+    assert query.grad is not None and query.grad.shape == query.shape
+
+
+def test_the_flash_call_of_unpadded_tokens_on_the_meta_device():
+    """Fine-tuning's varlen path hands the real tokens (N, A, D) as the Linear layers left them; eval: no dropout."""
+    q, k, v = (torch.empty(37, 64, device="meta", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    segments = Segments(torch.zeros(5, dtype=torch.int32, device="meta"), 16)
+    with mock.patch("lightbert.model.varlen.flash_varlen_supported", return_value=True):
+        out = varlen_attention(q, k, v, segments, heads=4, dropout_p=0.0, is_causal=True)
+    out.float().sum().backward()
+    assert out.shape == (37, 64) and q.grad.shape == (37, 64)
+
+
+@pytest.mark.parametrize(
+    ("setting", "on_cuda", "precision", "packing", "how", "says"),
+    [
+        (True, False, "32-true", False, "groups", "skipped, attention in length groups (speed.unpad=true on cpu"),
+        (True, True, "bf16-mixed", False, "groups", "in length groups (speed.unpad=true on a CUDA GPU, bf16-mixed)"),
+        (True, True, "bf16-mixed", True, "varlen", "within itself through flash attention's variable-length kernel"),
+        (True, True, "32-true", True, "groups", "within itself through a (T, T) mask"),
+        (True, False, "32-true", True, "groups", "within itself through a (T, T) mask (speed.unpad=true on cpu"),
+        ("varlen", True, "bf16-true", False, "varlen", "attention through flash attention's variable-length kernel"),
+        ("varlen", False, "32-true", False, "varlen", "one sequence at a time (the variable-length kernel needs"),
+        (False, True, "bf16-mixed", False, "off", "padding: kept (speed.unpad=false"),
+        ("groups", True, "bf16-mixed", True, "groups", "through a (T, T) mask (speed.unpad=groups"),
+    ],
+)
+def test_speed_unpad_true_picks_by_the_device_and_says_which(setting, on_cuda, precision, packing, how, says):
+    """true: flash's variable-length kernel for packed rows on a CUDA GPU in bf16; length groups elsewhere (a GPU
+    has not measured varlen against them for fine-tuning); a named path is that path."""
+    picked, line = unpadding_for(setting, on_cuda, precision, packing)
+    assert picked == how and line.startswith("padding: ") and says in line, line
