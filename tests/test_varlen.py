@@ -113,3 +113,32 @@ def test_speed_unpad_true_picks_by_the_device_and_says_which(setting, on_cuda, p
     has not measured varlen against them for fine-tuning); a named path is that path."""
     picked, line = unpadding_for(setting, on_cuda, precision, packing)
     assert picked == how and line.startswith("padding: ") and says in line, line
+
+
+def test_the_packed_varlen_model_compiles_to_one_graph_on_the_meta_device():
+    """The CUDA path under torch.compile (aot_eager, on meta tensors): batches of different row counts, forward and
+    backward, no graph break, no recompile: the boundaries have a fixed shape and nothing is read on the host."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    net = BertForPreTraining(CONFIG).to("meta", torch.bfloat16).train()
+    net.bert.unpad = "varlen"
+    net.compile(backend="aot_eager")
+    collate = PackingCollator(masking(), WIDTH)
+    rows = set()
+    with mock.patch("lightbert.model.varlen.flash_varlen_supported", lambda q: q.dtype == torch.bfloat16):
+        for seed, count in enumerate((16, 24, 9, 30)):
+            batch = {k: v.to("meta") for k, v in collate(sentence_pairs(count, seed=seed)).items()}
+            for tensor in batch.values():
+                torch._dynamo.maybe_mark_dynamic(tensor, 0)  # as PreTrainingModule._step marks them
+            rows.add(batch["input_ids"].shape[0])
+            mlm, nsp = net(
+                batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["masked_positions"],
+                packed=packed_rows(batch),
+            )  # fmt: skip
+            (mlm.float().sum() + nsp.float().sum()).backward()
+    assert len(rows) > 1
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
