@@ -320,3 +320,33 @@ def test_loader_workers_are_chosen_by_the_machine_and_said_once(monkeypatch, cap
     said = [r.getMessage() for r in caplog.records if "worker processes" in r.getMessage()]
     assert said == ["data loading: 4 worker processes per device (task.datamodule.num_workers=auto on cpu; set a "
                     "number to change it)"]  # fmt: skip
+
+
+def test_evaluation_batches_are_longest_first_and_sized_for_the_device():
+    """Validation and prediction loaders sort the split by length (each batch pads to its own longest); every example
+    comes once, with its idx; null eval_batch_size is task.batch_size on a CPU and at least 256 on a GPU."""
+    import datasets
+
+    from lightbert.data.batches import PaddingCollator, evaluation_batch_size, longest_first, make_loader
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 60, size=100)
+    split = datasets.Dataset.from_dict(
+        {"input_ids": [[7] * n for n in lengths], "token_type_ids": [[0] * n for n in lengths], "idx": list(range(100))}
+    )
+    ordered = longest_first(split)
+    assert [len(ids) for ids in ordered["input_ids"]] == sorted(lengths.tolist(), reverse=True)
+    assert sorted(ordered["idx"]) == list(range(100))
+    collate = PaddingCollator(0, {"idx": ("idx", torch.long)}, pad_to_multiple_of=None)
+    batches = list(make_loader(ordered, collate, 16, False, 0))
+    widths = [b["input_ids"].shape[1] for b in batches]
+    assert widths == sorted(widths, reverse=True)
+    padded = sum(b["input_ids"].numel() for b in batches)
+    in_file_order = sum(b["input_ids"].numel() for b in make_loader(split, collate, 16, False, 0))
+    assert padded < 1.2 * lengths.sum() and in_file_order > 1.5 * lengths.sum(), (padded, in_file_order)
+    multiple_choice = datasets.Dataset.from_dict({"input_ids": [[[1] * 4, [1] * 9], [[1] * 12, [1] * 2], [[1], [1]]]})
+    assert [max(map(len, ids)) for ids in longest_first(multiple_choice)["input_ids"]] == [12, 9, 1]
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert evaluation_batch_size(None, 32, cpu) == 32 and evaluation_batch_size(None, 32, cuda) == 256
+    assert evaluation_batch_size(None, 512, cuda) == 512 and evaluation_batch_size(64, 32, cuda) == 64

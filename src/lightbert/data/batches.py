@@ -1,4 +1,5 @@
-"""Batching shared by the fine-tuning DataModules: per-batch padding and an evaluation sampler for many devices."""
+"""Batching shared by the fine-tuning DataModules: per-batch padding, evaluation splits longest first, and an
+evaluation sampler for many devices."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import os
 from dataclasses import dataclass, field
 from itertools import chain
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
@@ -70,6 +74,35 @@ class UnpaddedDistributedSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return len(range(self.rank, len(self.dataset), self.num_replicas))
+
+
+def longest_first(dataset):
+    """A tokenised split (a `datasets.Dataset` with `input_ids`), its examples longest first (ties in order).
+
+    For evaluation and prediction: each batch then holds examples of similar length and pads to its own longest only,
+    and a batch too big for the device fails at the first step. Predictions and metrics are keyed by each example's
+    `idx` or summed, so the order changes no number. Multiple choice (C, T) examples count their longest choice."""
+    column = dataset.with_format("arrow")["input_ids"]
+    if pa.types.is_list(column.type.value_type):
+        per_choice = pc.list_value_length(pc.list_flatten(column)).to_numpy()
+        lengths = np.zeros(len(dataset), dtype=np.int64)
+        np.maximum.at(lengths, pc.list_parent_indices(column).to_numpy(), per_choice)
+    else:
+        lengths = pc.list_value_length(column).to_numpy()
+    return dataset.select(np.argsort(-lengths, kind="stable"))
+
+
+# Evaluation batches on a GPU (task.datamodule.eval_batch_size=null): sorted by length, inference without gradients
+# holds little memory, and bigger batches keep the GPU busy (predict.py's default there too).
+GPU_EVAL_BATCH_SIZE = 256
+
+
+def evaluation_batch_size(eval_batch_size: int | None, batch_size: int, device: torch.device) -> int:
+    """task.datamodule.eval_batch_size, or for null: task.batch_size on a CPU (the cores are busy already), at least
+    `GPU_EVAL_BATCH_SIZE` on a GPU."""
+    if eval_batch_size is not None:
+        return eval_batch_size
+    return batch_size if device.type == "cpu" else max(batch_size, GPU_EVAL_BATCH_SIZE)
 
 
 # Fewer batches than this in a split: worker processes take longer to start than the batches take to collate.

@@ -23,7 +23,13 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from lightbert.data.batches import check_num_workers, loader_workers, make_loader
+from lightbert.data.batches import (
+    check_num_workers,
+    evaluation_batch_size,
+    loader_workers,
+    longest_first,
+    make_loader,
+)
 from lightbert.data.encoding import MIN_SEQ_LENGTH, check_max_seq_length
 from lightbert.data.local_files import (
     LOCAL_FORMATS,
@@ -84,7 +90,7 @@ class FineTuningDataModule(L.LightningDataModule):
         self.data_files = {k: str(v) for k, v in (data_files or {}).items() if v}
         self.hub_dataset = hub_dataset or self.hub_dataset
         self.max_seq_length = max_seq_length
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size  # None: by the device
         check_num_workers(num_workers)
         self.num_workers, self.pad_to_multiple_of = num_workers, pad_to_multiple_of
         self._said_workers = False
@@ -254,14 +260,21 @@ class FineTuningDataModule(L.LightningDataModule):
         columns = self.loader_columns(train)
         if columns is not None:
             dataset = dataset.select_columns(columns)
-        batch_size = self.batch_size if train else self.eval_batch_size
+        batch_size = self.batch_size
+        if not train:  # evaluation and prediction: similar lengths per batch, sized for the device
+            dataset = longest_first(dataset)
+            batch_size = evaluation_batch_size(self.eval_batch_size, self.batch_size, self.device())
         workers = self.workers(len(dataset) // batch_size)
         return make_loader(dataset, self.collator(train), batch_size, train, workers)
+
+    def device(self) -> torch.device:
+        """Where the model runs: the trainer's device (a CPU before there is a trainer)."""
+        return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
 
     def workers(self, num_batches: int) -> int:
         """Loader processes for a split of `num_batches` (`loader_workers`); what "auto" chose is said once."""
         trainer = self.trainer
-        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        device = self.device()
         workers = loader_workers(self.num_workers, device, num_batches, trainer.num_devices if trainer else 1)
         if self.num_workers == "auto" and workers and not self._said_workers:
             self._said_workers = True
