@@ -115,6 +115,12 @@ def test_speed_unpad_true_picks_by_the_device_and_says_which(setting, on_cuda, p
     assert picked == how and line.startswith("padding: ") and says in line, line
 
 
+def test_a_gpu_older_than_ampere_keeps_the_mask_for_packed_rows():
+    """Flash attention needs compute capability 8.0: on a V100, packed rows keep the (T, T) mask."""
+    picked, line = unpadding_for(True, True, "16-mixed", True, ampere=False)
+    assert picked == "groups" and "through a (T, T) mask" in line
+
+
 def test_the_packed_varlen_model_compiles_to_one_graph_on_the_meta_device():
     """The CUDA path under torch.compile (aot_eager, on meta tensors): batches of different row counts, forward and
     backward, no graph break, no recompile: the boundaries have a fixed shape and nothing is read on the host."""

@@ -37,7 +37,9 @@ def unpad_setting(speed: DictConfig | dict) -> bool | str:
     return setting
 
 
-def unpadding_for(setting: bool | str, on_cuda: bool, precision: str, packing: bool) -> tuple[str, str]:
+def unpadding_for(
+    setting: bool | str, on_cuda: bool, precision: str, packing: bool, ampere: bool = True
+) -> tuple[str, str]:
     """speed.unpad -> (BertModel.unpad, the console's line saying what runs, and on what).
 
     `true` picks by what the device pays for. Packed rows on a CUDA GPU in bf16/fp16 attend through flash
@@ -45,11 +47,12 @@ def unpadding_for(setting: bool | str, on_cuda: bool, precision: str, packing: b
     Everything else keeps the path measured so far: length groups, which pay on a CPU (bench/RESULTS.md). On a GPU
     they measured 0.59x transformers for fine-tuning; `bench/pretrain_step.py --part finetune --unpad varlen`
     compares the varlen path there, and until a GPU has measured it, `true` keeps length groups."""
-    kernel = on_cuda and precision.startswith(("bf16", "16"))  # what flash's variable-length kernel takes
+    # What flash's variable-length kernel takes: bf16/fp16 on a GPU of compute capability 8.0 or later (`ampere`)
+    kernel = on_cuda and ampere and precision.startswith(("bf16", "16"))
     how = UNPAD_SETTINGS[setting] if setting is not True else ("varlen" if packing and kernel else "groups")
     varlen = "through flash attention's variable-length kernel"
     if not kernel:
-        varlen = "one sequence at a time (the variable-length kernel needs a CUDA GPU in bf16)"
+        varlen = "one sequence at a time (the variable-length kernel needs a CUDA GPU in bf16, Ampere or later)"
     if packing:
         within = varlen if how == "varlen" else "through a (T, T) mask"
         what = f"packed rows, each example attending within itself {within}"
@@ -70,7 +73,8 @@ def apply_speed_switches(
     """The switches on a built module, before Lightning moves it: unpadding (said on the console), fp8, compile."""
     accelerator = str(trainer.get("accelerator", "auto"))
     on_cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-    how, line = unpadding_for(unpad_setting(speed), on_cuda, str(trainer.get("precision", "32")), packing)
+    ampere = on_cuda and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+    how, line = unpadding_for(unpad_setting(speed), on_cuda, str(trainer.get("precision", "32")), packing, ampere)
     log.info(line)
     for submodule in module.modules():
         if isinstance(submodule, BertModel):
