@@ -1,8 +1,14 @@
-"""The few collective operations lightbert needs outside Lightning's own: one process group or none."""
+"""The few collective operations lightbert needs outside Lightning's own (one process group or none), and whether a
+run is on CUDA at all."""
 
 from __future__ import annotations
 
 import torch
+
+
+def runs_on_cuda(accelerator: str) -> bool:
+    """Whether a trainer with this `trainer.accelerator` runs on CUDA GPUs here (auto: when there is one)."""
+    return accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
 
 
 def is_distributed() -> bool:

@@ -92,8 +92,8 @@ def longest_first(dataset):
     return dataset.select(np.argsort(-lengths, kind="stable"))
 
 
-# Evaluation batches on a GPU (task.datamodule.eval_batch_size=null): sorted by length, inference without gradients
-# holds little memory, and bigger batches keep the GPU busy (predict.py's default there too).
+# Evaluation and prediction batches on a GPU (task.datamodule.eval_batch_size=null, predict.py's batch_size=auto):
+# sorted by length, inference without gradients holds little memory, and bigger batches keep the GPU busy.
 GPU_EVAL_BATCH_SIZE = 256
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from lightbert.data.batches import pad_batch
+from lightbert.data.batches import GPU_EVAL_BATCH_SIZE, pad_batch
 from lightbert.data.encoding import check_max_seq_length
 from lightbert.errors import UserError
 from lightbert.files import open_atomically, read_input_text
@@ -115,7 +115,7 @@ def padded(units: list[Unit], pad_id: int) -> dict[str, torch.Tensor]:
 
 # What `batch_size: auto` and `dtype: auto` (conf/predict.yaml) pick per device: a GPU takes bigger length-sorted
 # batches, and runs bf16 (outputs are read as float32); a CPU keeps fp32, which its matmuls run fastest in here.
-BATCH_SIZES = {"cpu": 64, "cuda": 256}
+BATCH_SIZES = {"cpu": 64, "cuda": GPU_EVAL_BATCH_SIZE}
 DTYPES = {"cpu": "fp32", "cuda": "bf16"}
 
 

@@ -20,6 +20,7 @@ import logging
 import torch
 from torch import nn
 
+from lightbert.distributed import runs_on_cuda
 from lightbert.errors import ConfigError, require_extra
 
 MIN_CAPABILITY = (8, 9)
@@ -48,7 +49,7 @@ def import_torchao():
 def check_fp8_device(accelerator: str) -> None:
     """Refuses speed.fp8=true on a CUDA GPU without float8 tensor cores, before anything is written."""
     import_torchao()
-    if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+    if runs_on_cuda(accelerator):
         capability = torch.cuda.get_device_capability()
         if capability < MIN_CAPABILITY:
             raise ConfigError(

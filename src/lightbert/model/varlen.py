@@ -5,7 +5,8 @@ This is `speed.unpad=varlen`: no padding anywhere, no (T, T) mask, one kernel ca
 bf16/fp16 the kernel is flash attention's variable-length one (`aten._flash_attention_forward` with cumulative
 sequence lengths: the kernel `torch.nn.attention.varlen` wraps, called directly because that wrapper drops dropout,
 and BERT trains with attention dropout). Elsewhere (a CPU, fp32) `segmentwise_attention` computes the same thing
-one sequence at a time: slow, the reference the tests hold the model's varlen path to.
+one sequence at a time (on a CPU as fast as length groups, bench/RESULTS.md); the tests hold the model's varlen path
+to the padded one through it.
 
 Never run on a GPU here: the flash call is checked on the meta device (its arguments, shapes and backward), not
 on a GPU; bench/RESULTS.md says what has run where.

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightbert.data.local_files import file_identity
 from lightbert.data.tokenizer import load_tokenizer
-from lightbert.distributed import gather_dict
+from lightbert.distributed import gather_dict, runs_on_cuda
 from lightbert.errors import ConfigError, UserError
 from lightbert.finetuning.datamodule import FineTuningDataModule
 from lightbert.interop.hf import Pretrained, load_into, load_pretrained
@@ -85,7 +85,7 @@ def _set_fp32_matmuls(cfg: DictConfig) -> str | None:
     precision = str((cfg.get("speed") or {}).get("matmul_precision", "high"))
     if precision not in MATMUL_PRECISIONS:
         raise ConfigError(f"speed.matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)}, got {precision}")
-    if str(cfg.trainer.get("accelerator", "auto")) not in ("gpu", "cuda", "auto") or not torch.cuda.is_available():
+    if not runs_on_cuda(str(cfg.trainer.get("accelerator", "auto"))):
         return None
     torch.set_float32_matmul_precision(precision)
     return MATMUL_PRECISIONS[precision]

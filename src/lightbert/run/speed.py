@@ -9,6 +9,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig
 
+from lightbert.distributed import runs_on_cuda
 from lightbert.errors import ConfigError
 from lightbert.model import BertModel
 from lightbert.model.fp8 import convert_to_fp8
@@ -71,9 +72,8 @@ def apply_speed_switches(
     training: bool = True,
 ) -> None:
     """The switches on a built module, before Lightning moves it: unpadding (said on the console), fp8, compile."""
-    accelerator = str(trainer.get("accelerator", "auto"))
-    on_cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-    ampere = on_cuda and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+    on_cuda = runs_on_cuda(str(trainer.get("accelerator", "auto")))
+    ampere = on_cuda and torch.cuda.get_device_capability() >= (8, 0)
     how, line = unpadding_for(unpad_setting(speed), on_cuda, str(trainer.get("precision", "32")), packing, ampere)
     log.info(line)
     for submodule in module.modules():
