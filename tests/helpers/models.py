@@ -39,19 +39,48 @@ def write_hf_bert(
     directory, seed: int = 0, bare_encoder: bool = False, num_hidden_layers: int = 2, words: list[str] = WORDS
 ):
     """A small random transformers BERT saved with save_pretrained, plus a WordPiece vocab.txt learnt from `words`."""
+    architecture = "BertModel" if bare_encoder else "BertForPreTraining"
+    return write_hf_model(directory, architecture, seed=seed, words=words, num_hidden_layers=num_hidden_layers)
+
+
+def write_hf_model(
+    directory,
+    architecture: str = "BertForPreTraining",
+    *,
+    labels: tuple[str, ...] = (),
+    seed: int = 0,
+    words: list[str] = WORDS,
+    dtype: torch.dtype | None = None,
+    safe_serialization: bool = True,
+    add_pooling_layer: bool = True,
+    **config,
+):
+    """A small random model of transformers' class `architecture`, as its save_pretrained writes it (its labels in
+    id2label; fp16/bf16 weights with `dtype`; pytorch_model.bin instead of safetensors), with a WordPiece vocab.txt
+    learnt from `words`. `config` sets transformers' BertConfig entries (vocab_size, is_decoder, ...)."""
     rng = random.Random(seed)
     tokenizer = train_wordpiece([" ".join(rng.choice(words) for _ in range(10)) for _ in range(200)], vocab_size=200)
     torch.manual_seed(seed)
-    config = transformers.BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    model = transformers.BertModel(config) if bare_encoder else transformers.BertForPreTraining(config)
+    sizes = {
+        "vocab_size": tokenizer.vocab_size,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "max_position_embeddings": 128,
+    }
+    if labels:
+        config["id2label"] = dict(enumerate(labels))
+        config["label2id"] = {name: i for i, name in enumerate(labels)}
+    hf_config = transformers.BertConfig(**{**sizes, **config})
+    cls = getattr(transformers, architecture)
+    model = cls(hf_config, add_pooling_layer=False) if not add_pooling_layer else cls(hf_config)
+    if dtype is not None:
+        model = model.to(dtype)
     model.save_pretrained(directory)
+    if not safe_serialization:  # transformers 5 writes safetensors only: the older format, as older versions wrote it
+        torch.save(model.state_dict(), directory / "pytorch_model.bin")
+        (directory / "model.safetensors").unlink()
     tokenizer.save_vocab_txt(directory / "vocab.txt")
     return directory
 

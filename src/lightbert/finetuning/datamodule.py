@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
@@ -65,6 +65,12 @@ class FineTuningDataModule(L.LightningDataModule):
     file_formats: ClassVar[tuple[str, ...] | None] = tuple(LOCAL_FORMATS)  # None: any file (read_file decides)
     cache_version: ClassVar[int] = 1  # bump when encoding changes, so cached splits are rebuilt
     min_seq_length: ClassVar[int] = MIN_SEQ_LENGTH
+
+    @classmethod
+    def token_types(cls, settings: Mapping) -> int:
+        """How many segments (token type ids) the task's inputs use, from its datamodule settings: a model with a
+        smaller `type_vocab_size` cannot embed them (checked before anything is written)."""
+        return 2  # a pair: question and context, context and ending, ...
 
     def __init__(
         self,

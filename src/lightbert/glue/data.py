@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -205,6 +206,10 @@ class GlueDataModule(FineTuningDataModule):
 
     family = "glue"
     hub_dataset = HUB_DATASET
+
+    @classmethod
+    def token_types(cls, settings: Mapping) -> int:
+        return len(glue_task(str(settings["task"])).text_columns)  # a sentence, or a pair
 
     def __init__(self, task: str, *, preprocessing_workers: int | None = None, **shared):
         self.spec = glue_task(task)

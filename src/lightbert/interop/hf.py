@@ -170,14 +170,35 @@ def _hf_lowercase(path: Path) -> bool:
 
 
 def hf_config_to_lightbert(hf_config: dict, where: Path | str = "config.json") -> dict:
-    if hf_config.get("model_type", "bert") != "bert":
-        raise UserError(f"{where} describes a {hf_config['model_type']!r} model; lightbert loads BERT models only")
+    """A Hugging Face BERT config.json as lightbert's BertConfig fields; what lightbert cannot run as transformers
+    runs it is refused here, in one line naming the value found and what is supported."""
+    model_type = hf_config.get("model_type", "bert")
+    if model_type != "bert":
+        raise UserError(f"{where} has model_type {model_type!r}; lightbert loads BERT models only (model_type 'bert')")
     if hf_config.get("hidden_act", "gelu") != "gelu":
         raise UserError(f"{where}: hidden_act {hf_config['hidden_act']!r} is not supported (lightbert uses gelu)")
-    if hf_config.get("position_embedding_type", "absolute") != "absolute":
-        raise UserError(f"{where}: only absolute position embeddings are supported")
+    position = hf_config.get("position_embedding_type", "absolute")
+    if position != "absolute":
+        raise UserError(
+            f"{where}: position_embedding_type {position!r} is not supported; lightbert runs absolute position "
+            "embeddings only"
+        )
+    if hf_config.get("add_cross_attention"):
+        raise UserError(
+            f"{where}: add_cross_attention is true (the decoder of an encoder-decoder model); lightbert runs BERT "
+            "encoders and left-to-right BERT models without cross-attention"
+        )
     values = {k: v for k, v in hf_config.items() if k in _CONFIG_KEYS}
     values["pad_token_id"] = values.get("pad_token_id") or 0
+    if hf_config.get("is_decoder"):
+        # transformers runs a decoder BERT (BertLMHeadModel) left to right; so does lightbert's left_to_right model,
+        # whose own export writes is_decoder. Read bidirectionally it would give other outputs without a word.
+        if values.get("attention", "left_to_right") != "left_to_right":
+            raise UserError(
+                f"{where}: is_decoder is true but attention is {values['attention']!r}; a decoder attends "
+                "left_to_right: remove one of the two"
+            )
+        values["attention"] = "left_to_right"
     return _checked_config(values, Path(where))
 
 
@@ -193,9 +214,31 @@ def hf_state_dict_to_lightbert(state: dict[str, torch.Tensor]) -> dict[str, torc
     return out
 
 
-def load_into(model: torch.nn.Module, pretrained: Pretrained) -> list[str]:
-    """Copy the checkpoint's weights into `model`: the whole encoder, and every head whose shape fits.
+@dataclass(frozen=True)
+class HeadCarry:
+    """Whether a checkpoint's fine-tuned head goes into a task's model (lightbert.inference.finetuned.carry_head
+    decides, by what the head means: its kind and its labels).
 
+    `rows` puts the checkpoint's label rows in the task's label order (row i of the task is row rows[i] of the
+    checkpoint); None keeps them as stored. `label_layer` is the head's last layer, whose rows are the labels.
+    """
+
+    carry: bool
+    rows: tuple[int, ...] | None = None
+    label_layer: str = "classifier"
+    line: str = ""  # what the console says of it
+
+    def weights(self, key: str, value: torch.Tensor) -> torch.Tensor:
+        if self.rows is not None and key in (f"{self.label_layer}.weight", f"{self.label_layer}.bias"):
+            return value[list(self.rows)]
+        return value
+
+
+def load_into(model: torch.nn.Module, pretrained: Pretrained, head: HeadCarry | None = None) -> list[str]:
+    """Copy the checkpoint's weights into `model`: the whole encoder, and its heads.
+
+    With `head`, a fine-tuned head (any weight outside `bert.` and the pre-training heads `cls.`) is carried as it
+    says; without, every head whose shape fits is carried (the pre-training heads, or a fine-tuned model's own).
     Returns the names of parameters left as initialised (a new task head). The encoder must match exactly.
     """
     expected = model.state_dict()
@@ -221,6 +264,10 @@ def load_into(model: torch.nn.Module, pretrained: Pretrained) -> list[str]:
     for key, value in pretrained.state_dict.items():
         if key not in expected:
             continue
+        if head is not None and not key.startswith(("bert.", "cls.")):
+            if not head.carry:
+                continue
+            value = head.weights(key, value)
         if value.shape != expected[key].shape:
             if key in encoder_keys:
                 raise UserError(
@@ -232,7 +279,7 @@ def load_into(model: torch.nn.Module, pretrained: Pretrained) -> list[str]:
     model.load_state_dict(usable, strict=False)
     tied = "cls.predictions.decoder.weight"  # loaded through the word embeddings it shares
     fresh = sorted(k for k in expected if k not in usable and k != tied)
-    if fresh:
+    if fresh and head is None:  # with `head`, its console line says what starts fresh and why
         log.info("initialised fresh, not in %s: %s", pretrained.source, ", ".join(fresh))
     return fresh
 

@@ -16,7 +16,7 @@ around each sentence; like Hugging Face's run_ner, this is sentence by sentence.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import datasets
@@ -168,6 +168,10 @@ class ConllDataModule(FineTuningDataModule):
     predicts_validation = True
     file_formats = None  # CoNLL text files have any name (eng.train, train.txt)
     min_seq_length = 3
+
+    @classmethod
+    def token_types(cls, settings: Mapping) -> int:
+        return 1  # one sentence
 
     def __init__(self, *, label_names: Sequence[str] = CONLL2003_LABELS, name: str = "conll2003", **shared):
         self.name = name

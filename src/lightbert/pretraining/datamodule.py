@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import islice
@@ -246,6 +246,10 @@ class StepResumedLoader(DataLoader):
 
 class PretrainDataModule(L.LightningDataModule):
     """The tokenizer, one example source (`streaming` picks which; each takes its own settings) and masked batches."""
+
+    @classmethod
+    def token_types(cls, settings: Mapping) -> int:
+        return 2  # segments A and B of every example
 
     def __init__(
         self,

@@ -23,6 +23,8 @@ from lightbert.data.tokenizer import load_tokenizer
 from lightbert.distributed import gather_dict, runs_on_cuda
 from lightbert.errors import ConfigError, UserError
 from lightbert.finetuning.datamodule import FineTuningDataModule
+from lightbert.heads import Head, HeadArguments, head_of_module
+from lightbert.inference.finetuned import carry_head, head_of
 from lightbert.interop.hf import Pretrained, load_into, load_pretrained
 from lightbert.model import BertConfig
 from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
@@ -125,7 +127,24 @@ def _checked_model_config(cfg: DictConfig, pretrained: Pretrained | None) -> dic
                 f"{key} ({max_seq_length}) exceeds model.max_position_embeddings "
                 f"({config.max_position_embeddings}); shorten the sequences or raise max_position_embeddings"
             )
+    _check_token_types(cfg, config.type_vocab_size, pretrained)
     return model
+
+
+def _check_token_types(cfg: DictConfig, type_vocab_size: int, pretrained: Pretrained | None) -> None:
+    """A model with fewer segment embeddings than the task's inputs use would fail at its first batch (an index
+    out of range in the token-type embedding): said before anything is written instead."""
+    from hydra.utils import get_class
+
+    segments = get_class(str(cfg.task.datamodule._target_)).token_types(cfg.task.datamodule)
+    if type_vocab_size >= segments:
+        return
+    has = f"init_from={cfg.init_from} has" if pretrained is not None else "model.type_vocab_size is"
+    raise ConfigError(
+        f"{has} type_vocab_size {type_vocab_size}, and task={_task_option()} feeds {segments} segments (a sentence "
+        f"pair); fine-tune it on a single-sentence task (glue/sst2, glue/cola, conll2003) or start from a model with "
+        f"type_vocab_size {segments}"
+    )
 
 
 def compose_config(
@@ -240,10 +259,31 @@ def _data_and_module(
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         _convert_="all",
     )
-    fresh = load_into(module.model, pretrained) if pretrained is not None else []
+    fresh = _load_pretrained_weights(cfg, module, pretrained) if pretrained is not None else []
     packing = bool(cfg.task.datamodule.get("packing", False))
     apply_speed_switches(module, cfg.get("speed") or {}, cfg.trainer, packing, training)
     return datamodule, module, fresh
+
+
+def _wanted_head(cfg: DictConfig) -> tuple[Head, HeadArguments] | None:
+    """The fine-tuned head the task trains, and what it is built with (its labels); None for pre-training."""
+    from hydra.utils import get_class
+
+    head = head_of_module(get_class(str(cfg.task.module._target_)))
+    if head is None:
+        return None
+    return head, head.arguments(OmegaConf.to_container(cfg.task.module, resolve=True))
+
+
+def _load_pretrained_weights(cfg: DictConfig, module: L.LightningModule, pretrained: Pretrained) -> list[str]:
+    """init_from's weights into the task's model: the encoder, and its fine-tuned head where that head means what
+    the task's does (one console line says whether it was carried, how its labels matched, or why not)."""
+    wanted = _wanted_head(cfg)
+    if wanted is None:
+        return load_into(module.model, pretrained)
+    carry = carry_head(pretrained, *wanted)
+    log.info(carry.line)
+    return load_into(module.model, pretrained, carry)
 
 
 def _loggers(cfg: DictConfig, resumed_step: int | None = None) -> list:
@@ -389,38 +429,29 @@ def _evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
 
 
 def _check_head(cfg: DictConfig, pretrained: Pretrained) -> None:
-    """Refuses, before anything is written, a checkpoint whose head is not the task's: evaluating it would score a
-    head that starts untrained."""
-    from hydra.utils import get_class
+    """Refuses, before anything is written, a checkpoint whose head is not the task's, or whose labels are not the
+    task's: evaluating it would score a head that starts untrained, or name its predictions wrongly."""
 
-    from lightbert.heads import head_of_module
-    from lightbert.inference.finetuned import head_of
-
-    wanted = head_of_module(get_class(str(cfg.task.module._target_)))
-    found = head_of(pretrained)
-    labels = found[1].labels if found else ()
-    if wanted is None or (found is not None and found[0] == wanted.name and _label_count_fits(cfg, labels)):
+    wanted = _wanted_head(cfg)
+    if wanted is None:
         return  # pre-training is evaluated on its own heads; the fresh-weights check after loading still holds
+    head, arguments = wanted
+    found = head_of(pretrained)
+    if found is not None and found[0] == head.name:
+        if carry_head(pretrained, head, arguments).carry:
+            return
+        if head.labelled:
+            raise UserError(
+                f"init_from={cfg.init_from} is a {head.name.replace('_', ' ')} model with the labels "
+                f"{list(found[1].labels)}, and task={_task_option()} evaluates the labels {list(arguments.labels)}; "
+                "evaluate a model fine-tuned on this label set (its names may be in any order)"
+            )
     what = f"a {found[0].replace('_', ' ')} model" if found else "a pre-trained model without a fine-tuned head"
-    if found and found[0] == wanted.name:
-        what += f" with {len(labels) or 1} output(s)"
     raise UserError(
         f"init_from={cfg.init_from} is {what}, and task={_task_option()} evaluates a "
-        f"{wanted.name.replace('_', ' ')} head of its own label set; evaluate a model fine-tuned for this task (its "
+        f"{head.name.replace('_', ' ')} head of its own; evaluate a model fine-tuned for this task (its "
         "run directory or .ckpt)"
     )
-
-
-def _label_count_fits(cfg: DictConfig, labels: tuple[str, ...]) -> bool:
-    task_labels = OmegaConf.select(cfg, "task.label_names", default=None)  # NER's tag set
-    if task_labels is not None:
-        return len(labels) == len(task_labels)
-    task = OmegaConf.select(cfg, "task.module.task", default=None)  # GLUE
-    if task is not None:
-        from lightbert.glue.data import glue_task
-
-        return (len(labels) or 1) == glue_task(str(task)).num_labels
-    return True
 
 
 def _task_option() -> str:
