@@ -21,6 +21,7 @@ from lightbert.glue.data import glue_task
 from lightbert.glue.module import SequenceClassificationModule
 from lightbert.heads import HEADS
 from lightbert.inference.finetuned import carry_head, label_rows, load_finetuned
+from lightbert.inference.predict import predict_records
 from lightbert.interop.convert import to_hf
 from lightbert.interop.hf import load_encoder, load_into, load_pretrained
 from lightbert.model import BertConfig, BertForPreTraining
@@ -153,6 +154,10 @@ def test_evaluating_a_classifier_in_the_other_label_order_scores_the_same(sst2_r
     as_saved = evaluated(sst2_run, exported, tmp_path / "eval")
     assert as_saved["val/accuracy"] != pytest.approx(0.5)  # else a flipped head would score the same
     assert evaluated(sst2_run, reversed_labels, tmp_path / "eval_reversed") == pytest.approx(as_saved, abs=1e-6)
+    # Prediction names each class as the checkpoint's id2label does: the same answers, in its spelling.
+    records = [(i, {"text": text}) for i, text in enumerate(["the river city", "music film", "the team", "a film"])]
+    named = [predict_records(load_finetuned(str(d)), records)[0].predictions for d in (exported, reversed_labels)]
+    assert [p["label"].upper() for p in named[0]] == [p["label"] for p in named[1]]
 
 
 @pytest.mark.slow
