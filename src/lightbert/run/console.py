@@ -8,19 +8,47 @@ import logging
 import os
 from typing import ClassVar
 
-# Where launchers put a process's global rank (the same variables Lightning's rank_zero_only reads).
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+
+def _number(name: str) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else 0
 
 
-def global_rank() -> int:
-    return next((int(os.environ[v]) for v in RANK_VARIABLES if os.environ.get(v, "").isdigit()), 0)
+def cluster_environment() -> str:
+    """The cluster environment Lightning will pick for this process, in its order (torchelastic first, as it can
+    run inside SLURM; then SLURM, LSF; else Lightning's own, which `NODE_RANK` and `LOCAL_RANK` describe)."""
+    if all(name in os.environ for name in ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")):
+        return "torchelastic"  # torch.distributed.is_torchelastic_launched(), without importing torch
+    if "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        return "slurm"
+    if {"LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE"} <= set(os.environ):
+        return "lsf"
+    return "lightning"
+
+
+def first_process() -> bool:
+    """Whether this process is the whole job's first, decided before the Trainer exists (before anything is written)
+    from the environment Lightning will use: one process of all nodes takes the run directory and writes its
+    record. Lightning's own early guess (`RANK`, `LOCAL_RANK`, `SLURM_PROCID`) makes the first process of every node
+    of a `NODE_RANK` launch a rank 0."""
+    environment = cluster_environment()
+    if environment == "torchelastic":
+        return _number("RANK") == 0
+    if environment == "slurm":
+        return _number("SLURM_PROCID") == 0
+    if environment == "lsf":
+        return _number("JSM_NAMESPACE_RANK") == 0
+    node = _number("NODE_RANK") if "NODE_RANK" in os.environ else _number("GROUP_RANK")
+    return node == 0 and _number("LOCAL_RANK") == 0
 
 
 class RankZero(logging.Filter):
     """Passes the records of the first process: DDP's other processes run the same code and would repeat them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return global_rank() == 0
+        from lightbert.run.run_dir import is_global_zero
+
+        return is_global_zero()
 
 
 class DropAdvertisements(logging.Filter):

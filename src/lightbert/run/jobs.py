@@ -31,6 +31,7 @@ from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
 from lightbert.model.fp8 import check_fp8_device
 from lightbert.pretraining.corpus import TextCorpus
 from lightbert.run import processes
+from lightbert.run.agreement import SameResumeOnEveryNode
 from lightbert.run.callbacks import RunProgressBar
 from lightbert.run.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
 from lightbert.run.cli import CONF_DIR
@@ -332,6 +333,7 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
                     )
             # Fresh callbacks for each phase: their state comes back from the checkpoint the phase starts from.
             callbacks = [instantiate_config(c) for c in (cfg.get("callbacks") or {}).values()]
+            callbacks.append(SameResumeOnEveryNode(output_dir, done if resume_from is not None else None))
             trainer = _trainer(cfg, callbacks, loggers, **({"max_steps": phase.end_step} if len(phases) > 1 else {}))
             with processes.naming_killed_ranks(trainer):
                 trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)

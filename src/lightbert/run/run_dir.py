@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightbert.errors import UserError
 from lightbert.files import RESULTS_FILE, write_atomically
 from lightbert.run import processes
-from lightbert.run.console import global_rank
+from lightbert.run.console import first_process
 
 log = logging.getLogger(__name__)
 
@@ -269,10 +269,12 @@ def refused_leaves_nothing(output_dir: Path) -> Iterator[None]:
 
 
 def is_global_zero() -> bool:
-    """The first process of the run: Lightning's rank once it runs (its strategy sets the global rank across
-    nodes), before that the launcher's variables, which Lightning reads too."""
-    utilities = sys.modules.get("lightning.pytorch.utilities")
-    return (utilities.rank_zero_only.rank if utilities is not None else global_rank()) == 0
+    """The first process of the run: the process group's rank 0 once it exists (Lightning's strategy makes it),
+    before that the cluster environment's (`console.first_process`)."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        return distributed.get_rank() == 0
+    return first_process()
 
 
 def check_not_running(output_dir: Path) -> None:

@@ -1,0 +1,142 @@
+"""Several nodes as real processes on one machine, launched as clusters launch them: Lightning's documented variables
+(`MASTER_ADDR`, `MASTER_PORT`, `NODE_RANK`, `WORLD_SIZE`), one `python src/train.py` per node, each node with a cache
+of its own. Exactly one process of the whole job takes the run directory and writes its record; a job whose nodes
+see different run directories stops with one line naming the node, instead of training two models as one."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers.runs import REPO, default_sigint, write_bert_corpus
+
+pytestmark = pytest.mark.slow
+
+TINY = [
+    "model=bert_tiny",
+    "trainer=cpu",
+    "trainer.strategy=ddp",
+    "task.batch_size=4",
+    "task.max_seq_length=64",
+    "task.datamodule.vocab_size=400",
+    "task.datamodule.num_workers=0",
+    "logger=csv",
+    "corpus=text",
+]
+# Seconds: a run here takes well under a minute; past this, the nodes wait on each other for ever.
+PATIENCE = int(os.environ.get("LIGHTBERT_TEST_PATIENCE", 240))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_nodes(
+    args: list[str], nodes: int, devices: int, root: Path, cwds: list[Path] | None = None, **env: str
+) -> list[subprocess.Popen]:
+    """One `python src/train.py` per node; `cwds`: each node's working directory (a relative hydra.run.dir is then
+    another directory on each node, as a run directory on a node's local disk is)."""
+    port = str(free_port())
+    started = []
+    for node in range(nodes):
+        node_env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "NODE_RANK": str(node),
+            "WORLD_SIZE": str(nodes * devices),
+            "LIGHTBERT_CACHE": str(root / f"cache-node{node}"),  # a node's local disk
+            "OMP_NUM_THREADS": "1",
+            **env,
+        }
+        for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "SLURM_NTASKS", "SLURM_PROCID", "TORCHELASTIC_RUN_ID"):
+            node_env.pop(name, None)
+        command = [sys.executable, str(REPO / "src" / "train.py"), *TINY, *args]
+        command += [f"trainer.num_nodes={nodes}", f"trainer.devices={devices}"]
+        started.append(
+            subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=cwds[node] if cwds else REPO,
+                env=node_env,
+                start_new_session=True,
+                preexec_fn=default_sigint,
+            )
+        )
+    return started
+
+
+def finish_nodes(started: list[subprocess.Popen]) -> list[subprocess.CompletedProcess]:
+    """Every node's result; a node still running after PATIENCE seconds is a deadlock: all are killed, and it fails."""
+    deadline = time.monotonic() + PATIENCE
+    for process in started:
+        try:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            break
+    hung = [node for node, process in enumerate(started) if process.poll() is None]
+    for process in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # the node's DDP children too
+    results = []
+    for process in started:
+        out, err = process.communicate()
+        results.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
+    if hung:
+        tails = "\n".join(f"node {n}: {r.stderr[-1500:]}" for n, r in enumerate(results))
+        pytest.fail(f"node(s) {hung} still running after {PATIENCE} s: a deadlock\n{tails}")
+    return results
+
+
+def run_nodes(args: list[str], nodes: int, devices: int, root: Path, **env: str) -> list[subprocess.CompletedProcess]:
+    return finish_nodes(start_nodes(args, nodes, devices, root, **env))
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    return write_bert_corpus(tmp_path / "corpus.txt", num_documents=16)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_two_nodes_launched_with_lightnings_variables_train_one_run(tmp_path, corpus, devices):
+    run = tmp_path / "run"
+    args = [f"corpus.paths=[{corpus}]", "trainer.max_steps=4", "trainer.val_check_interval=2", f"hydra.run.dir={run}"]
+    results = run_nodes(args, nodes=2, devices=devices, root=tmp_path)
+    for node, result in enumerate(results):
+        assert result.returncode == 0, f"node {node}: {result.stderr[-3000:]}"
+    assert json.loads((run / "results.json").read_text())["global_step"] == 4
+    console = "".join(r.stdout + r.stderr for r in results)
+    assert console.count("lightbert: run directory:") == 1  # one process of the job speaks, and records
+    assert console.count("lightbert: finished 4 steps") == 1
+    assert (run / ".hydra" / "config.yaml").is_file() and (run / "tokenizer.json").is_file()
+
+
+def test_nodes_that_see_different_run_directories_stop_naming_the_node(tmp_path, corpus):
+    """Node 1's run directory is not node 0's (not shared): node 0 resumes from its last.ckpt, node 1 finds none.
+    Trained on, DDP would average the gradients of two different models (node 1's fresh ones)."""
+    homes = [tmp_path / "node0", tmp_path / "node1"]
+    for home in homes:
+        home.mkdir()
+    args = [f"corpus.paths=[{corpus}]", "trainer.max_steps=4", "trainer.val_check_interval=2", "hydra.run.dir=run"]
+    first = finish_nodes(start_nodes(args, 2, 1, tmp_path, cwds=[homes[0], homes[0]]))  # shared, this time
+    assert [r.returncode for r in first] == [0, 0], first[0].stderr[-3000:]
+    (homes[0] / "run" / "results.json").unlink()  # as if it had stopped after its last checkpoint (step 4)
+    results = finish_nodes(start_nodes([*args, "resume=true"], 2, 1, tmp_path, cwds=homes))
+    assert [r.returncode for r in results] == [2, 2], [r.stderr[-2000:] for r in results]
+    for result in results:
+        line = next(x for x in result.stderr.splitlines() if x.startswith("lightbert: error:"))
+        assert "node 1 (" in line and "finds no checkpoints/last.ckpt to resume from" in line, line
+        assert "node 0 (" in line and "resumes from step 4" in line and "Traceback" not in result.stderr
+    assert not (homes[1] / "run" / "checkpoints").exists()  # nothing trained on node 1
