@@ -218,4 +218,6 @@ def ddp_child_argv(argv: list[str]) -> list[str]:
 
     job = json.loads(job)
     lightning_settings = [a for a in argv if a.startswith(("hydra.job.name=", "hydra.output_subdir="))]
-    return [*job["overrides"], f'hydra.run.dir="{job["output_dir"]}"', *lightning_settings]
+    # hydra.mode=RUN: a job's overrides may name a config that makes a multirun (sweep=paper_grid,
+    # experiment=glue_benchmark); the child runs this one job.
+    return [*job["overrides"], f'hydra.run.dir="{job["output_dir"]}"', "hydra.mode=RUN", *lightning_settings]
