@@ -338,3 +338,21 @@ def test_glue_and_squad_benchmarks_end_to_end(tmp_path):
     assert "2 jobs, 1 finished before (skipped), 1 to run" in result.stdout
     v2 = json.loads((squad_sweep / f"{key}-squad_v2-s12345" / "predictions" / "eval.json").read_text())
     assert f"| {v2['exact']:.1f}/{v2['f1']:.1f} | 2/2 |" in (squad_sweep / "squad_table.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_benchmark_jobs_ddp_process_runs_that_job_alone(tmp_path):
+    """The benchmark is a multirun by its config, not by -m: a job's rank 1 must still run that job, not the sweep."""
+    bert = write_hf_bert(tmp_path / "bert")
+    for i, split in enumerate(GLUE_SPLITS["rte"]):
+        write_glue_file(tmp_path / "glue" / "rte" / f"{split}.tsv", "rte", 16, seed=i, labelled=split != "test")
+    sweep = tmp_path / "sweep"
+    result = run_train_forked(
+        "experiment=glue_benchmark", f"init_from={bert}", f"benchmark.data_dir={tmp_path / 'glue'}",
+        "benchmark.tasks=[rte]", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "logger=csv",
+        "task.max_seq_length=32", *TINY, f"hydra.sweep.dir={sweep}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("lightbert: benchmark in") == result.stdout.count("summary in") == 1
+    (job,) = [p for p in sweep.iterdir() if p.is_dir()]
+    assert (job / "train_ddp_process_1.log").is_file() and (job / "results.json").is_file()
