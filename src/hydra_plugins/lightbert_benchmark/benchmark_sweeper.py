@@ -9,6 +9,7 @@ recorded (the sweep summary lists it) and the others go on.
 import logging
 import re
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
+from hydra.core.utils import JobStatus
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
@@ -70,8 +72,15 @@ class BenchmarkSweeper(Sweeper):
         returns, first = [], 0
         for start in range(0, len(todo), batch_size):
             batch = [[*job.overrides, f"hydra.sweep.subdir={job.name}"] for job in todo[start : start + batch_size]]
-            # A failed job's return is not read here (that would raise): the summary lists it, the others go on.
-            returns.append(self.launcher.launch(batch, initial_job_idx=first))
+            results = self.launcher.launch(batch, initial_job_idx=first)
+            # A failed job does not end the benchmark (Hydra's sweeper raises its error here): the summary lists it,
+            # the others go on. A refusal (UserError) has said its line already; anything else is a bug, shown whole.
+            for job_return in results:
+                error = job_return._return_value if job_return.status == JobStatus.FAILED else None
+                if isinstance(error, BaseException) and not isinstance(error, UserError):
+                    print(f"lightbert: job {job_return.working_dir} failed:", file=sys.stderr)
+                    traceback.print_exception(error, file=sys.stderr)
+            returns.append(results)
             first += len(batch)
         return returns
 

@@ -152,7 +152,8 @@ def build(sweep_dir: Path) -> dict[str, Any]:
         row.update(finished=finished, failed=failed, planned=len(jobs))
         rows.append(row)
     tasks = [task for task, _, _ in COLUMNS[family] if any(job["task"] == task for job in planned)]
-    return {"family": family, "sweep_dir": str(sweep_dir), "tasks": tasks, "rows": rows, "paper": PAPER_ROWS[family]}
+    table = {"family": family, "sweep_dir": str(sweep_dir), "tasks": tasks, "rows": rows, "paper": PAPER_ROWS[family]}
+    return table | ({"average": AVERAGE} if family == "glue" else {})
 
 
 def _number(metric: dict) -> str:
