@@ -119,6 +119,19 @@ def test_a_bad_benchmark_setting_is_one_message_naming_it(tmp_path, overrides, c
     assert said in str(error.value)
 
 
+def test_a_directory_holds_one_family_of_benchmark(tmp_path):
+    from lightbert.run.benchmark import record_plan
+
+    squad_job = BenchmarkJob("c-squad_v1-s1", "squad", "squad_v1", "c", {}, 1, [])
+    write_plan(tmp_path, "squad", [squad_job])
+    before = (tmp_path / PLAN_FILE).read_text()
+    with pytest.raises(UserError, match="holds a squad benchmark; run experiment=glue_benchmark into another"):
+        record_plan(tmp_path, "glue", [glue_job("rte", 2e-5, 1)])
+    assert (tmp_path / PLAN_FILE).read_text() == before
+    record_plan(tmp_path, "squad", [BenchmarkJob("d-squad_v1-s1", "squad", "squad_v1", "d", {}, 1, [])])
+    assert set(json.loads((tmp_path / PLAN_FILE).read_text())["jobs"]) == {"c-squad_v1-s1", "d-squad_v1-s1"}
+
+
 def test_a_refused_benchmark_writes_nothing(tmp_path):
     sweep = tmp_path / "sweep"
     result = run_train_forked("experiment=glue_benchmark", f"hydra.sweep.dir={sweep}")

@@ -106,9 +106,8 @@ class BenchmarkSweeper(Sweeper):
         jobs = plan(self.config, combinations, splits_of)
         for job in jobs:
             _check_finished_job_matches(sweep_dir / job.name, job)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        record_plan(sweep_dir, bench["family"], jobs)  # refuses another family's directory before writing
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        record_plan(sweep_dir, bench["family"], jobs)
         return jobs, sweep_dir
 
 

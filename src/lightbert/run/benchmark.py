@@ -52,10 +52,6 @@ def checkpoint_key(init_from: str) -> str:
     return f"{readable}-{hashlib.sha256(identity.encode()).hexdigest()[:6]}"
 
 
-def _value_text(value: Any) -> str:
-    return str(value)
-
-
 def grid_points(grid: dict[str, list], fixed: set[str]) -> list[dict[str, Any]]:
     """The grid's configurations, in its order; a key the command line sets (`fixed`) takes that one value."""
     keys = [k for k in grid if k not in fixed]
@@ -63,7 +59,7 @@ def grid_points(grid: dict[str, list], fixed: set[str]) -> list[dict[str, Any]]:
 
 
 def job_name(key: str, task: str, configuration: dict[str, Any], seed: int) -> str:
-    parts = [f"{SHORT.get(k, k.rsplit('.', 1)[-1])}{_value_text(v)}" for k, v in configuration.items()]
+    parts = [f"{SHORT.get(k, k.rsplit('.', 1)[-1])}{v}" for k, v in configuration.items()]
     return "-".join([key, task, *parts, f"s{seed}"])
 
 
@@ -173,7 +169,7 @@ def plan(
                 for seed in range(first_seed, first_seed + seeds):
                     overrides = [
                         f"task={task_option(family, task)}",
-                        *(f"{k}={_value_text(v)}" for k, v in point.items()),
+                        *(f"{k}={v}" for k, v in point.items()),
                         f"seed={seed}",
                         *files,
                         *common,  # last: what the command line sets wins over the benchmark's files
