@@ -93,12 +93,22 @@ def test_a_multirun_jobs_ddp_process_runs_that_job_alone(monkeypatch):
     monkeypatch.setenv(processes.DDP_JOB, json.dumps(job))
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert processes.ddp_child_argv(lightning_argv) == [
-        "model=bert_tiny", "seed=2", 'hydra.run.dir="/s/1"', "hydra.job.name=train_ddp_process_1",
+        "model=bert_tiny",
+        "seed=2",
+        'hydra.run.dir="/s/1"',
+        "hydra.mode=RUN",
+        "hydra.job.name=train_ddp_process_1",
         "hydra.output_subdir=null",
-    ]  # fmt: skip
+    ]  # fmt: skip (hydra.mode=RUN: a job of sweep=paper_grid or experiment=glue_benchmark names a multirun config)
     monkeypatch.setenv("LOCAL_RANK", "0")  # the job's own process, or a command line with no sweep: unchanged
     assert processes.ddp_child_argv(lightning_argv) == lightning_argv
-    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")  # a multirun that its config makes has no -m: still this job alone
+    assert processes.ddp_child_argv(["experiment=glue_benchmark"])[:3] == [
+        "model=bert_tiny",
+        "seed=2",
+        'hydra.run.dir="/s/1"',
+    ]
+    monkeypatch.delenv(processes.DDP_JOB)  # a single run's DDP process: unchanged
     assert processes.ddp_child_argv(["seed=2"]) == ["seed=2"]
 
 

@@ -22,6 +22,13 @@ def test_the_wheel_carries_every_config_file(built_wheel: Path):
     assert in_checkout <= packaged
 
 
+def test_the_wheel_carries_the_benchmark_sweeper_and_leaves_hydras_plugin_namespace_open(built_wheel: Path):
+    with zipfile.ZipFile(built_wheel) as wheel:
+        plugins = {name for name in wheel.namelist() if name.startswith("hydra_plugins/")}
+    assert "hydra_plugins/lightbert_benchmark/benchmark_sweeper.py" in plugins
+    assert "hydra_plugins/__init__.py" not in plugins  # it would hide the optuna and submitit plugins
+
+
 @pytest.fixture(scope="module")
 def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel, built from a copy of what the package is made of: pip builds in the source tree, and the

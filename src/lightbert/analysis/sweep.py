@@ -2,7 +2,8 @@
 
 A row per job: its overrides, status and best validation metric (the checkpoint monitor's best value, from
 the job's results.json). summary.md adds the best configuration per task and, where jobs differ only in
-`seed`, the mean and standard deviation over seeds. Rewritten after every job, failed ones included, so an
+`seed`, the mean and standard deviation over seeds. A benchmark's sweep (experiment=glue_benchmark) gets the paper's
+tables beside them (lightbert.analysis.benchmark). Rewritten after every job, failed ones included, so an
 interrupted or failing sweep still leaves the table of what ran.
 """
 
@@ -23,6 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from lightbert.files import RESULTS_FILE, open_atomically, write_atomically
+from lightbert.run.benchmark import PLAN_FILE
 
 log = logging.getLogger(__name__)
 
@@ -242,13 +244,22 @@ class SweepSummary(Callback):
                 f"lightbert: best {best['task']}: job {best['job']} ({overrides or 'the only configuration'}), "
                 f"{best['monitor']}={_fmt(best['best'])}"
             )
+        if (sweep_dir / PLAN_FILE).is_file():
+            from lightbert.analysis.benchmark import end_of_benchmark
+
+            end_of_benchmark(sweep_dir)
         if failed:
             sys.exit(2)  # a sweep with a failed job is not a success, for a shell or a scheduler either
 
     @staticmethod
     def _write(sweep_dir: Path) -> list[dict]:
         try:
-            return write_summary(sweep_dir)
+            rows = write_summary(sweep_dir)
+            if (sweep_dir / PLAN_FILE).is_file():  # a benchmark's: the paper's tables too
+                from lightbert.analysis.benchmark import write_tables
+
+                write_tables(sweep_dir)
+            return rows
         except Exception as error:  # a summary problem must never fail the jobs that already ran
             log.warning("could not write the sweep summary in %s: %s", sweep_dir, error)
             return []

@@ -212,10 +212,13 @@ def ddp_child_argv(argv: list[str]) -> list[str]:
     """The command line of a DDP child of a multirun job: that job's overrides in its own directory, a single run,
     in place of the sweep Lightning passes on (`ddp_children_of_this_job`). Any other command line as it is."""
     job = os.environ.get(DDP_JOB)
-    if not job or os.environ.get("LOCAL_RANK", "0") == "0" or not {"-m", "--multirun"} & set(argv):
+    # Not by -m alone: a config can make the multirun (sweep=paper_grid, experiment=glue_benchmark set hydra.mode).
+    if not job or os.environ.get("LOCAL_RANK", "0") == "0":
         return argv
     import json
 
     job = json.loads(job)
     lightning_settings = [a for a in argv if a.startswith(("hydra.job.name=", "hydra.output_subdir="))]
-    return [*job["overrides"], f'hydra.run.dir="{job["output_dir"]}"', *lightning_settings]
+    # hydra.mode=RUN: a job's overrides may name a config that makes a multirun (sweep=paper_grid,
+    # experiment=glue_benchmark); the child runs this one job.
+    return [*job["overrides"], f'hydra.run.dir="{job["output_dir"]}"', "hydra.mode=RUN", *lightning_settings]

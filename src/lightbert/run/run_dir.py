@@ -128,10 +128,15 @@ def results(trainer, output_dir: Path, seconds: float) -> dict[str, Any]:
     checkpoint = next((c for c in checkpoints if c.monitor), None)  # the best by the task's monitor
     metrics = {name: float(value) for name, value in sorted(trainer.callback_metrics.items())}
     best = checkpoint.best_model_score if checkpoint is not None else None
+    monitor = checkpoint.monitor if checkpoint else None
+    best_score = float(best) if best is not None else None
     return {
         "metrics": metrics,
-        "monitor": checkpoint.monitor if checkpoint else None,
-        "best_score": float(best) if best is not None else None,
+        "monitor": monitor,
+        "best_score": best_score,
+        # The validation metrics of the kept checkpoint, the one test predictions come from (`metrics` are the last
+        # validation's): what a results table prints for a task of several metrics (MRPC's F1 and accuracy).
+        "best_metrics": best_validation_metrics(output_dir / "metrics.csv", monitor, best_score),
         "global_step": trainer.global_step,
         "best_checkpoint": (checkpoint.best_model_path or None) if checkpoint else None,  # None: no validation ran
         "last_checkpoint": str(output_dir / LAST_CHECKPOINT) if (output_dir / LAST_CHECKPOINT).is_file() else None,
@@ -139,6 +144,22 @@ def results(trainer, output_dir: Path, seconds: float) -> dict[str, Any]:
         "output_dir": str(output_dir),
         "seconds": round(seconds, 1),
     }
+
+
+def best_validation_metrics(metrics_csv: Path, monitor: str | None, best: float | None) -> dict[str, float] | None:
+    """The val/ metrics of the first validation at which `monitor` reached `best`, from metrics.csv (which a resumed
+    run continues, so every validation of the run is there). The first, as ModelCheckpoint keeps the first of equal
+    values. None where there is none (no validation, no metrics.csv) or on another process than the first."""
+    if monitor is None or best is None or not is_global_zero() or not metrics_csv.is_file():
+        return None
+    import csv
+
+    with metrics_csv.open(newline="") as file:
+        for row in csv.DictReader(file):
+            value = row.get(monitor)
+            if value and float(value) == best:  # the same float32 value, logged and kept
+                return {k: float(v) for k, v in row.items() if k.startswith("val/") and v not in (None, "")}
+    return None
 
 
 def write_results(results: dict[str, Any], output_dir: Path) -> None:

@@ -1,0 +1,1 @@
+"""lightbert's benchmark sweeper, a Hydra plugin (Hydra instantiates sweepers from the hydra_plugins package only)."""

@@ -1,0 +1,197 @@
+"""The jobs of a benchmark (`experiment=glue_benchmark`, `experiment=squad_benchmark`): every task of the family over
+its grid, with restarts on the small tasks, one job per (checkpoint, task, configuration, seed).
+
+Hydra's basic sweeper runs the cartesian product of its swept keys; a benchmark's jobs are not one (restarts only on
+the small tasks, each task its own data files), so the benchmark sweeper (`hydra_plugins.lightbert_benchmark`) runs
+the list this module plans. Each job's directory is named by what it runs, not by its number, so the same command
+finds its finished jobs again (`results.json`) and runs only the rest.
+
+Light to import: no torch, no Lightning (the sweeper plans before any job loads them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lightbert.errors import UserError
+from lightbert.files import write_atomically
+from lightbert.run.cli import group_options
+
+PLAN_FILE = "benchmark.json"  # in the sweep directory: every job any benchmark command planned there
+DATA_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")  # what task.data_files reads (data.local_files)
+# Short names of the swept keys in job directory names; any other swept key goes by its last part.
+SHORT = {"optim.lr": "lr", "task.batch_size": "b", "trainer.max_epochs": "e"}
+
+
+@dataclass(frozen=True)
+class BenchmarkJob:
+    name: str  # its directory in the sweep directory
+    family: str  # glue or squad
+    task: str  # lightbert's task name: mnli, squad_v1, ...
+    checkpoint: str  # init_from, as given
+    configuration: dict[str, Any]  # the grid's values of this job, seed left out
+    seed: int
+    overrides: list[str] = field(default_factory=list)  # the job's command line, without Hydra's own keys
+
+
+def checkpoint_key(init_from: str) -> str:
+    """A short, stable name for a checkpoint in job directory names: its last path part (a hub id's whole name)
+    and a hash of its absolute path (of the id itself), so two checkpoints never share a name."""
+    path = Path(init_from).expanduser()
+    identity = str(path.resolve()) if path.exists() else init_from
+    readable = path.stem if path.exists() else init_from.replace("/", "--")
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", readable)[-40:].strip("._-") or "checkpoint"
+    return f"{readable}-{hashlib.sha256(identity.encode()).hexdigest()[:6]}"
+
+
+def grid_points(grid: dict[str, list], fixed: set[str]) -> list[dict[str, Any]]:
+    """The grid's configurations, in its order; a key the command line sets (`fixed`) takes that one value."""
+    keys = [k for k in grid if k not in fixed]
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def job_name(key: str, task: str, configuration: dict[str, Any], seed: int) -> str:
+    parts = [f"{SHORT.get(k, k.rsplit('.', 1)[-1])}{v}" for k, v in configuration.items()]
+    return "-".join([key, task, *parts, f"s{seed}"])
+
+
+def data_file_overrides(data_dir: Path | None, task: str, splits: list[str]) -> list[str]:
+    """`task.data_files.<split>=<data_dir>/<task>/<split>.<ext>` for every split of the task with such a file."""
+    if data_dir is None:
+        return []
+    overrides = []
+    for split in splits:
+        found = sorted(p for p in (data_dir / task).glob(f"{split}.*") if p.suffix in DATA_SUFFIXES)
+        if len(found) > 1:
+            raise UserError(
+                f"benchmark.data_dir: {data_dir / task} holds {len(found)} files for the {split} split "
+                f"({', '.join(p.name for p in found)}); keep one"
+            )
+        if found:
+            overrides.append(f"task.data_files.{split}={found[0].resolve()}")
+    if not any(o.startswith("task.data_files.train=") for o in overrides):
+        others = ", ".join(s for s in splits if s != "train")
+        raise UserError(
+            f"benchmark.data_dir={data_dir} has no training file for {task}: write it as {data_dir / task}/train.tsv "
+            f"(or .csv, .json, .jsonl, .parquet; the other splits beside it: {others}), or leave "
+            "benchmark.data_dir unset to read the hub's data"
+        )
+    return overrides
+
+
+def task_option(family: str, task: str) -> str:
+    """The task= option of a benchmark's task: glue/rte, squad_v1."""
+    return f"glue/{task}" if family == "glue" else task
+
+
+def settings(config: DictConfig) -> dict[str, Any]:
+    """The benchmark's settings, checked: what a bad one is refused with names the key and its valid values."""
+    bench = OmegaConf.to_container(config.benchmark, resolve=True)
+    grids = bench["grids"]
+    if bench["grid"] not in grids:
+        raise UserError(f"benchmark.grid={bench['grid']} is not one of this benchmark's grids: {', '.join(grids)}")
+    tasks = list(bench["tasks"]) + (["wnli"] if bench.get("wnli") and "wnli" not in bench["tasks"] else [])
+    prefix = "glue/" if bench["family"] == "glue" else "squad_"
+    valid = [o.removeprefix("glue/") for o in group_options("task") if o.startswith(prefix)]
+    unknown = [t for t in tasks if t not in valid]
+    if unknown or not tasks:
+        raise UserError(
+            f"benchmark.tasks={bench['tasks']} must name some of: {', '.join(valid)}"
+            + (f" ({', '.join(unknown)} is not one)" if unknown else "")
+        )
+    restarts = bench["restarts"]
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1:
+        raise UserError(f"benchmark.restarts={restarts} must be a whole number of seeds, 1 or more")
+    data_dir = bench.get("data_dir")
+    if data_dir is not None:
+        data_dir = Path(str(data_dir)).expanduser()
+        if not data_dir.is_dir():
+            raise UserError(
+                f"benchmark.data_dir={data_dir} is not a directory (one folder per task: {data_dir}/rte/...)"
+            )
+    return {**bench, "tasks": tasks, "data_dir": data_dir}
+
+
+def plan(
+    config: DictConfig,
+    combinations: list[list[str]],
+    splits_of: dict[str, list[str]],
+) -> list[BenchmarkJob]:
+    """Every job of the benchmark `config` describes, for each combination of the command line's own overrides
+    (`init_from=a,b` gives one row of the table per checkpoint).
+
+    `splits_of`: each task's data splits (its task.data_files keys), for the files of benchmark.data_dir.
+    """
+    bench = settings(config)
+    family, grid = bench["family"], bench["grids"][bench["grid"]]
+    # A key the command line sweeps (optim.lr=5e-5,3e-5) is part of each job's configuration, as the grid's are.
+    values: dict[str, set[str]] = {}
+    for combination in combinations:
+        for override in combination:
+            key, _, value = override.partition("=")
+            values.setdefault(key, set()).add(value)
+    swept = [k for k, v in values.items() if len(v) > 1 and k not in ("init_from", "seed")]
+    configuration_keys = [k for k in swept if not k.startswith("benchmark.")]
+    jobs = []
+    for combination in combinations:
+        given = dict(o.split("=", 1) for o in combination if "=" in o)
+        for key in given:
+            if key == "task" or (key.startswith("benchmark.") and key in swept):
+                raise UserError(
+                    f"{key}= is chosen by experiment={family}_benchmark itself; choose tasks with "
+                    "benchmark.tasks=[...] and give every benchmark.* setting one value"
+                )
+        init_from = given.get("init_from", config.get("init_from"))
+        if not init_from or init_from in ("null", "None"):
+            raise UserError(
+                f"experiment={family}_benchmark fine-tunes one pre-trained model: give init_from=<a lightbert .ckpt "
+                "or run directory, a Hugging Face directory, or a hub id such as bert-base-uncased>"
+            )
+        key = checkpoint_key(str(init_from))
+        fixed = {k.lstrip("+~") for k in given}
+        first_seed = int(given.get("seed", config.seed))
+        # Each job's seed is its own override; benchmark.* settings plan the jobs and change none (a finished job is
+        # the same job when benchmark.restarts grows).
+        common = [o for o in combination if not o.startswith(("seed=", "benchmark."))]
+        for task in bench["tasks"]:
+            seeds = bench["restarts"] if task in bench["restart_tasks"] else 1
+            files = data_file_overrides(bench["data_dir"], task, splits_of[task])
+            for point in grid_points(grid, fixed):
+                configuration = {**{k: given[k] for k in configuration_keys}, **point}
+                for seed in range(first_seed, first_seed + seeds):
+                    overrides = [
+                        f"task={task_option(family, task)}",
+                        *(f"{k}={v}" for k, v in point.items()),
+                        f"seed={seed}",
+                        *files,
+                        *common,  # last: what the command line sets wins over the benchmark's files
+                    ]
+                    name = job_name(key, task, configuration, seed)
+                    jobs.append(BenchmarkJob(name, family, task, str(init_from), configuration, seed, overrides))
+    return jobs
+
+
+def record_plan(sweep_dir: Path, family: str, jobs: list[BenchmarkJob]) -> None:
+    """benchmark.json: the jobs of every benchmark command run into this directory (the tables' list of what is
+    planned, so an interrupted benchmark shows what is done and what is not)."""
+    recorded = read_plan(sweep_dir)
+    if recorded and recorded["family"] != family:
+        raise UserError(
+            f"{sweep_dir} holds a {recorded['family']} benchmark; run experiment={family}_benchmark into another "
+            "directory with hydra.sweep.dir=..."
+        )
+    entries = {**(recorded or {}).get("jobs", {}), **{job.name: asdict(job) for job in jobs}}
+    write_atomically(sweep_dir / PLAN_FILE, json.dumps({"family": family, "jobs": entries}, indent=2) + "\n")
+
+
+def read_plan(sweep_dir: Path) -> dict | None:
+    path = sweep_dir / PLAN_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
