@@ -117,55 +117,77 @@ def submitit_signal() -> signal.Signals | None:
     return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
 
 
+def slurm_requeue_signal(trainer: L.Trainer) -> signal.Signals | None:
+    """The signal after which this job requeues itself: Lightning's SLURM environment with `auto_requeue` (its
+    default when a job runs under srun; cluster=slurm turns it off, as submitit requeues), USR1 unless set."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    environment = trainer._accelerator_connector.cluster_environment
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+        return environment.requeue_signal or signal.SIGUSR1
+    return None
+
+
 # The signal that stopped this process's training, for the entry point's message and exit code.
 stopped_by: signal.Signals = signal.SIGTERM
 
 
 class LatestCheckpoint(L.Callback):
     """Writes the latest checkpoint (the `ModelCheckpoint` without a monitor) when training ends, and when the
-    process is told to stop: on SIGTERM Lightning stops after the current batch, and this saves before it exits.
+    job is told to stop: SIGTERM (what SLURM sends before a preemption or at the time limit), Ctrl-C, submitit's
+    signal (USR2, cluster=slurm) and Lightning's SLURM requeue signal (USR1 under srun).
 
-    In a SLURM job submitted by submitit (cluster=slurm), submitit's signal (USR2) is taken the same way: the batch
-    finishes on every device, the checkpoint is written, and then submitit's own handler requeues the job. So
-    `last.ckpt` is always the final state, even when the steps between periodic saves do not divide the run.
+    A handler only notes the signal: a collective inside a handler deadlocks when the signal lands while the process
+    is in another collective (Lightning's own SIGTERM handler broadcasts, its USR1 handler saves with a barrier).
+    After every training batch the processes agree, in one all-reduce that each reaches at the same point, whether
+    any of them was signalled; if so every one stops after that batch, `last.ckpt` is written, and the job exits
+    (128 + the signal) or requeues itself: submitit's handler (cluster=slurm), or `scontrol requeue` for the USR1 of
+    a job under srun, which then resumes by itself in the same run directory (`run_dir.requeued_run`).
 
-    Ctrl-C (SIGINT) is taken like SIGTERM too, instead of Lightning's "graceful shutdown" that saves nothing: the
-    batch finishes, `last.ckpt` is written and the process exits with 130. (A process started with SIGINT ignored,
-    as a shell's background job is, keeps ignoring it.)
+    A process started with SIGINT ignored (a shell's background job) keeps ignoring it.
     """
 
     def __init__(self) -> None:
-        self._requeue_handler: Any = None
-        self._requeue_signal: signal.Signals | None = None
         self._received: signal.Signals | None = None
-        self._interrupt_handler: Any = None
+        self._handlers: dict[signal.Signals, Any] = {}  # the handlers these replaced, put back after training
+        self._requeue: signal.Signals | None = None
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        processes.training_started()  # SIGTERM is Lightning's from here: the batch finishes, this saves
-        signum = submitit_signal()
-        if signum is not None and self._requeue_signal is None:
-            self._requeue_signal, self._requeue_handler = signum, signal.getsignal(signum)
-            signal.signal(signum, self._on_requeue_signal)
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN and self._interrupt_handler is None:
-            self._interrupt_handler = signal.getsignal(signal.SIGINT)
-            signal.signal(signal.SIGINT, self._on_interrupt)
+        processes.training_started()
+        self._received = None
+        self._requeue = submitit_signal() or slurm_requeue_signal(trainer)
+        stops = [signal.SIGTERM, signal.SIGINT] + ([self._requeue] if self._requeue is not None else [])
+        for signum in stops:
+            if signum in self._handlers or signal.getsignal(signum) is signal.SIG_IGN:
+                continue
+            self._handlers[signum] = signal.getsignal(signum)  # Lightning's, for SIGTERM and USR1
+            signal.signal(signum, self._note)
 
-    def _on_interrupt(self, signum: int, frame: Any) -> None:
-        global stopped_by
-        if self._received is None:  # a second Ctrl-C while the batch finishes changes nothing
-            self._received = stopped_by = signal.SIGINT
-            os.kill(os.getpid(), signal.SIGTERM)
+    def _note(self, signum: int, frame: Any) -> None:
+        if self._received is None:  # the first signal names the stop; a second one changes nothing
+            self._received = signal.Signals(signum)
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, *args: Any) -> None:
+        received = self._agreed(trainer)
+        if received is not None:
+            global stopped_by
+            self._received = stopped_by = received
+            raise SIGTERMException  # Lightning's stop: on_exception below saves, on every process at this batch
+
+    def _agreed(self, trainer: L.Trainer) -> signal.Signals | None:
+        """The signal any process received (the lowest number, where two differ); None when none did."""
+        mine = int(self._received or 0)
+        if is_distributed() and trainer.world_size > 1:
+            flag = torch.tensor([mine or 1 << 16], device=trainer.strategy.root_device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+            mine = int(flag.item()) % (1 << 16)
+        return signal.Signals(mine) if mine else None
 
     def teardown(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
         processes.training_ended()
-        if self._interrupt_handler is not None:  # Ctrl-C outside training (predictions) is Python's again
-            signal.signal(signal.SIGINT, self._interrupt_handler)
-            self._interrupt_handler = None
-
-    def _on_requeue_signal(self, signum: int, frame: Any) -> None:
-        # Lightning's SIGTERM path stops every device after the same batch; this joins it.
-        self._received = signal.Signals(signum)
-        os.kill(os.getpid(), signal.SIGTERM)
+        for signum, handler in self._handlers.items():  # Ctrl-C outside training (predictions) is Python's again
+            signal.signal(signum, handler)
+        self._handlers = {}
 
     def _save(self, trainer: L.Trainer, why: str) -> None:
         checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
@@ -186,7 +208,31 @@ class LatestCheckpoint(L.Callback):
     def on_exception(self, trainer: L.Trainer, module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException):
             return
-        received = self._received
-        self._save(trainer, received.name if received else "SIGTERM")
-        if received is not None and callable(self._requeue_handler):
-            self._requeue_handler(received, None)  # submitit: requeue this job (rank 0) and exit
+        received = self._received or signal.SIGTERM
+        self._save(trainer, received.name)
+        if received != self._requeue:
+            return
+        handler = self._handlers.get(received)
+        if submitit_signal() is not None and callable(handler):
+            handler(received, None)  # submitit's: requeues this job (its first task) and exits
+        elif trainer.is_global_zero:
+            requeue_slurm_job()
+
+
+def requeue_slurm_job() -> None:
+    """`scontrol requeue` this SLURM job (an array job's own task): SLURM starts it again with the same job id, which
+    resumes from last.ckpt in the same run directory."""
+    import subprocess
+
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if os.environ.get("SLURM_ARRAY_JOB_ID"):
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    try:
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        log.warning(f"could not requeue SLURM job {job} ({error}); resubmit the same command to continue")
+        return
+    if result.returncode == 0:
+        log.warning(f"requeued SLURM job {job}: it continues from its last.ckpt in the same run directory")
+    else:
+        log.warning(f"scontrol requeue {job} failed ({result.stderr.strip()[:200]}); resubmit the command to continue")

@@ -22,6 +22,24 @@ from lightbert.errors import missing_extra
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
+def run_name() -> str:
+    """The default run directory's name (conf/hydra/default.yaml): the time, or in a SLURM job the job's id, so that
+    a job SLURM requeues finds its run again (`run_dir.requeued`)."""
+    from datetime import datetime
+
+    from lightbert.run.console import cluster_environment
+
+    job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+    if job and cluster_environment() == "slurm":
+        task = os.environ.get("SLURM_ARRAY_TASK_ID")
+        return f"slurm-{job}" + (f"_{task}" if os.environ.get("SLURM_ARRAY_JOB_ID") and task else "")
+    return datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+
+
+if not OmegaConf.has_resolver("lightbert_run_name"):
+    OmegaConf.register_new_resolver("lightbert_run_name", run_name, use_cache=True)
+
+
 # Keys that other templates (lightning-hydra-template) use, and what lightbert calls them.
 HABITS = {
     "ckpt_path": "lightbert has two keys for it: resume=true hydra.run.dir=<run directory> continues a run from its "

@@ -39,11 +39,11 @@ def _refuse_before_loading(cfg: DictConfig, resume: bool) -> None:
     """A command refused by these is refused in a second, before torch and Lightning load (the job checks again,
     under the run directory's lock)."""
     from lightbert.run.config_checks import check_config
-    from lightbert.run.run_dir import check_not_running, check_output_dir
+    from lightbert.run.run_dir import check_not_running, check_output_dir, requeued
 
     check_config(cfg)
     check_not_running(Path(cfg.paths.output_dir))
-    check_output_dir(Path(cfg.paths.output_dir), resume)
+    check_output_dir(Path(cfg.paths.output_dir), resume or requeued(Path(cfg.paths.output_dir)))
 
 
 def _train(cfg: DictConfig) -> float | None:

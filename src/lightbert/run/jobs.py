@@ -49,6 +49,7 @@ from lightbert.run.run_dir import (
     record_run,
     refused_leaves_nothing,
     remove_stale_temporaries,
+    requeued,
     save_tokenizer,
     write_results,
 )
@@ -298,10 +299,14 @@ def _loggers(cfg: DictConfig, resumed_step: int | None = None) -> list:
 
 def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     started = time.time()
-    resume_from = check_output_dir(output_dir, bool(cfg.get("resume", False)))
+    again = requeued(output_dir)
+    resume_from = check_output_dir(output_dir, bool(cfg.get("resume", False)) or again)
     # First on the console (train.log holds it until the checks below pass).
     log.info(f"run directory: {output_dir}")
-    if cfg.get("resume") and resume_from is None:
+    if again:
+        restarts = os.environ["SLURM_RESTART_COUNT"]
+        log.info(f"SLURM job {os.environ['SLURM_JOB_ID']} was requeued ({restarts} restart(s)): continuing its run")
+    if (cfg.get("resume") or again) and resume_from is None:
         kept = _metric_rows(output_dir / "metrics.csv")
         also = f"; metrics.csv keeps the {kept} row(s) of the earlier attempt and continues after them" if kept else ""
         log.info(f"resume=true and no {output_dir / LAST_CHECKPOINT} yet: starting from the beginning{also}")
@@ -315,7 +320,7 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         datamodule, module, _ = _data_and_module(cfg, pretrained, model_config, tokenizer_kwargs)
         tokenizer = datamodule.tokenizer
         # metrics.csv continues from the checkpoint's step, or after every row of an attempt that left no checkpoint
-        keep_rows_before = done if resume_from is not None else (math.inf if cfg.get("resume") else None)
+        keep_rows_before = done if resume_from is not None else (math.inf if cfg.get("resume") or again else None)
         loggers = _loggers(cfg, keep_rows_before)
         if resume_from is None:
             save_tokenizer(tokenizer, output_dir)

@@ -30,6 +30,30 @@ log = logging.getLogger(__name__)
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 
 
+SLURM_RECORD = Path(".hydra") / "slurm.json"  # RECORD_DIR's
+
+
+def requeued(output_dir: Path) -> bool:
+    """Whether this is a SLURM job that SLURM started again (`scontrol requeue` after a preemption or the time
+    limit: the same job id, `SLURM_RESTART_COUNT` >= 1) on the run it recorded in `output_dir`: it continues that
+    run, as resume=true would, without being told."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job or not os.environ.get("SLURM_RESTART_COUNT", "0").isdigit():
+        return False
+    if int(os.environ["SLURM_RESTART_COUNT"]) < 1 or not (output_dir / SLURM_RECORD).is_file():
+        return False
+    try:
+        return json.loads((output_dir / SLURM_RECORD).read_text()).get("job_id") == job
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def record_slurm_job(output_dir: Path) -> None:
+    """The SLURM job a new run was started by, which `requeued` recognises when SLURM starts the job again."""
+    if os.environ.get("SLURM_JOB_ID") and is_global_zero():
+        write_atomically(output_dir / SLURM_RECORD, json.dumps({"job_id": os.environ["SLURM_JOB_ID"]}) + "\n")
+
+
 def check_output_dir(output_dir: Path, resume: bool) -> Path | None:
     """The checkpoint to resume from, if any. Nothing a user saved is ever lost: a finished run's directory is
     not trained into again, an unfinished one only to continue it, and a directory that is not a run's (it holds
@@ -243,6 +267,7 @@ def record_run(cfg: DictConfig, output_dir: Path, resuming: bool) -> None:
         return
     if not is_global_zero():
         return
+    record_slurm_job(output_dir)
     write_atomically(record / "config.yaml", OmegaConf.to_yaml(config))
     write_atomically(record / "overrides.yaml", OmegaConf.to_yaml(list(cfg.get("overrides") or [])))
     if HydraConfig.initialized():
