@@ -109,3 +109,27 @@ class KillDuringSave(L.Callback):
                 os.killpg(os.getpgid(0), signal.SIGKILL)
 
             lightbert.run.checkpointing.replace_atomically = write_then_die
+
+
+class TouchAtStep(L.Callback):
+    """Writes `path` once the first process has trained `step` steps: a test waiting to signal a run mid-training
+    knows it is training (each step after it is a batch with its collectives, where a signal may land)."""
+
+    def __init__(self, path: str, step: int):
+        self.path, self.step = path, step
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.is_global_zero:
+            open(self.path, "w").close()
+
+
+class StopAtStep(L.Callback):
+    """Ends training after `step` steps, as a run that reached its max_steps does (a callback may change on resume,
+    trainer.max_steps may not)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True

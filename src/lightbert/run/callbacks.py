@@ -165,7 +165,9 @@ class ConsoleReport(StepClock):
         parts = [f"step {step}/{int(total)}"]
         if isinstance(loss, torch.Tensor):
             parts.append(f"train/loss {float(loss):.4f}")
-        parts.append(f"{float(self._examples) / seconds:.1f} examples/s, {float(self._tokens) / seconds:.0f} tokens/s")
+        # The job's throughput: this process's share times the processes (each takes an equal share of the data).
+        share = trainer.world_size / seconds
+        parts.append(f"{float(self._examples) * share:.1f} examples/s, {float(self._tokens) * share:.0f} tokens/s")
         if trainer.optimizers:
             parts.append(f"lr {trainer.optimizers[0].param_groups[0]['lr']:.3g}")
         log.info(", ".join(parts))

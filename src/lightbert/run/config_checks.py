@@ -27,6 +27,7 @@ NUMBERS: dict[str, tuple[type, float, bool]] = {
     "trainer.gradient_clip_val": (float, 0, True),
     "trainer.val_check_interval": (float, 0, True),
     "task.batch_size": (int, 1, False),
+    "task.global_batch_size": (int, 1, True),
     "task.max_seq_length": (int, 1, False),
     "task.checkpoint_every_n_steps": (int, 1, True),
     "task.cpu_val_check_interval": (int, 1, True),

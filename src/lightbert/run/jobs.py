@@ -217,6 +217,7 @@ def _prepare(
     # The feature-based tasks keep their frozen encoder in eval mode on purpose (no dropout in the features).
     warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode at the start of training.*")
     _check_devices(cfg)
+    _batches(cfg)  # a global batch the devices cannot make is refused here
     matmuls = _set_fp32_matmuls(cfg)
     compile_mode(cfg.get("speed") or {})  # a bad one is refused before anything is written
     unpad_setting(cfg.get("speed") or {})
@@ -382,9 +383,46 @@ def _finish(trainer: L.Trainer, results: dict[str, Any], output_dir: Path) -> di
     return results
 
 
+def _devices(cfg: DictConfig) -> int:
+    """The devices per node the trainer will use (`-1` and `auto` resolved as Lightning resolves them)."""
+    from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+
+    devices, accelerator = cfg.trainer.get("devices", "auto"), str(cfg.trainer.get("accelerator", "auto"))
+    if runs_on_cuda(accelerator):
+        return len(CUDAAccelerator.parse_devices(devices) or [])
+    if devices in ("auto", -1, "-1"):
+        return 1  # Lightning's CPU accelerator: one process
+    return int(CPUAccelerator.parse_devices(devices))
+
+
+def _batches(cfg: DictConfig) -> tuple[int, int, int]:
+    """(devices per node, batches accumulated per optimizer step, the global batch): the global batch is
+    task.batch_size x devices x nodes x accumulation, and `task.global_batch_size` keeps it whatever the devices and
+    nodes by deriving the accumulation (a resize of the job, a requeue onto other nodes)."""
+    devices, nodes, per_device = _devices(cfg), int(cfg.trainer.num_nodes), int(cfg.task.batch_size)
+    accumulate = int(cfg.trainer.get("accumulate_grad_batches", 1))
+    wanted = OmegaConf.select(cfg, "task.global_batch_size", default=None)
+    if wanted is None:
+        return devices, accumulate, per_device * devices * nodes * accumulate
+    one_pass = per_device * devices * nodes
+    if wanted % one_pass:
+        raise ConfigError(
+            f"task.global_batch_size={wanted} is not a multiple of task.batch_size ({per_device}) x {devices} "
+            f"device(s) x {nodes} node(s) = {one_pass}; set task.batch_size so that it divides, or another "
+            "task.global_batch_size"
+        )
+    if accumulate != 1 and accumulate != wanted // one_pass:
+        raise ConfigError(
+            f"task.global_batch_size={wanted} sets the accumulation ({wanted // one_pass} on {devices} device(s) x "
+            f"{nodes} node(s)), and trainer.accumulate_grad_batches={accumulate} asks for another; set one of the two"
+        )
+    return devices, wanted // one_pass, wanted
+
+
 def _trainer(cfg: DictConfig, callbacks: list, loggers: list, **overrides: Any) -> L.Trainer:
     if cfg.trainer.get("enable_progress_bar", True) and not any(isinstance(c, ProgressBar) for c in callbacks):
         callbacks = [*callbacks, RunProgressBar()]  # lightbert's bar, not Lightning's default (Rich where installed)
+    overrides.setdefault("accumulate_grad_batches", _batches(cfg)[1])
     return instantiate_config(
         cfg.trainer,
         callbacks=callbacks,
@@ -521,9 +559,8 @@ def _describe_run(
         files = {k: v for k, v in (cfg.task.get("data_files") or {}).items() if v}
         data = ", ".join(f"{k}={v}" for k, v in files.items()) if files else "the hub's data"
     trainer = cfg.trainer
-    devices = f"{trainer.devices} x {trainer.accelerator}" + (
-        f" x {trainer.num_nodes} nodes" if trainer.num_nodes > 1 else ""
-    )
+    per_node, accumulate, global_batch = _batches(cfg)
+    devices = f"{per_node} x {trainer.accelerator}" + (f" x {trainer.num_nodes} nodes" if trainer.num_nodes > 1 else "")
     strategy = trainer.strategy if isinstance(trainer.strategy, str) else "fsdp"
     steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
     epochs = trainer.get("max_epochs")
@@ -540,6 +577,8 @@ def _describe_run(
     return (
         f"{cfg.task.name}: {sizes} ({source}) on {data}; {devices}, strategy {strategy}, {precision}, "
         f"{length}, batch {cfg.task.batch_size} per device"
+        + (f" x {accumulate} accumulated" if accumulate > 1 else "")
+        + f" = {global_batch} per step"
     )
 
 

@@ -37,10 +37,8 @@ def requeued(output_dir: Path) -> bool:
     """Whether this is a SLURM job that SLURM started again (`scontrol requeue` after a preemption or the time
     limit: the same job id, `SLURM_RESTART_COUNT` >= 1) on the run it recorded in `output_dir`: it continues that
     run, as resume=true would, without being told."""
-    job = os.environ.get("SLURM_JOB_ID")
-    if not job or not os.environ.get("SLURM_RESTART_COUNT", "0").isdigit():
-        return False
-    if int(os.environ["SLURM_RESTART_COUNT"]) < 1 or not (output_dir / SLURM_RECORD).is_file():
+    job, restarts = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_RESTART_COUNT", "0")
+    if not job or not restarts.isdigit() or int(restarts) < 1 or not (output_dir / SLURM_RECORD).is_file():
         return False
     try:
         return json.loads((output_dir / SLURM_RECORD).read_text()).get("job_id") == job

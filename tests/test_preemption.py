@@ -1,0 +1,195 @@
+"""Preemption of multi-process jobs, with real processes and real signals at random moments of training, repeated:
+a signal only sets a flag, the processes agree at the next batch boundary, last.ckpt is written, and the job ends
+(or requeues itself) every time. Lightning's own handlers ran collectives inside the handler and deadlocked in about
+one trial of three or four; a deadlock that shows once in four is a deadlock, so each case runs ten times.
+
+The SLURM jobs are simulated as srun runs them: one task per device with SLURM's variables, and a stand-in `scontrol`
+on PATH that records what it was asked."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.runs import REPO, pythonpath_with_tests, write_bert_corpus
+
+pytestmark = pytest.mark.slow
+
+TRIALS = int(os.environ.get("LIGHTBERT_TEST_TRIALS", 10))
+TINY = [
+    "model=bert_tiny",
+    "trainer=cpu",
+    "trainer.strategy=ddp",
+    "trainer.devices=2",
+    "trainer.max_steps=100000",
+    "trainer.val_check_interval=100000",
+    "trainer.enable_progress_bar=false",
+    "task.batch_size=4",
+    "task.max_seq_length=64",
+    "task.datamodule.vocab_size=400",
+    "task.datamodule.num_workers=0",
+    "logger=csv",
+    "corpus=text",
+    "+callbacks.mark._target_=helpers.loss_recorder.TouchAtStep",
+    "+callbacks.mark.step=3",
+]
+PATIENCE = 120  # seconds from the signal to the end of every task; a deadlock never ends
+
+
+class TaskServer:
+    """`helpers.task_server`: the tasks of a job forked from one process that has done the imports."""
+
+    def __init__(self) -> None:
+        self.server: subprocess.Popen | None = None
+
+    def start(self, args: list[str], envs: list[dict], logs: Path) -> list[int]:
+        if self.server is None or self.server.poll() is not None:
+            command = [sys.executable, str(REPO / "tests" / "helpers" / "task_server.py")]
+            env = {**os.environ, "PYTHONPATH": pythonpath_with_tests(), "OMP_NUM_THREADS": "1"}
+            self.server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                           cwd=REPO, env=env)  # fmt: skip
+            atexit.register(self.server.kill)
+        tasks = [{"env": env, "stdout": str(logs / f"task{i}.out"), "stderr": str(logs / f"task{i}.err")}
+                 for i, env in enumerate(envs)]  # fmt: skip
+        request = {"script": str(REPO / "src" / "train.py"), "args": args, "cwd": str(REPO), "tasks": tasks}
+        self.server.stdin.write(json.dumps(request) + "\n")
+        self.server.stdin.flush()
+        return json.loads(self.server.stdout.readline())["pids"]
+
+    def wait(self, pids: list[int], seconds: float) -> list[int]:
+        """The tasks' exit statuses; a task still running after `seconds` is a deadlock: every one is killed."""
+        import select
+
+        if not select.select([self.server.stdout], [], [], seconds)[0]:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+            json.loads(self.server.stdout.readline())
+            pytest.fail(f"the job's tasks were still running {seconds} s after the signal: a deadlock")
+        return json.loads(self.server.stdout.readline())["returncodes"]
+
+
+tasks = TaskServer()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def slurm_env(task: int, job_id: str, bin_dir: Path, **extra: str) -> dict:
+    """What srun gives task `task` of a 2-task job on one node (Lightning's SLURM environment reads these)."""
+    return {
+        "SLURM_NTASKS": "2",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_NNODES": "1",
+        "SLURM_PROCID": str(task),
+        "SLURM_LOCALID": str(task),
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_ID": job_id,
+        "SLURM_JOB_NAME": "train",
+        "SLURM_NODELIST": "localhost",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("preemption")
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"  # records its arguments, one call per line
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {root / "scontrol.calls"}\n')
+    scontrol.chmod(0o755)
+    corpus = write_bert_corpus(root / "corpus.txt", num_documents=16)
+    return {"root": root, "bin": bin_dir, "corpus": corpus, "calls": root / "scontrol.calls"}
+
+
+def run_and_signal(cluster, run: Path, signum: signal.Signals, envs: list[dict], signalled: list[int] | None = None,
+                   extra: tuple[str, ...] = ()) -> list[int]:  # fmt: skip
+    """Starts the job's tasks, waits until it trains, sends `signum` at a random moment to the tasks `signalled`
+    (default: every task, as SLURM signals a job), and returns their exit statuses."""
+    mark = run / "training"
+    args = [*TINY, f"corpus.paths=[{cluster['corpus']}]", f"hydra.run.dir={run}", f"+callbacks.mark.path={mark}",
+            *extra]  # fmt: skip
+    run.parent.mkdir(parents=True, exist_ok=True)
+    pids = tasks.start(args, envs, run.parent)
+    deadline = time.monotonic() + 120
+    while not mark.exists():
+        assert time.monotonic() < deadline, (run.parent / "task0.err").read_text()[-3000:]
+        time.sleep(0.05)
+    time.sleep(random.uniform(0.0, 0.5))  # anywhere in a batch: the forward, the backward's all-reduce, the step
+    for task in signalled if signalled is not None else range(len(pids)):
+        os.kill(pids[task], signum)
+    return tasks.wait(pids, PATIENCE)
+
+
+def saved_step(run: Path) -> int:
+    return int(torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["global_step"])
+
+
+@pytest.mark.parametrize(
+    ("signum", "submitit"), [(signal.SIGTERM, False), (signal.SIGUSR2, True)], ids=["SIGTERM", "USR2-submitit"]
+)
+def test_a_signal_to_every_task_stops_the_job_with_a_checkpoint_every_time(cluster, tmp_path, signum, submitit):
+    extra = {"SUBMITIT_EXECUTOR": "slurm"} if submitit else {}
+    for trial in range(TRIALS):
+        run = tmp_path / f"trial{trial}" / "run"
+        port = {"MASTER_PORT": str(free_port())}
+        envs = [slurm_env(task, str(1000 + trial), cluster["bin"], **port, **extra) for task in range(2)]
+        codes = run_and_signal(cluster, run, signum, envs)
+        assert codes == [128 + signum] * 2, (trial, codes, (run.parent / "task0.err").read_text()[-2000:])
+        assert saved_step(run) >= 3, trial
+        assert not list(run.glob("**/hpc_ckpt_*.ckpt"))
+
+
+def test_sigterm_to_one_task_stops_every_task_at_the_same_batch(cluster, tmp_path):
+    for trial in range(TRIALS):
+        run = tmp_path / f"trial{trial}" / "run"
+        port = {"MASTER_PORT": str(free_port())}
+        envs = [slurm_env(task, str(2000 + trial), cluster["bin"], **port) for task in range(2)]
+        codes = run_and_signal(cluster, run, signal.SIGTERM, envs, signalled=[trial % 2])
+        assert codes == [128 + signal.SIGTERM] * 2, (trial, codes, (run.parent / "task1.err").read_text()[-2000:])
+        assert saved_step(run) >= 3, trial
+
+
+def test_slurms_requeue_signal_requeues_the_job_which_resumes_by_itself(cluster, tmp_path):
+    """USR1 (`#SBATCH --signal=USR1@90`, what Lightning's SLURM auto-requeue expects): the job saves, asks
+    `scontrol requeue` once, and SLURM's second start of the same job (SLURM_RESTART_COUNT=1) continues the run in
+    the same directory without resume=true; Lightning's hpc_ckpt_*.ckpt is never written."""
+    for trial in range(TRIALS):
+        cluster["calls"].unlink(missing_ok=True)
+        job = str(3000 + trial)
+        run = tmp_path / f"trial{trial}" / "run"
+        port = str(free_port())
+        envs = [slurm_env(task, job, cluster["bin"], MASTER_PORT=port) for task in range(2)]
+        codes = run_and_signal(cluster, run, signal.SIGUSR1, envs)
+        assert codes == [128 + signal.SIGUSR1] * 2, (trial, codes, (run.parent / "task0.err").read_text()[-2000:])
+        assert cluster["calls"].read_text() == f"requeue {job}\n", trial
+        stopped = saved_step(run)
+        assert stopped >= 3 and not list(run.glob("**/hpc_ckpt_*.ckpt"))
+    # The last trial's job, started again by SLURM: the same command, the same job id.
+    port = str(free_port())
+    again = [{**env, "SLURM_RESTART_COUNT": "1", "MASTER_PORT": port} for env in envs]
+    mark = run / "training"
+    args = [*TINY, f"corpus.paths=[{cluster['corpus']}]", f"hydra.run.dir={run}", f"+callbacks.mark.path={mark}"]
+    args += ["+callbacks.stop._target_=helpers.loss_recorder.StopAtStep", f"+callbacks.stop.step={stopped + 2}"]
+    pids = tasks.start(args, again, tmp_path)
+    assert tasks.wait(pids, PATIENCE) == [0, 0], (tmp_path / "task0.err").read_text()[-3000:]
+    out = (tmp_path / "task0.out").read_text() + (tmp_path / "task0.err").read_text()
+    assert f"SLURM job {job} was requeued (1 restart(s)): continuing its run" in out
+    assert json.loads((run / "results.json").read_text())["global_step"] == stopped + 2  # continued, not restarted
+    assert not list(run.glob("**/hpc_ckpt_*.ckpt"))
