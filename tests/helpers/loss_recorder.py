@@ -133,3 +133,20 @@ class StopAtStep(L.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_step >= self.step:
             trainer.should_stop = True
+
+
+class RecordExamples(L.Callback):
+    """Appends "step rank digest" for every example of every training batch to `path`: the optimizer step the batch
+    trains (accumulated micro-batches share it) and the digest of the example's token ids (masked by its own seed, so
+    the same example reads the same on any rank): which examples each step saw."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        import hashlib
+
+        with open(self.path, "a") as f:
+            for row in batch["input_ids"].tolist():
+                digest = hashlib.sha1(str([t for t in row if t]).encode()).hexdigest()[:16]
+                f.write(f"{trainer.global_step + 1} {trainer.global_rank} {digest}\n")

@@ -98,16 +98,65 @@ class ResumableRNG(L.Callback):
             per_rank = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(per_rank, states)
         checkpoint["rng_states"] = per_rank
+        checkpoint["job_shape"] = job_shape(trainer)
 
     def on_load_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        shape = checkpoint.get("job_shape") or {}
+        if shape.get("accumulate") and shape["accumulate"] != trainer.accumulate_grad_batches:
+            rescale_batch_progress(checkpoint, trainer.accumulate_grad_batches / shape["accumulate"])
         per_rank = checkpoint.get("rng_states")
         if per_rank and len(per_rank) == trainer.world_size:
             self._pending = per_rank[trainer.global_rank]
         elif per_rank:
-            log.warning(
-                f"the checkpoint holds RNG states of {len(per_rank)} device(s), this run has {trainer.world_size}: "
-                "training continues, with other dropout draws than the original run would have made"
-            )
+            # Another number of devices: no state belongs to this rank. Seeded from (seed, step, rank), so that the
+            # same resize resumes the same way twice.
+            seed = int(os.environ.get("PL_GLOBAL_SEED", "0"))
+            derived = (seed * 1_000_003 + int(checkpoint.get("global_step", 0)) * 1_009 + trainer.global_rank) % 2**32
+            random.seed(derived)
+            np.random.seed(derived)
+            torch.manual_seed(derived)
+            self._pending = rng_states()
+            if trainer.global_rank == 0:
+                log.warning(
+                    f"the checkpoint holds the RNG states of {len(per_rank)} device(s), this job has "
+                    f"{trainer.world_size}: each device's generators are seeded from (seed, step, rank) instead"
+                )
+
+
+def rescale_batch_progress(checkpoint: dict[str, Any], factor: float) -> None:
+    """Lightning counts the epoch's batches done in this process's micro-batches; a job that accumulates another
+    number per step (a resize that keeps the global batch) has done `factor` times as many of its own. Left as they
+    were, Lightning would end the epoch early and the data would move on an epoch too soon. Changed in the loaded
+    checkpoint before Lightning restores its loops from it (callbacks load first)."""
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+    if not progress:
+        return
+    for part in ("total", "current"):
+        counts = progress.get(part, {})
+        if "processed" not in counts:
+            continue
+        # Scaled at `processed`; the others keep their offsets from it, by which Lightning tells where the checkpoint
+        # was saved (completed == processed - 1: at a batch's end, whose completion it then counts).
+        processed = counts["processed"]
+        for key, value in counts.items():
+            counts[key] = round(processed * factor) - (processed - value)
+
+
+def job_shape(trainer: L.Trainer) -> dict[str, int | None]:
+    """How the job that saves a checkpoint makes a step: what a resume on another number of devices must keep."""
+    per_device = getattr(trainer.datamodule, "batch_size", None)
+    accumulate = int(trainer.accumulate_grad_batches)
+    global_batch = per_device * trainer.world_size * accumulate if isinstance(per_device, int) else None
+    return {"world_size": trainer.world_size, "batch_size": per_device, "accumulate": accumulate,
+            "global_batch": global_batch}  # fmt: skip
+
+
+def saved_job_shape(path: Path) -> dict | None:
+    """The job shape a checkpoint recorded (None for one saved before lightbert recorded it), read with mmap."""
+    try:
+        return torch.load(path, mmap=True, weights_only=True).get("job_shape")
+    except Exception:
+        return None  # checkpoint_step has already judged the file
 
 
 def submitit_signal() -> signal.Signals | None:

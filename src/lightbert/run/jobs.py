@@ -33,7 +33,7 @@ from lightbert.pretraining.corpus import TextCorpus
 from lightbert.run import processes
 from lightbert.run.agreement import SameResumeOnEveryNode
 from lightbert.run.callbacks import RunProgressBar
-from lightbert.run.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
+from lightbert.run.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG, saved_job_shape
 from lightbert.run.cli import CONF_DIR
 from lightbert.run.config_checks import check_config
 from lightbert.run.console import RunLogFile, tidy_lightning_console
@@ -240,12 +240,41 @@ def _prepare(
     model_config = _checked_model_config(cfg, pretrained)
     if pretrained is not None:
         _name_checkpoint_model(cfg, model_config)
-    record_run(cfg, output_dir, resuming=resume_from is not None)  # a resume that changes a setting: refused here
+    resized = _resized(cfg, resume_from, resumed_step) if resume_from is not None else False
+    # A resume that changes a setting is refused here (the devices and nodes may change where the global batch stays).
+    record_run(cfg, output_dir, resuming=resume_from is not None, resized=resized)
     check_data_unchanged(output_dir, data_sources(cfg), resuming=resume_from is not None)  # or its data: here
     RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
     remove_stale_temporaries(output_dir)
     log.info(_describe_run(cfg, model_config, resume_from, resumed_step, evaluation=evaluation, matmuls=matmuls))
     return pretrained, model_config
+
+
+def _resized(cfg: DictConfig, resume_from: Path, resumed_step: int | None) -> bool:
+    """Whether a resume runs on another number of devices with the checkpoint's global batch: the data continues
+    exactly (its position is the step, each step the same examples), said once. Another global batch would re-train
+    or skip examples: refused with the key that keeps it. A checkpoint from before lightbert recorded its job's
+    shape resumes only as it was recorded."""
+    shape = saved_job_shape(resume_from)
+    if not shape or shape.get("global_batch") is None:
+        return False
+    devices, accumulate, global_batch = _batches(cfg)
+    world = devices * int(cfg.trainer.num_nodes)
+    then = f"{shape['batch_size']} per device x {shape['world_size']} device(s) x {shape['accumulate']} accumulated"
+    now = f"{cfg.task.batch_size} per device x {world} device(s) x {accumulate} accumulated"
+    if global_batch != shape["global_batch"]:
+        raise ConfigError(
+            f"{resume_from} was trained with {shape['global_batch']} sequences per step ({then}), and this job makes "
+            f"{global_batch} ({now}): resumed so, it would train some examples twice or skip some. Keep the global "
+            f"batch with task.global_batch_size={shape['global_batch']} (the accumulation adapts), or start a new "
+            "run from its weights with init_from=..."
+        )
+    if world != shape["world_size"]:
+        log.info(
+            f"resuming on {world} device(s), the checkpoint's job had {shape['world_size']}: the global batch stays "
+            f"{global_batch} ({now}), and the data continues at step {resumed_step}"
+        )
+    return world != shape["world_size"] or accumulate != shape["accumulate"]
 
 
 def _data_and_module(

@@ -236,7 +236,12 @@ def _override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def record_run(cfg: DictConfig, output_dir: Path, resuming: bool) -> None:
+# What a resume may change when the checkpoint says the global batch stays the same (`jobs._resized`): the devices
+# and nodes a requeued job gets, and the accumulation that keeps the global batch.
+RESIZABLE_ON_RESUME = ("trainer.devices", "trainer.num_nodes", "trainer.accumulate_grad_batches")
+
+
+def record_run(cfg: DictConfig, output_dir: Path, resuming: bool, resized: bool = False) -> None:
     """The run's record in `.hydra/`: the config (as composed, interpolations kept), the command line's overrides
     and, in a Hydra run, Hydra's own config. A resumed run continues the run as recorded: a setting it changes is
     refused with the keys named (only `CHANGEABLE_ON_RESUME` may change), and the record is left as it was."""
@@ -253,6 +258,7 @@ def record_run(cfg: DictConfig, output_dir: Path, resuming: bool) -> None:
             for key in sorted(set(recorded) | set(now))
             if recorded.get(key) != now.get(key)
             and not any(key == c or key.startswith(c + ".") for c in CHANGEABLE_ON_RESUME)
+            and not (resized and key in RESIZABLE_ON_RESUME)
             and (key in recorded or any(key == o or key.startswith(o + ".") for o in overridden))
         ]
         if changed:
