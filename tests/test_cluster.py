@@ -160,3 +160,22 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_whole(tmp_path, mon
         else:  # Lightning's own writes in place: the latest checkpoint is gone
             with pytest.raises((KeyError, EOFError, RuntimeError, pickle.UnpicklingError)):
                 torch.load(path, weights_only=True)
+
+
+@pytest.mark.slow
+def test_a_two_device_sweep_runs_through_submitits_local_executor(tmp_path):
+    """Each job's two processes are submitit's tasks (tasks_per_node = trainer.devices), as srun's are on SLURM: one
+    of them records the run, both train it."""
+    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=12)
+    sweep = tmp_path / "sweep"
+    result = run_train_script(
+        "-m", "cluster=submitit_local", *TINY_RUN, "corpus=text", f"corpus.paths=[{corpus}]", "trainer.devices=2",
+        "trainer.strategy=ddp", "seed=1,2", f"hydra.sweep.dir={sweep}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job in ("0", "1"):
+        assert json.loads((sweep / job / "results.json").read_text())["global_step"] == 3
+        line = next(x for x in (sweep / job / "train.log").read_text().splitlines() if "strategy ddp" in x)
+        assert "2 x cpu" in line, line
+    logs = sorted(p.name for p in (sweep / ".submitit").rglob("*_log.err"))
+    assert len(logs) == 4, logs  # two jobs of two tasks

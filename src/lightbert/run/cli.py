@@ -27,7 +27,7 @@ def run_name() -> str:
     a job SLURM requeues finds its run again (`run_dir.requeued`)."""
     from datetime import datetime
 
-    from lightbert.run.console import cluster_environment
+    from lightbert.run.cluster import cluster_environment
 
     job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
     if job and cluster_environment() == "slurm":

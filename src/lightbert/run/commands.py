@@ -48,6 +48,9 @@ def _refuse_before_loading(cfg: DictConfig, resume: bool) -> None:
 
 def _train(cfg: DictConfig) -> float | None:
     """Returns the best validation metric: what a sweeper (e.g. sweep=optuna) optimises."""
+    from lightbert.run.cluster import adopt_submitit_local_ranks
+
+    adopt_submitit_local_ranks()  # before anything asks which process this is
     _refuse_before_loading(cfg, bool(cfg.get("resume", False)))
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -71,6 +74,9 @@ def _train(cfg: DictConfig) -> float | None:
 
 
 def _evaluate(cfg: DictConfig) -> None:
+    from lightbert.run.cluster import adopt_submitit_local_ranks
+
+    adopt_submitit_local_ranks()
     _refuse_before_loading(cfg, resume=False)
     from lightbert.run.jobs import evaluate
 

@@ -5,41 +5,7 @@ also goes to the run's `train.log`."""
 from __future__ import annotations
 
 import logging
-import os
 from typing import ClassVar
-
-
-def _number(name: str) -> int:
-    value = os.environ.get(name, "")
-    return int(value) if value.isdigit() else 0
-
-
-def cluster_environment() -> str:
-    """The cluster environment Lightning will pick for this process, in its order (torchelastic first, as it can
-    run inside SLURM; then SLURM, LSF; else Lightning's own, which `NODE_RANK` and `LOCAL_RANK` describe)."""
-    if all(name in os.environ for name in ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")):
-        return "torchelastic"  # torch.distributed.is_torchelastic_launched(), without importing torch
-    if "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
-        return "slurm"
-    if {"LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE"} <= set(os.environ):
-        return "lsf"
-    return "lightning"
-
-
-def first_process() -> bool:
-    """Whether this process is the whole job's first, decided before the Trainer exists (before anything is written)
-    from the environment Lightning will use: one process of all nodes takes the run directory and writes its
-    record. Lightning's own early guess (`RANK`, `LOCAL_RANK`, `SLURM_PROCID`) makes the first process of every node
-    of a `NODE_RANK` launch a rank 0."""
-    environment = cluster_environment()
-    if environment == "torchelastic":
-        return _number("RANK") == 0
-    if environment == "slurm":
-        return _number("SLURM_PROCID") == 0
-    if environment == "lsf":
-        return _number("JSM_NAMESPACE_RANK") == 0
-    node = _number("NODE_RANK") if "NODE_RANK" in os.environ else _number("GROUP_RANK")
-    return node == 0 and _number("LOCAL_RANK") == 0
 
 
 class RankZero(logging.Filter):

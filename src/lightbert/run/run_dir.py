@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightbert.errors import UserError
 from lightbert.files import RESULTS_FILE, write_atomically
 from lightbert.run import processes
-from lightbert.run.console import first_process
+from lightbert.run.cluster import first_process
 
 log = logging.getLogger(__name__)
 
