@@ -1,9 +1,12 @@
 """The pre-training DataModule: prepared once and cached, held-out documents, masked batches."""
 
+import pytest
 import torch
 from helpers.runs import write_bert_corpus
 
-from lightbert.pretraining.corpus import TextCorpus
+from lightbert.data.tokenizer import train_wordpiece
+from lightbert.errors import UserError
+from lightbert.pretraining.corpus import TextCorpus, read_bert_format
 from lightbert.pretraining.datamodule import PretrainDataModule
 from lightbert.pretraining.masking import IGNORE_INDEX
 
@@ -50,3 +53,27 @@ def test_batches_are_masked_and_validation_masks_repeat(tmp_path, corpus_file):
     assert (batch["labels"] != IGNORE_INDEX).sum() > 0
     first, again = next(iter(dm.val_dataloader())), next(iter(dm.val_dataloader()))
     assert torch.equal(first["labels"], again["labels"])  # comparable validation metrics across evaluations
+
+
+def test_a_vocabulary_is_trained_once_in_a_child_on_the_first_documents(tmp_path, corpus_file, caplog):
+    documents = list(read_bert_format(corpus_file))
+    caplog.set_level("INFO", logger="lightbert")
+    # Under the sample size: the vocabulary of every sentence of the corpus.
+    whole = datamodule(corpus_file, tmp_path / "a").tokenizer.backend.get_vocab()
+    assert whole == train_wordpiece([s for d in documents for s in d], vocab_size=300).backend.get_vocab()
+    # A bounded sample: the first documents only, said on the console, and nothing of it left on disk.
+    sample = datamodule(corpus_file, tmp_path / "b", tokenizer_documents=3)
+    assert (
+        sample.tokenizer.backend.get_vocab()
+        == (train_wordpiece([s for d in documents[:3] for s in d], vocab_size=300).backend.get_vocab())
+        != whole
+    )
+    assert "trained on the first 3 documents" in caplog.text and "tokenizer_documents=3" in caplog.text
+    assert [p.name for p in sample.cache_dir.glob("tokenizers/*/*")] == ["tokenizer.json"]
+
+
+def test_an_error_in_the_tokenizer_process_is_raised_in_the_run(tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("Caf\xe9 au lait.\nUne phrase.\n".encode("latin1"))
+    dm = datamodule(tmp_path / "latin1.txt", tmp_path / "cache", streaming=True)
+    with pytest.raises(UserError, match="is not UTF-8 text"):
+        dm.tokenizer  # noqa: B018 (a property that trains)

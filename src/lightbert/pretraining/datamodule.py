@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import multiprocessing
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import islice
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import NamedTuple
 
@@ -32,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.encoding import check_max_seq_length
 from lightbert.data.local_files import cache_writes, digest, load_cached, progress_bars_for
-from lightbert.data.tokenizer import BertTokenizer, iter_sentences, load_tokenizer, train_wordpiece
+from lightbert.data.tokenizer import BertTokenizer, load_tokenizer, train_wordpiece_once
 from lightbert.distributed import is_distributed
 from lightbert.errors import ParameterError, UserError
 from lightbert.files import publish_directory, publish_file_once
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 
 Corpus = TextCorpus | HFCorpus | DemoCorpus
 EXAMPLES_VERSION = 2  # bump when example creation changes, so cached examples are rebuilt
+TOKENIZER_VERSION = 2  # bump when tokenizer training changes (2: the cached path trains on tokenizer_documents)
 
 
 def _tokenize_documents(batch: dict, tokenizer: BertTokenizer) -> dict:
@@ -75,6 +78,7 @@ class CachedExamples:
     dupe_factor: int = 10
     validation_fraction: float = 0.05
     preprocessing_workers: int = 1
+    tokenizer_documents: int = 100000  # the first documents, which a new vocabulary is trained on
     datasets: datasets.DatasetDict | None = None
 
     def __post_init__(self) -> None:
@@ -82,8 +86,16 @@ class CachedExamples:
             raise ParameterError(f"{{0}} must be in (0, 1), got {self.validation_fraction}", "validation_fraction")
 
     def tokenizer_sample(self) -> tuple[Callable[[], Iterable[list[str]]], list]:
-        """The documents a new vocabulary is trained on (all of them), and what else its cache key needs."""
-        return lambda: self.documents["sentences"], []
+        """The documents a new vocabulary is trained on (the first `tokenizer_documents`), and what else its cache
+        key needs."""
+        documents = self.documents  # loaded here, before the training process forks: read by both
+        first = documents.select(range(min(self.tokenizer_documents, len(documents))))
+
+        def read() -> Iterator[list[str]]:
+            for batch in first.iter(batch_size=1000):
+                yield from batch["sentences"]
+
+        return read, [self.tokenizer_documents]
 
     @cached_property
     def documents(self) -> datasets.Dataset:
@@ -188,7 +200,7 @@ class StreamedExamples:
         return self.corpus.stream(self.cache_dir)
 
     def tokenizer_sample(self) -> tuple[Callable[[], Iterable[list[str]]], list]:
-        return lambda: islice(self.stream(), self.tokenizer_documents), [self.tokenizer_documents]
+        return self.stream, [self.tokenizer_documents]
 
     def prepare(self, tokenizer: BertTokenizer) -> None:
         """Nothing to build ahead: the tokenizer, trained and cached once per node, is all."""
@@ -220,6 +232,38 @@ class StreamedExamples:
     def validation(self) -> Sequence[dict]:
         assert self.validation_examples is not None, "call setup() first"
         return self.validation_examples
+
+
+def _train_tokenizer_child(
+    documents: Callable[[], Iterable[list[str]]],
+    path: Path,
+    vocab_size: int,
+    lowercase: bool,
+    limit: int,
+    send: Connection,
+) -> None:
+    try:
+        count = {"documents": 0, "sentences": 0, "characters": 0}
+
+        def sentences() -> Iterator[str]:
+            for document in islice(documents(), limit):
+                count["documents"] += 1
+                count["sentences"] += len(document)
+                count["characters"] += sum(map(len, document))
+                yield from document
+
+        spill = path.parent / f"sample.{os.getpid()}.txt"
+        tokenizer = train_wordpiece_once(sentences(), spill, vocab_size=vocab_size, lowercase=lowercase)
+        # Training is deterministic; publishing once still matters for two runs started at once on a cold cache:
+        # both use the first file, and neither reads one half-written.
+        publish_file_once(path, lambda tmp: tokenizer.backend.save(str(tmp)))
+        send.send(
+            f"tokenizer: {tokenizer.vocab_size} WordPiece tokens trained on the first {count['documents']} documents "
+            f"of the corpus ({count['sentences']} sentences, {count['characters'] / 1e6:.1f}M characters; at most "
+            f"task.datamodule.tokenizer_documents={limit})"
+        )
+    except BaseException as error:  # handed to the parent, which raises it as if it had trained itself
+        send.send(error)
 
 
 class Position(NamedTuple):
@@ -318,6 +362,7 @@ class PretrainDataModule(L.LightningDataModule):
             self.examples = CachedExamples(
                 corpus, self.cache_dir, **shared, dupe_factor=dupe_factor,
                 validation_fraction=validation_fraction, preprocessing_workers=workers,
+                tokenizer_documents=tokenizer_documents,
             )  # fmt: skip
 
     # -- tokenizer ---------------------------------------------------------------------------------------
@@ -333,7 +378,7 @@ class PretrainDataModule(L.LightningDataModule):
             except UserError as error:
                 raise ParameterError.about("tokenizer_path", error) from None
         documents, sample = self.examples.tokenizer_sample()
-        key = digest([self.corpus.fingerprint, self.vocab_size, self.lowercase, *sample])
+        key = digest([TOKENIZER_VERSION, self.corpus.fingerprint, self.vocab_size, self.lowercase, *sample])
         path = self.cache_dir / "tokenizers" / key / "tokenizer.json"
         if not path.is_file():
             self._train_tokenizer(documents, path)
@@ -346,12 +391,29 @@ class PretrainDataModule(L.LightningDataModule):
             return load_tokenizer(path)
 
     def _train_tokenizer(self, documents: Callable[[], Iterable[list[str]]], path: Path) -> None:
-        # Training is deterministic; publishing once still matters for two runs started at once on a cold cache:
-        # both use the first file, and neither reads one half-written.
-        sentences = lambda: iter_sentences(documents())  # noqa: E731 (read twice)
-        tokenizer = train_wordpiece(sentences, vocab_size=self.vocab_size, lowercase=self.lowercase)
+        """Trains in a forked process: the trainer's memory (about 1.3 KB per distinct word) is the child's, gone
+        when it ends, and never inherited by the processes that prepare the examples next."""
+        receive, send = multiprocessing.Pipe(duplex=False)
+        child = multiprocessing.get_context("fork").Process(
+            target=_train_tokenizer_child,
+            args=(documents, path, self.vocab_size, self.lowercase, self.examples.tokenizer_documents, send),
+        )
         with cache_writes(path.parent):
-            publish_file_once(path, lambda tmp: tokenizer.backend.save(str(tmp)))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            child.start()
+            send.close()
+            try:
+                outcome = receive.recv()
+            except EOFError:  # it died without a word: killed, most likely for memory
+                child.join()
+                outcome = UserError(
+                    f"training the tokenizer failed: its process ended with exit code {child.exitcode}; if it ran "
+                    "out of memory, lower task.datamodule.tokenizer_documents"
+                )
+            child.join()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        log.info(outcome)
 
     # -- examples ----------------------------------------------------------------------------------------
 
