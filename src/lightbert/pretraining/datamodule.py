@@ -49,8 +49,16 @@ from lightbert.pretraining.streaming import StreamingExamples, held_out_examples
 log = logging.getLogger(__name__)
 
 Corpus = TextCorpus | HFCorpus | DemoCorpus
-EXAMPLES_VERSION = 2  # bump when example creation changes, so cached examples are rebuilt
+EXAMPLES_VERSION = 3  # bump when example creation changes, so cached examples are rebuilt (3: binomial truncation)
 TOKENIZER_VERSION = 2  # bump when tokenizer training changes (2: the cached path trains on tokenizer_documents)
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (a job scheduler's share of the host, not the whole host)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _tokenize_documents(batch: dict, tokenizer: BertTokenizer) -> dict:
@@ -358,7 +366,7 @@ class PretrainDataModule(L.LightningDataModule):
                 tokenizer_documents=tokenizer_documents, shuffle_buffer=shuffle_buffer,
             )  # fmt: skip
         else:
-            workers = preprocessing_workers or min(8, os.cpu_count() or 1)
+            workers = preprocessing_workers or _usable_cores()
             self.examples = CachedExamples(
                 corpus, self.cache_dir, **shared, dupe_factor=dupe_factor,
                 validation_fraction=validation_fraction, preprocessing_workers=workers,

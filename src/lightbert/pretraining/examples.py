@@ -9,6 +9,8 @@ A port of google-research/bert's `create_pretraining_data.py` (`create_instances
 - Sentences that tokenize to nothing and documents without sentences are dropped before pairing.
 - A chunk closes at the target length only once it holds two sentences (or at the document's end), so a
   sentence longer than the target still gets the 50% chance of its true next sentence as B.
+- `truncate_seq_pair` draws how many tokens each segment loses at its front from a binomial, where the reference
+  draws front or back for every token cut: the same distribution (its docstring says why), other draws.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import random
 from collections.abc import Sequence
 
 import datasets
+import numpy as np
 
 from lightbert.data.encoding import encode_pair
 from lightbert.data.local_files import progress_bars_for
@@ -24,23 +27,35 @@ from lightbert.data.local_files import progress_bars_for
 IS_NEXT, NOT_NEXT = 0, 1  # Hugging Face's convention for `next_sentence_label`
 
 
+def truncation(length_a: int, length_b: int, max_num_tokens: int) -> tuple[int, int]:
+    """How many tokens the reference's `truncate_seq_pair` cuts from a and from b: it cuts one token at a time from
+    the longer side (b at a tie) until the pair fits, so the counts follow from the lengths alone. The longer side
+    loses its lead first; the rest alternates b, a, b, ..."""
+    excess = max(0, length_a + length_b - max_num_tokens)
+    lead = min(excess, abs(length_a - length_b))
+    rest = excess - lead
+    cut_a, cut_b = rest // 2, rest - rest // 2
+    if length_a > length_b:
+        cut_a += lead
+    else:
+        cut_b += lead
+    return cut_a, cut_b
+
+
 def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random) -> None:
     """Trim the longer side, one token at a time from its front or back at random, until the pair fits.
 
-    The reference's draws, one per token cut, with each cut O(1) (the ends move; the lists are cut once at the end):
-    a sentence of millions of tokens costs time linear in its length, not quadratic.
+    The reference draws front or back (1/2 each) for every token it cuts. Which side each cut falls on depends on
+    the lengths only (`truncation`), so the number of front cuts of a side that loses r tokens is the sum of r
+    independent fair coins: Binomial(r, 1/2), independently for a and b, and the kept tokens are the window after
+    those front cuts. Here that count is drawn at once as the number of ones among r random bits, so the same
+    distribution of kept windows costs one draw per side, not one per token (22% of pair creation).
     """
-    ends = [[0, len(tokens_a)], [0, len(tokens_b)]]  # [first, past-last] of what is kept, for a and b
-    kept = [len(tokens_a), len(tokens_b)]
-    while kept[0] + kept[1] > max_num_tokens:
-        longer = 0 if kept[0] > kept[1] else 1
-        if rng.random() < 0.5:
-            ends[longer][0] += 1
-        else:
-            ends[longer][1] -= 1
-        kept[longer] -= 1
-    tokens_a[:] = tokens_a[ends[0][0] : ends[0][1]]
-    tokens_b[:] = tokens_b[ends[1][0] : ends[1][1]]
+    cut_a, cut_b = truncation(len(tokens_a), len(tokens_b), max_num_tokens)
+    for tokens, cut in ((tokens_a, cut_a), (tokens_b, cut_b)):
+        if cut:
+            front = rng.getrandbits(cut).bit_count()
+            tokens[:] = tokens[front : len(tokens) - (cut - front)]
 
 
 def create_instances_from_document(
@@ -107,26 +122,79 @@ def create_instances_from_document(
     return instances
 
 
-class _ColumnView(Sequence):
-    """Random access to one column of an Arrow-backed dataset, without materialising it in memory.
+class StoredDocuments:
+    """Random access to the sentences of a column of documents (lists of lists of token ids) of an Arrow table,
+    memory-mapped: a sentence is read from the column's offsets and values as it is asked for, never a whole
+    document (a NotNext segment B uses a few sentences of a random document)."""
 
-    Rows in `loaded` (the batch being processed, already in memory) are not read again.
-    """
-
-    def __init__(self, dataset: datasets.Dataset, column: str, loaded: dict[int, list]):
-        # The Arrow column itself (memory-mapped), read row by row: twice as fast as datasets' row formatting.
-        self.dataset, self.column, self.loaded = dataset, dataset.with_format("arrow").data.column(column), loaded
+    def __init__(self, dataset: datasets.Dataset, column: str):
+        self.chunks = []  # per Arrow chunk: (document offsets, sentence offsets, token ids) as numpy views
+        starts = [0]
+        for chunk in dataset.data.column(column).chunks:
+            sentences = chunk.values
+            tokens = sentences.values.to_numpy(zero_copy_only=False)
+            self.chunks.append((chunk.offsets.to_numpy(), sentences.offsets.to_numpy(), tokens))
+            starts.append(starts[-1] + len(chunk))
+        self.starts = np.asarray(starts)
+        # A selected or shuffled view (a train/validation split) maps its rows to the table's.
+        self.rows = None if dataset._indices is None else dataset._indices.column(0).to_numpy()
+        self.length = len(dataset)
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return self.length
 
-    def __getitem__(self, index: int) -> list[list[int]]:
-        if index in self.loaded:
-            return self.loaded[index]
-        row = int(index)
-        if self.dataset._indices is not None:  # a selected or shuffled view: map to the table row
-            row = self.dataset._indices.column(0)[row].as_py()
-        return self.column[row].as_py()
+    def locate(self, index: int) -> tuple[int, int]:
+        """(chunk, row within it) of the dataset's row `index`."""
+        row = int(index) if self.rows is None else int(self.rows[index])
+        chunk = int(np.searchsorted(self.starts, row, side="right")) - 1
+        return chunk, row - int(self.starts[chunk])
+
+    def __getitem__(self, index: int) -> _StoredDocument:
+        chunk, row = self.locate(index)
+        documents, sentences, tokens = self.chunks[chunk]
+        return _StoredDocument(sentences, tokens, int(documents[row]), int(documents[row + 1]))
+
+
+class _StoredDocument(Sequence):
+    """The sentences [first, past) of a stored document, each read as a list of ids when it is asked for."""
+
+    def __init__(self, sentences: np.ndarray, tokens: np.ndarray, first: int, past: int):
+        self.sentences, self.tokens, self.first, self.past = sentences, tokens, first, past
+
+    def __len__(self) -> int:
+        return self.past - self.first
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                raise ValueError("a stored document is read in order")
+            return _StoredDocument(self.sentences, self.tokens, self.first + start, self.first + max(start, stop))
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        s = self.first + index % len(self)
+        return self.tokens[self.sentences[s] : self.sentences[s + 1]].tolist()
+
+    def __iter__(self):
+        for s in range(self.first, self.past):
+            yield self.tokens[self.sentences[s] : self.sentences[s + 1]].tolist()
+
+
+class _ColumnView(Sequence):
+    """The documents of `stored`, except those of the batch being processed (`loaded`), already in memory."""
+
+    def __init__(self, stored: StoredDocuments, loaded: dict[int, list]):
+        self.stored, self.loaded = stored, loaded
+
+    def __len__(self) -> int:
+        return len(self.stored)
+
+    def __getitem__(self, index: int):
+        document = self.loaded.get(index)
+        return document if document is not None else self.stored[index]
+
+
+_stored: tuple[datasets.Dataset, StoredDocuments] | None = None
 
 
 def _create_instances_batch(
@@ -140,7 +208,10 @@ def _create_instances_batch(
     cls_id: int,
     sep_id: int,
 ) -> dict:
-    all_documents = _ColumnView(documents, "sentence_ids", dict(zip(indices, batch["sentence_ids"], strict=True)))
+    global _stored
+    if _stored is None or _stored[0] is not documents:  # built once per process and split, not once per batch
+        _stored = (documents, StoredDocuments(documents, "sentence_ids"))
+    all_documents = _ColumnView(_stored[1], dict(zip(indices, batch["sentence_ids"], strict=True)))
     out: dict[str, list] = {"input_ids": [], "token_type_ids": [], "next_sentence_label": []}
     for document_index in indices:  # document-major, so batching and sharding never change the order
         for dupe in range(dupe_factor):
