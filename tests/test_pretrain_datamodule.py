@@ -1,5 +1,7 @@
 """The pre-training DataModule: prepared once and cached, held-out documents, masked batches."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from helpers.runs import write_bert_corpus
@@ -77,3 +79,26 @@ def test_an_error_in_the_tokenizer_process_is_raised_in_the_run(tmp_path):
     dm = datamodule(tmp_path / "latin1.txt", tmp_path / "cache", streaming=True)
     with pytest.raises(UserError, match="is not UTF-8 text"):
         dm.tokenizer  # noqa: B018 (a property that trains)
+
+
+def test_the_held_out_split_and_each_validation_are_bounded(tmp_path, corpus_file):
+    def validation(**kwargs):
+        dm = datamodule(corpus_file, tmp_path, validation_fraction=0.5, **kwargs)
+        dm.prepare_data()
+        dm.setup("fit")
+        return dm
+
+    many, few = validation(), validation(validation_documents=2)
+    assert 0 < len(few.datasets["validation"]) < len(many.datasets["validation"]) / 4  # 2 documents, not 20
+    # A validation reads validation_share x the batches between two validations x batch_size examples, spread
+    # over the split, whatever the number of devices; without a trainer (or with a null share) the whole split.
+    held_out = many.datasets["validation"]
+    assert len(many.validation_examples()) == len(held_out)
+    for world_size in (1, 2):
+        many.trainer = SimpleNamespace(val_check_interval=40, world_size=world_size)
+        chosen = many.validation_examples()
+        assert len(chosen) == 2 * 4  # ceil(0.05 x 40) batches of 4
+        assert chosen["input_ids"][-1] == held_out[7 * len(held_out) // 8]["input_ids"]
+        assert len(list(many.val_dataloader())) == 2
+    many.validation_share = None
+    assert len(many.validation_examples()) == len(held_out)

@@ -4,18 +4,21 @@ The examples come from one of two sources, chosen by `streaming`:
 
 - `CachedExamples` (the default): built once in `prepare_data` (local rank 0 of each node) from the whole corpus
   through `datasets.map` and saved under the cache directory, keyed by everything they depend on; `setup` only
-  loads them. `dupe_factor` pairings per document, `validation_fraction` of the documents held out.
+  loads them. `dupe_factor` pairings per document, `validation_fraction` of the documents held out (at most
+  `validation_documents`).
 - `StreamedExamples`: made on the fly from the corpus read as a stream, for corpora larger than the disk cache
   (`lightbert.pretraining.streaming` says how it differs); the first `validation_documents` are held out.
 
 Either way the tokenizer is trained (or loaded) once when first asked for, and masking happens in the collator,
-per batch.
+per batch. A validation reads at most `validation_share` of the training batches between two validations (the
+same examples every time), so that it costs a few percent of the run however large the held-out split.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -87,11 +90,14 @@ class CachedExamples:
     validation_fraction: float = 0.05
     preprocessing_workers: int = 1
     tokenizer_documents: int = 100000  # the first documents, which a new vocabulary is trained on
+    validation_documents: int = 1000  # at most this many held out
     datasets: datasets.DatasetDict | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.validation_fraction < 1:
             raise ParameterError(f"{{0}} must be in (0, 1), got {self.validation_fraction}", "validation_fraction")
+        if self.validation_documents < 1:
+            raise ParameterError(f"{{0}} must be >= 1, got {self.validation_documents}", "validation_documents")
 
     def tokenizer_sample(self) -> tuple[Callable[[], Iterable[list[str]]], list]:
         """The documents a new vocabulary is trained on (the first `tokenizer_documents`), and what else its cache
@@ -120,6 +126,7 @@ class CachedExamples:
                 self.short_seq_prob,
                 self.dupe_factor,
                 self.validation_fraction,
+                self.validation_documents,
                 self.seed,
             ]
         )
@@ -149,7 +156,8 @@ class CachedExamples:
                 "has text); pre-training needs at least 2, for next-sentence pairs and a validation split. "
                 "In corpus=text files, separate documents with a blank line"
             )
-        num_validation = min(len(documents) - 1, max(1, round(self.validation_fraction * len(documents))))
+        share = min(self.validation_documents, max(1, round(self.validation_fraction * len(documents))))
+        num_validation = min(len(documents) - 1, share)
         splits = documents.train_test_split(test_size=num_validation, seed=self.seed)
         pairing = {name: getattr(self, name) for name in ("max_seq_length", "short_seq_prob", "dupe_factor", "seed")}
         examples = datasets.DatasetDict(
@@ -199,7 +207,7 @@ class StreamedExamples:
     short_seq_prob: float
     seed: int
     validation_documents: int = 1000  # the first documents of the stream, held out
-    tokenizer_documents: int = 100000  # the documents a new vocabulary is trained on
+    tokenizer_documents: int = 100000  # the first documents, which a new vocabulary is trained on
     shuffle_buffer: int = 10000  # examples shuffled together
     validation_examples: list[dict] | None = None
 
@@ -330,9 +338,10 @@ class PretrainDataModule(L.LightningDataModule):
         dupe_factor: int = 10,
         validation_fraction: float = 0.05,
         preprocessing_workers: int | None = None,
-        # StreamedExamples' settings
         validation_documents: int = 1000,
         tokenizer_documents: int = 100000,
+        validation_share: float | None = 0.05,
+        # StreamedExamples' settings
         shuffle_buffer: int = 10000,
     ):
         super().__init__()
@@ -358,6 +367,11 @@ class PretrainDataModule(L.LightningDataModule):
         self.batch_size, self.num_workers = batch_size, num_workers
         self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
         self.first_step = first_step  # the global step this data starts at (a recipe's later phase)
+        if validation_share is not None and validation_share <= 0:
+            raise ParameterError(f"{{0}} must be > 0 (or null: the whole split), got {validation_share}",
+                                 "validation_share")  # fmt: skip
+        self.validation_share = validation_share
+        self._said_validation = False
         shared = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "seed": seed}
         self.examples: CachedExamples | StreamedExamples
         if streaming:
@@ -370,7 +384,7 @@ class PretrainDataModule(L.LightningDataModule):
             self.examples = CachedExamples(
                 corpus, self.cache_dir, **shared, dupe_factor=dupe_factor,
                 validation_fraction=validation_fraction, preprocessing_workers=workers,
-                tokenizer_documents=tokenizer_documents,
+                tokenizer_documents=tokenizer_documents, validation_documents=validation_documents,
             )  # fmt: skip
 
     # -- tokenizer ---------------------------------------------------------------------------------------
@@ -497,8 +511,43 @@ class PretrainDataModule(L.LightningDataModule):
         """Batches in `StepSampler`'s order (or the stream's), from the step a resumed run left off at."""
         return self._loader(*self.examples.train(self.tokenizer, self.batch_size, self._position()))
 
+    def validation_examples(self) -> Sequence[dict]:
+        """The examples every validation reads: the held-out split, or at most `validation_share` x the training
+        batches between two validations x `batch_size` of them, spread evenly over it. The count does not depend on
+        the number of devices, so neither do the metrics. An evaluation batch costs about a third of a training
+        batch (a forward pass), so the default 0.05 keeps validation under 2% of the time on one device, less on
+        several."""
+        examples = self.examples.validation()
+        interval = self._batches_between_validations()
+        if self.validation_share is None or interval is None:
+            return examples
+        most = max(1, math.ceil(self.validation_share * interval)) * self.batch_size
+        if most >= len(examples):
+            return examples
+        spread = [i * len(examples) // most for i in range(most)]
+        return [examples[i] for i in spread] if isinstance(examples, list) else examples.select(spread)
+
+    def _batches_between_validations(self) -> int | None:
+        trainer = self.trainer
+        if trainer is None:
+            return None
+        interval = trainer.val_check_interval
+        if isinstance(interval, int):
+            return interval
+        if self.datasets is None:  # a fraction of an epoch, and a stream has no epochs
+            return None
+        return int(interval * len(self.datasets["train"]) // (self.batch_size * trainer.world_size))
+
     def val_dataloader(self) -> DataLoader:
         # The same masks at every validation and on any number of devices, so validation metrics compare.
-        validation = SeededExamples(self.examples.validation(), self.seed, epoch="validation")
+        examples = self.validation_examples()
+        held_out = len(self.examples.validation())
+        if not self._said_validation:
+            self._said_validation = True
+            log.info(
+                f"validation: {len(examples)} of {held_out} held-out examples (task.datamodule.validation_documents, "
+                f"validation_share={self.validation_share} of the training batches between validations)"
+            )
+        validation = SeededExamples(examples, self.seed, epoch="validation")
         sampler = UnpaddedDistributedSampler(validation) if is_distributed() else None
         return self._loader(validation, sampler)
