@@ -21,11 +21,11 @@ def datamodule(path, cache, **kwargs) -> PretrainDataModule:
 def test_prepared_once_then_loaded_from_cache(tmp_path, corpus_file):
     first = datamodule(corpus_file, tmp_path)
     first.prepare_data()
-    stamp = (first.examples_dir / "dataset_dict.json").stat().st_mtime_ns
+    stamp = (first.examples_dir / "examples.json").stat().st_mtime_ns
     second = datamodule(corpus_file, tmp_path)
     assert second.examples_dir == first.examples_dir
     second.prepare_data()  # a cache hit: nothing rewritten
-    assert (second.examples_dir / "dataset_dict.json").stat().st_mtime_ns == stamp
+    assert (second.examples_dir / "examples.json").stat().st_mtime_ns == stamp
     # Different settings or different text: a different cache entry.
     assert datamodule(corpus_file, tmp_path, max_seq_length=32).examples_dir != first.examples_dir
     write_bert_corpus(corpus_file, seed=9)
@@ -102,3 +102,32 @@ def test_the_held_out_split_and_each_validation_are_bounded(tmp_path, corpus_fil
         assert len(list(many.val_dataloader())) == 2
     many.validation_share = None
     assert len(many.validation_examples()) == len(held_out)
+
+
+def test_examples_are_offsets_into_documents_stored_once_in_16_bits(tmp_path, corpus_file):
+    import datasets
+
+    from lightbert.pretraining.examples import create_pretraining_examples
+
+    sizes = {}
+    for dupe_factor in (1, 3):
+        dm = datamodule(corpus_file, tmp_path, dupe_factor=dupe_factor, seed=5)
+        dm.prepare_data()
+        dm.setup("fit")
+        files = {p.name: p.stat().st_size for p in dm.examples_dir.iterdir()}
+        sizes[dupe_factor] = files
+        assert sorted(files) == ["documents.arrow", "examples.json", "train.arrow", "validation.arrow"]
+        assert files["train.arrow"] < 24 * len(dm.datasets["train"]) + 2000  # ~21 bytes an example, not 5 a token
+        documents = datasets.Dataset.from_file(str(dm.examples_dir / "documents.arrow"))
+        assert documents.features["sentence_ids"].feature.feature.dtype == "uint16"  # a vocabulary of 300
+        # The examples of the in-memory path (create_pretraining_examples), row for row, from the same split.
+        split = documents.train_test_split(test_size=2, seed=5)  # 5% of 40 documents
+        for name, part in (("train", split["train"]), ("validation", split["test"])):
+            expected = create_pretraining_examples(part, max_seq_length=64, short_seq_prob=0.1, seed=5,
+                                                   dupe_factor=dupe_factor, cls_id=dm.tokenizer.cls_id,
+                                                   sep_id=dm.tokenizer.sep_id)  # fmt: skip
+            stored = dm.datasets[name]
+            assert len(stored) == len(expected)
+            for column in ("input_ids", "token_type_ids", "next_sentence_label"):
+                assert stored[column] == expected[column]
+    assert sizes[1]["documents.arrow"] == sizes[3]["documents.arrow"]  # not stored dupe_factor times

@@ -17,10 +17,12 @@ same examples every time), so that it costs a few percent of the run however lar
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import multiprocessing
 import os
+import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -36,13 +38,13 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.encoding import check_max_seq_length
-from lightbert.data.local_files import cache_writes, digest, load_cached, progress_bars_for
+from lightbert.data.local_files import cache_writes, digest, progress_bars_for
 from lightbert.data.tokenizer import BertTokenizer, load_tokenizer, train_wordpiece_once
 from lightbert.distributed import is_distributed
 from lightbert.errors import ParameterError, UserError
 from lightbert.files import publish_directory, publish_file_once
 from lightbert.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus
-from lightbert.pretraining.examples import create_pretraining_examples
+from lightbert.pretraining.examples import PairExamples, StoredDocuments, create_pretraining_pairs
 from lightbert.pretraining.masking import MaskingCollator, NextTokenCollator
 from lightbert.pretraining.objectives import MaskingShares, check_objective
 from lightbert.pretraining.packing import PackingCollator
@@ -52,7 +54,16 @@ from lightbert.pretraining.streaming import StreamingExamples, held_out_examples
 log = logging.getLogger(__name__)
 
 Corpus = TextCorpus | HFCorpus | DemoCorpus
-EXAMPLES_VERSION = 3  # bump when example creation changes, so cached examples are rebuilt (3: binomial truncation)
+# Bump when example creation changes, so cached examples are rebuilt. 3: binomial truncation; 4: documents stored once
+# (uint16 ids) and examples as offsets into them, read through MANIFEST.
+EXAMPLES_VERSION = 4
+MANIFEST = "examples.json"  # the files of an examples cache entry
+
+
+def _file_names(dataset: datasets.Dataset) -> list[str]:
+    return [Path(f["filename"]).name for f in dataset.cache_files]
+
+
 TOKENIZER_VERSION = 2  # bump when tokenizer training changes (2: the cached path trains on tokenizer_documents)
 
 
@@ -91,7 +102,7 @@ class CachedExamples:
     preprocessing_workers: int = 1
     tokenizer_documents: int = 100000  # the first documents, which a new vocabulary is trained on
     validation_documents: int = 1000  # at most this many held out
-    datasets: datasets.DatasetDict | None = None
+    datasets: dict[str, PairExamples] | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.validation_fraction < 1:
@@ -134,20 +145,28 @@ class CachedExamples:
 
     def prepare(self, tokenizer: BertTokenizer) -> None:
         examples_dir = self.examples_dir(tokenizer)
-        if (examples_dir / "dataset_dict.json").is_file():
+        if (examples_dir / MANIFEST).is_file():
             return
+        with cache_writes(examples_dir):
+            publish_directory(examples_dir, lambda tmp: self._write(tokenizer, tmp))
+
+    def _write(self, tokenizer: BertTokenizer, out: Path) -> None:
+        """The tokenized documents, once, in the smallest integer type that holds the vocabulary, and each split's
+        examples as offsets into them (`create_pretraining_pairs`). Every map writes its files straight into `out`,
+        which is renamed into place whole: nothing is copied, so the peak on disk is the cache itself."""
+        out.mkdir(parents=True)
         documents = self.documents
+        ids = datasets.Value("uint16" if tokenizer.vocab_size <= 1 << 16 else "uint32")
         with progress_bars_for(len(documents)):
             documents = documents.map(
                 _tokenize_documents,
                 batched=True,
                 remove_columns=documents.column_names,
                 fn_kwargs={"tokenizer": tokenizer},
-                features=datasets.Features(
-                    {"sentence_ids": datasets.Sequence(datasets.Sequence(datasets.Value("int32")))}
-                ),
+                features=datasets.Features({"sentence_ids": datasets.Sequence(datasets.Sequence(ids))}),
                 num_proc=self._num_proc(len(documents)),
-                load_from_cache_file=False,  # cached as a whole below, under a key datasets' hash can't compute
+                cache_file_name=str(out / "documents.arrow"),
+                load_from_cache_file=False,  # cached as a whole, under a key datasets' hash can't compute
                 desc="Tokenizing sentences",
             )
         if len(documents) < 2:
@@ -158,23 +177,34 @@ class CachedExamples:
             )
         share = min(self.validation_documents, max(1, round(self.validation_fraction * len(documents))))
         num_validation = min(len(documents) - 1, share)
-        splits = documents.train_test_split(test_size=num_validation, seed=self.seed)
-        pairing = {name: getattr(self, name) for name in ("max_seq_length", "short_seq_prob", "dupe_factor", "seed")}
-        examples = datasets.DatasetDict(
-            {
-                name: create_pretraining_examples(
-                    split,
-                    **pairing,
-                    cls_id=tokenizer.cls_id,
-                    sep_id=tokenizer.sep_id,
-                    num_proc=self._num_proc(len(split)),
-                )
-                for name, split in (("train", splits["train"]), ("validation", splits["test"]))
-            }
+        splits = documents.train_test_split(
+            test_size=num_validation,
+            seed=self.seed,
+            train_indices_cache_file_name=str(out / "train_documents.arrow"),  # 8 bytes a document; deleted below
+            test_indices_cache_file_name=str(out / "validation_documents.arrow"),
         )
-        with cache_writes(examples_dir):
-            publish_directory(examples_dir, lambda tmp: examples.save_to_disk(str(tmp)))
-        documents.cleanup_cache_files()  # the intermediate maps; the saved examples are all that is needed
+        pairing = {name: getattr(self, name) for name in ("max_seq_length", "short_seq_prob", "dupe_factor", "seed")}
+        files = {"documents": _file_names(documents)}
+        for name, split in (("train", splits["train"]), ("validation", splits["test"])):
+            pairs = create_pretraining_pairs(
+                split, **pairing, cache_file_name=str(out / f"{name}.arrow"), num_proc=self._num_proc(len(split))
+            )
+            files[name] = _file_names(pairs)
+        for name in ("train_documents.arrow", "validation_documents.arrow"):
+            (out / name).unlink(missing_ok=True)  # the pairs name the documents' rows themselves
+        (out / MANIFEST).write_text(json.dumps(files))  # last: a directory without it was never finished
+
+    def _load(self, examples_dir: Path, tokenizer: BertTokenizer) -> dict[str, PairExamples]:
+        files = json.loads((examples_dir / MANIFEST).read_text())
+
+        def table(names: list[str]) -> datasets.Dataset:
+            return datasets.concatenate_datasets([datasets.Dataset.from_file(str(examples_dir / n)) for n in names])
+
+        documents = StoredDocuments(table(files["documents"]), "sentence_ids")
+        return {
+            name: PairExamples(documents, table(files[name]), tokenizer.cls_id, tokenizer.sep_id)
+            for name in ("train", "validation")
+        }
 
     def _num_proc(self, num_rows: int) -> int | None:
         # Forking workers costs about a second per map: worth it from a few MB of text (~1000 documents) on.
@@ -182,8 +212,21 @@ class CachedExamples:
         return workers if workers > 1 else None
 
     def setup(self, tokenizer: BertTokenizer) -> None:
-        if self.datasets is None:
-            self.datasets = load_cached(self.examples_dir(tokenizer), lambda: self.prepare(tokenizer))
+        if self.datasets is not None:
+            return
+        examples_dir = self.examples_dir(tokenizer)
+        try:
+            self.datasets = self._load(examples_dir, tokenizer)
+            return
+        except Exception as error:  # a file cut short by a full disk, a copy that stopped: Arrow raises many kinds
+            if (examples_dir / MANIFEST).is_file():
+                log.warning(
+                    f"the cache entry {examples_dir} could not be read ({type(error).__name__}: {str(error)[:120]}); "
+                    "it is rebuilt"
+                )
+        shutil.rmtree(examples_dir, ignore_errors=True)
+        self.prepare(tokenizer)
+        self.datasets = self._load(examples_dir, tokenizer)
 
     def train(self, tokenizer: BertTokenizer, batch_size: int, position: Position) -> tuple[Dataset, Sampler]:
         assert self.datasets is not None, "call setup() first"
@@ -449,7 +492,7 @@ class PretrainDataModule(L.LightningDataModule):
         return self.examples.documents
 
     @property
-    def datasets(self) -> datasets.DatasetDict | None:
+    def datasets(self) -> dict[str, PairExamples] | None:
         return self.examples.datasets
 
     def prepare_data(self) -> None:
