@@ -74,8 +74,9 @@ def _written(sentences: Iterable[str], f) -> Iterator[str]:
         yield sentence
 
 
-def _read_back(path: Path, chunk_bytes: int = 1 << 20) -> Iterator[str]:
-    # Lines joined into chunks of about a MB: far fewer calls into the trainer, the same words.
+def _read_back(path: Path, chunk_bytes: int = 1 << 16) -> Iterator[str]:
+    # Lines joined into chunks of 64 KB: fewer calls into the trainer, the same words (at a MB a chunk, the
+    # normaliser and the trainer slowed down by a quarter: its parallelism is over the strings it is given).
     with open(path, "rb") as f:
         while lines := f.readlines(chunk_bytes):
             yield b"".join(lines).decode("utf-8")
@@ -114,7 +115,7 @@ def _is_bert_punctuation(char: str) -> bool:
     return char in string.punctuation or unicodedata.category(char).startswith("P")
 
 
-def _alphabet(sentences: Iterable[str], lowercase: bool, chunk_chars: int = 1 << 20) -> tuple[set[str], set[str]]:
+def _alphabet(sentences: Iterable[str], lowercase: bool, chunk_chars: int = 1 << 16) -> tuple[set[str], set[str]]:
     """The trainer's initial alphabet: every character of a word, and those that continue a word (as `##c`).
 
     The text is normalised as the trainer normalises it, in chunks of about `chunk_chars` characters joined at

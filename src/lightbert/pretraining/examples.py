@@ -16,6 +16,7 @@ A port of google-research/bert's `create_pretraining_data.py` (`create_instances
 from __future__ import annotations
 
 import random
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import NamedTuple
@@ -75,7 +76,7 @@ class Span(NamedTuple):
 
 
 def create_spans_from_document(
-    sentence_lengths: Callable[[int], Sequence[int]],
+    sentence_starts: Callable[[int], Sequence[int]],
     num_documents: int,
     document_index: int,
     max_seq_length: int,
@@ -83,9 +84,9 @@ def create_spans_from_document(
     rng: random.Random,
 ) -> list[Span]:
     """All `[CLS] A [SEP] B [SEP]` examples of one document as `Span`s; the tokens of a sentence are never read, only
-    how many there are (`sentence_lengths(i)`: the lengths of document i's sentences)."""
-    lengths = sentence_lengths(document_index)
-    starts = [0, *accumulate(lengths)]  # token offset of each sentence in the document
+    where each starts (`sentence_starts(i)`: the token offsets of document i's sentences, then its length)."""
+    starts = sentence_starts(document_index)
+    num_sentences = len(starts) - 1
     max_num_tokens = max_seq_length - 3  # room for [CLS], [SEP], [SEP]
     # Mostly fill the whole sequence, but sometimes (short_seq_prob) aim shorter, so fine-tuning on short
     # inputs is not a distribution shift. As in the reference, one target per document.
@@ -96,12 +97,12 @@ def create_spans_from_document(
     spans = []
     first = 0  # the chunk is the sentences first..i
     i = 0
-    while i < len(lengths):
+    while i < num_sentences:
         chunk = i - first + 1
         # Close the chunk at the target length, but never on one lone sentence mid-document: the
         # reference would then be forced to a random B, which tilts NSP towards NotNext on corpora of
         # long sentences (55% on the demo corpus); taking the next sentence too keeps the 50/50 draw.
-        if i == len(lengths) - 1 or (starts[i + 1] - starts[first] >= target_seq_length and chunk >= 2):
+        if i == num_sentences - 1 or (starts[i + 1] - starts[first] >= target_seq_length and chunk >= 2):
             a_end = rng.randint(1, chunk - 1) if chunk >= 2 else 1
             a_start, a_length = starts[first], starts[first + a_end] - starts[first]
             if chunk == 1 or rng.random() < 0.5:
@@ -112,13 +113,13 @@ def create_spans_from_document(
                     random_index = rng.randint(0, num_documents - 1)
                     if random_index != document_index:
                         break
-                random_lengths = sentence_lengths(random_index)
-                random_start = rng.randint(0, len(random_lengths) - 1)
-                b_document, b_start, b_length = random_index, sum(random_lengths[:random_start]), 0
-                for length in random_lengths[random_start:]:
-                    b_length += length
-                    if b_length >= target_b_length:
-                        break
+                random_starts = sentence_starts(random_index)
+                random_start = rng.randint(0, len(random_starts) - 2)
+                # Sentences from random_start on until B holds target_b_length tokens (at least one sentence, at
+                # most the rest of the document): the first sentence end at or past that many tokens.
+                b_document, b_start = random_index, random_starts[random_start]
+                end = bisect_left(random_starts, b_start + target_b_length, random_start + 1)
+                b_length = random_starts[min(end, len(random_starts) - 1)] - b_start
                 # The segments after A were not used: put them back for the next example.
                 i -= chunk - a_end
             else:
@@ -158,11 +159,9 @@ def create_instances_from_document(
             flat[document] = [t for sentence in documents[document] for t in sentence]
         return flat[document][start : start + length]
 
-    lengths = getattr(documents, "sentence_lengths", None) or (lambda d: [len(s) for s in documents[d]])
+    starts = getattr(documents, "sentence_starts", None) or (lambda d: [0, *accumulate(len(s) for s in documents[d])])
     instances = []
-    for span in create_spans_from_document(
-        lengths, len(documents), document_index, max_seq_length, short_seq_prob, rng
-    ):
+    for span in create_spans_from_document(starts, len(documents), document_index, max_seq_length, short_seq_prob, rng):
         input_ids, token_type_ids = encode_pair(
             tokens(span.a_document, span.a_start, span.a_length),
             tokens(span.b_document, span.b_start, span.b_length),
@@ -190,6 +189,7 @@ class StoredDocuments:
             self.chunks.append((chunk.offsets.to_numpy(), sentences.offsets.to_numpy(), tokens))
             starts.append(starts[-1] + len(chunk))
         self.starts = np.asarray(starts)
+        self.chunk_starts = starts  # a list: bisect on it costs a tenth of numpy's searchsorted on one value
         # A selected or shuffled view (a train/validation split) maps its rows to the table's.
         self.rows = None if dataset._indices is None else dataset._indices.column(0).to_numpy()
         self.length = len(dataset)
@@ -202,29 +202,31 @@ class StoredDocuments:
 
     def locate(self, index: int) -> tuple[int, int]:
         """(chunk, row within it) of the dataset's row `index`."""
-        row = int(index) if self.rows is None else int(self.rows[index])
-        chunk = int(np.searchsorted(self.starts, row, side="right")) - 1
-        return chunk, row - int(self.starts[chunk])
+        row = int(index) if self.rows is None else self.rows[index].item()
+        chunk = bisect_right(self.chunk_starts, row) - 1
+        return chunk, row - self.chunk_starts[chunk]
 
     def __getitem__(self, index: int) -> _StoredDocument:
         chunk, row = self.locate(index)
         documents, sentences, tokens = self.chunks[chunk]
         return _StoredDocument(sentences, tokens, int(documents[row]), int(documents[row + 1]))
 
-    def sentence_lengths(self, index: int) -> list[int]:
+    def sentence_starts(self, index: int) -> list[int]:
+        """The token offsets of document `index`'s sentences in it, then its length in tokens."""
         chunk, row = self.locate(index)
         documents, sentences, _ = self.chunks[chunk]
-        return np.diff(sentences[documents[row] : documents[row + 1] + 1]).tolist()
+        offsets = sentences[documents[row] : documents[row + 1] + 1]
+        return (offsets - offsets[0]).tolist()
 
     def table_row(self, index: int) -> int:
         """The row of the table under the view that holds the dataset's row `index`."""
-        return int(index) if self.rows is None else int(self.rows[index])
+        return int(index) if self.rows is None else self.rows[index].item()
 
     def tokens(self, row: int, start: int, length: int) -> np.ndarray:
         """`length` tokens from token `start` of the document in table row `row` (its sentences end to end)."""
-        chunk = int(np.searchsorted(self.starts, row, side="right")) - 1
+        chunk = bisect_right(self.chunk_starts, row) - 1
         documents, sentences, tokens = self.chunks[chunk]
-        first = int(sentences[documents[row - int(self.starts[chunk])]]) + start
+        first = int(sentences[documents[row - self.chunk_starts[chunk]]]) + start
         return tokens[first : first + length]
 
 
@@ -266,9 +268,9 @@ class _ColumnView(Sequence):
         document = self.loaded.get(index)
         return document if document is not None else self.stored[index]
 
-    def sentence_lengths(self, index: int) -> list[int]:
+    def sentence_starts(self, index: int) -> list[int]:
         document = self.loaded.get(index)
-        return [len(s) for s in document] if document is not None else self.stored.sentence_lengths(index)
+        return [0, *accumulate(map(len, document))] if document is not None else self.stored.sentence_starts(index)
 
 
 _stored: tuple[datasets.Dataset, StoredDocuments] | None = None
@@ -369,15 +371,13 @@ def _create_pairs_batch(
         for dupe in range(dupe_factor):
             rng = random.Random(f"{seed}/{dupe}/{document_index}")
             for span in create_spans_from_document(
-                stored.sentence_lengths, len(stored), document_index, max_seq_length, short_seq_prob, rng
+                stored.sentence_starts, len(stored), document_index, max_seq_length, short_seq_prob, rng
             ):
-                out["a_document"].append(stored.table_row(span.a_document))
-                out["a_start"].append(span.a_start)
-                out["a_length"].append(span.a_length)
-                out["b_document"].append(stored.table_row(span.b_document))
-                out["b_start"].append(span.b_start)
-                out["b_length"].append(span.b_length)
-                out["next_sentence_label"].append(span.next_sentence_label)
+                for name, value in zip(PAIR_FEATURES, span, strict=True):
+                    out[name].append(value)
+    if stored.rows is not None:  # the split's document numbers to the table's rows, for the whole batch at once
+        for name in ("a_document", "b_document"):
+            out[name] = stored.rows[np.asarray(out[name], dtype=np.int64)]
     return out
 
 
