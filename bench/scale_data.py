@@ -29,6 +29,7 @@ machine does not move it; each side runs in a fresh process so its peak memory (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -86,10 +87,8 @@ def directory_bytes(path: Path) -> int:
     total = 0
     for root, _, files in os.walk(path):
         for name in files:
-            try:
+            with contextlib.suppress(OSError):  # renamed or deleted while walking
                 total += os.path.getsize(os.path.join(root, name))
-            except OSError:  # renamed or deleted while walking
-                pass
     return total
 
 
@@ -103,12 +102,12 @@ def measure(corpus: Path, cache: Path, batches: int) -> dict:
     torch.set_num_threads(1)
     dm = PretrainDataModule(TextCorpus([str(corpus)]), cache_dir=str(cache), batch_size=32, num_workers=0)
     examples_root = cache / "examples"
-    peak_disk = [0]
+    peak_disk = [0]  # the whole cache directory: a map's intermediate files are written beside the corpus's
     stop = threading.Event()
 
     def watch() -> None:
         while not stop.is_set():
-            peak_disk[0] = max(peak_disk[0], directory_bytes(examples_root))
+            peak_disk[0] = max(peak_disk[0], directory_bytes(cache))
             time.sleep(0.05)
 
     started = cpu_seconds()
@@ -116,6 +115,7 @@ def measure(corpus: Path, cache: Path, batches: int) -> dict:
     read = cpu_seconds()
     tokenizer = dm.tokenizer
     trained = cpu_seconds()
+    before_examples = directory_bytes(cache)
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     dm.prepare_data()
@@ -125,6 +125,7 @@ def measure(corpus: Path, cache: Path, batches: int) -> dict:
     parent_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MB (Linux reports KB)
     child_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     cache_bytes = directory_bytes(examples_root)
+    grown = directory_bytes(cache) - before_examples
     dm.setup("fit")
     loader = dm.train_dataloader()
     started_loading = time.process_time()
@@ -148,7 +149,8 @@ def measure(corpus: Path, cache: Path, batches: int) -> dict:
         "parent_peak_mb": parent_peak,
         "child_peak_mb": child_peak,
         "cache_bytes": cache_bytes,
-        "peak_cache_bytes": max(peak_disk[0], cache_bytes),
+        "peak_growth_bytes": max(peak_disk[0] - before_examples, grown),
+        "final_growth_bytes": grown,
         "train_examples": len(dm.datasets["train"]),
         "validation_examples": len(dm.datasets["validation"]),
         "loader_examples_per_cpu_s": seen / loading,
@@ -175,13 +177,14 @@ def report(name: str, figures: dict, megabytes: float) -> None:
     f = figures
     print(
         f"{name}: {f['prepare'] / megabytes:.2f} CPU-s/MB to cached examples (read {f['read']:.1f} s, tokenizer "
-        f"{f['tokenizer']:.1f} s, examples {f['examples']:.1f} s); tokenizer alone {f['tokenizer_alone'] / megabytes:.3f}"
-        f" CPU-s/MB: {f['tokenizer_alone'] / f['prepare']:.2f}x"
+        f"{f['tokenizer']:.1f} s, examples {f['examples']:.1f} s); tokenizer alone "
+        f"{f['tokenizer_alone'] / megabytes:.3f} CPU-s/MB: {f['tokenizer_alone'] / f['prepare']:.2f}x"
     )
     print(
         f"{name}: peak memory {f['parent_peak_mb']:.0f} MB (largest child {f['child_peak_mb']:.0f} MB); cache "
-        f"{f['cache_bytes'] / (megabytes * 1e6):.2f} bytes per text byte, peak while written "
-        f"{f['peak_cache_bytes'] / max(1, f['cache_bytes']):.2f}x the cache; {f['train_examples']} training and "
+        f"{f['cache_bytes'] / (megabytes * 1e6):.2f} bytes per text byte, the cache directory's peak growth while it "
+        f"was written {f['peak_growth_bytes'] / max(1, f['final_growth_bytes']):.2f}x its final growth; "
+        f"{f['train_examples']} training and "
         f"{f['validation_examples']} validation examples; loader {f['loader_examples_per_cpu_s']:.0f} examples per "
         f"CPU-second of one worker; vocabulary {f['vocab']}"
     )
@@ -214,7 +217,7 @@ def main() -> None:
     hours = ours["prepare"] / megabytes * 20_000 / 3600
     print(
         f"extrapolated to 20 GB: {hours:.1f} core-hours of preparation ({hours / 16:.1f} h on 16 cores), a cache of "
-        f"{ours['cache_bytes'] / megabytes * 20_000 / 1e6:.0f} GB"
+        f"{ours['cache_bytes'] / megabytes * 20_000 / 1e9:.0f} GB"
     )
     print(f"data preparation vs tokenizer alone: {ours['tokenizer_alone'] / ours['prepare']:.2f}x")
 
