@@ -254,9 +254,9 @@ class StreamedExamples:
     shuffle_buffer: int = 10000  # examples shuffled together
     validation_examples: list[dict] | None = None
 
-    def stream(self):
-        """The corpus's documents, read one at a time."""
-        return self.corpus.stream(self.cache_dir)
+    def stream(self, shard: tuple[int, int] | None = None):
+        """The corpus's documents, read one at a time; with `shard` (index, count) only that reader's share."""
+        return self.corpus.stream(self.cache_dir, shard)
 
     def tokenizer_sample(self) -> tuple[Callable[[], Iterable[list[str]]], list]:
         return self.stream, [self.tokenizer_documents]
