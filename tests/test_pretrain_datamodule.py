@@ -120,6 +120,8 @@ def test_examples_are_offsets_into_documents_stored_once_in_16_bits(tmp_path, co
         assert files["train.arrow"] < 24 * len(dm.datasets["train"]) + 2000  # ~21 bytes an example, not 5 a token
         documents = datasets.Dataset.from_file(str(dm.examples_dir / "documents.arrow"))
         assert documents.features["sentence_ids"].feature.feature.dtype == "uint16"  # a vocabulary of 300
+        tokenized = [[ids for ids in dm.tokenizer.encode_batch(d) if ids] for d in read_bert_format(corpus_file)]
+        assert documents["sentence_ids"] == [d for d in tokenized if d]  # every document once, as the tokenizer says
         # The examples of the in-memory path (create_pretraining_examples), row for row, from the same split.
         split = documents.train_test_split(test_size=2, seed=5)  # 5% of 40 documents
         for name, part in (("train", split["train"]), ("validation", split["test"])):
@@ -131,3 +133,12 @@ def test_examples_are_offsets_into_documents_stored_once_in_16_bits(tmp_path, co
             for column in ("input_ids", "token_type_ids", "next_sentence_label"):
                 assert stored[column] == expected[column]
     assert sizes[1]["documents.arrow"] == sizes[3]["documents.arrow"]  # not stored dupe_factor times
+
+
+def test_sentences_that_tokenize_to_nothing_and_documents_left_empty_are_dropped():
+    from lightbert.pretraining.datamodule import _tokenize_documents
+
+    tokenizer = train_wordpiece(["the dog runs home", "a cat sleeps"] * 20, vocab_size=60)
+    batch = {"sentences": [["the dog", "\x00", "a cat"], ["\x01", " "], [], ["runs home"]]}
+    column = _tokenize_documents(batch, tokenizer, "uint16").column("sentence_ids").to_pylist()
+    assert column == [tokenizer.encode_batch(["the dog", "a cat"]), tokenizer.encode_batch(["runs home"])]

@@ -26,13 +26,15 @@ import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import islice
+from itertools import chain, islice
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import NamedTuple
 
 import datasets
 import lightning as L
+import numpy as np
+import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -75,17 +77,23 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _tokenize_documents(batch: dict, tokenizer: BertTokenizer) -> dict:
-    """Token ids of every sentence; empty sentences dropped, and documents left with none (fewer rows out)."""
-    lengths = [len(document) for document in batch["sentences"]]
-    flat = tokenizer.encode_batch([s for document in batch["sentences"] for s in document])
-    out, start = [], 0
-    for n in lengths:
-        document = [ids for ids in flat[start : start + n] if ids]
-        if document:
-            out.append(document)
-        start += n
-    return {"sentence_ids": out}
+def _tokenize_documents(batch: dict, tokenizer: BertTokenizer, id_type: str) -> pa.Table:
+    """Token ids of every sentence; empty sentences dropped, and documents left with none (fewer rows out). Built as
+    Arrow arrays from numpy: datasets would convert nested lists of Python ints one int at a time."""
+    documents = batch["sentences"]
+    ids = tokenizer.encode_batch([s for document in documents for s in document])
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    owner = np.repeat(np.arange(len(documents)), [len(document) for document in documents])
+    kept = lengths > 0
+    per_document = np.bincount(owner[kept], minlength=len(documents))
+    tokens = np.fromiter(chain.from_iterable(ids), dtype=id_type, count=int(lengths.sum()))
+    sentences = pa.ListArray.from_arrays(
+        np.concatenate([[0], np.cumsum(lengths[kept])]).astype(np.int32), pa.array(tokens)
+    )
+    column = pa.ListArray.from_arrays(
+        np.concatenate([[0], np.cumsum(per_document[per_document > 0])]).astype(np.int32), sentences
+    )
+    return pa.table({"sentence_ids": column})
 
 
 @dataclass
@@ -162,7 +170,7 @@ class CachedExamples:
                 _tokenize_documents,
                 batched=True,
                 remove_columns=documents.column_names,
-                fn_kwargs={"tokenizer": tokenizer},
+                fn_kwargs={"tokenizer": tokenizer, "id_type": ids.dtype},
                 features=datasets.Features({"sentence_ids": datasets.Sequence(datasets.Sequence(ids))}),
                 num_proc=self._num_proc(len(documents)),
                 cache_file_name=str(out / "documents.arrow"),

@@ -366,18 +366,19 @@ def _create_pairs_batch(
     if _stored is None or _stored[0] is not documents:  # built once per process and split, not once per batch
         _stored = (documents, StoredDocuments(documents, "sentence_ids"))
     stored = _stored[1]
-    out: dict[str, list] = {name: [] for name in PAIR_FEATURES}
+    spans: list[Span] = []
     for document_index in batch["document"]:  # document-major, so batching and sharding never change the order
         for dupe in range(dupe_factor):
             rng = random.Random(f"{seed}/{dupe}/{document_index}")
-            for span in create_spans_from_document(
+            spans += create_spans_from_document(
                 stored.sentence_starts, len(stored), document_index, max_seq_length, short_seq_prob, rng
-            ):
-                for name, value in zip(PAIR_FEATURES, span, strict=True):
-                    out[name].append(value)
+            )
+    # Columns as numpy arrays: Arrow takes them as they are, where lists of Python ints are converted one by one.
+    table = np.array(spans, dtype=np.int64).reshape(len(spans), len(PAIR_FEATURES))
+    out = {name: table[:, i] for i, name in enumerate(PAIR_FEATURES)}
     if stored.rows is not None:  # the split's document numbers to the table's rows, for the whole batch at once
         for name in ("a_document", "b_document"):
-            out[name] = stored.rows[np.asarray(out[name], dtype=np.int64)]
+            out[name] = stored.rows[out[name]]
     return out
 
 
