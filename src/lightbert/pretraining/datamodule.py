@@ -418,6 +418,8 @@ class PretrainDataModule(L.LightningDataModule):
         self.batch_size, self.num_workers = batch_size, num_workers
         self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
         self.first_step = first_step  # the global step this data starts at (a recipe's later phase)
+        if tokenizer_documents < 1:
+            raise ParameterError(f"{{0}} must be >= 1, got {tokenizer_documents}", "tokenizer_documents")
         if validation_share is not None and validation_share <= 0:
             raise ParameterError(f"{{0}} must be > 0 (or null: the whole split), got {validation_share}",
                                  "validation_share")  # fmt: skip
