@@ -110,8 +110,9 @@ def test_the_alphabet_scan_gives_the_vocabulary_of_a_first_training_pass(lowerca
     rng = random.Random(5)
     # Accents and combining marks, CJK (a word per character), Unicode punctuation (a word of its own), symbols
     # that are not punctuation (part of a word), control characters (dropped), emoji, odd whitespace.
-    extras = ["Café", "naïve", "e\u0301te\u0301", "東京大学", "«quoted»", "a—b", "x©y", "±5", "tab\there", "nul\x00l",
-              "🙂ok", "ǅemal", "İstanbul", "ß", "\u00a0gap", "don't", "x\u2028y", "$12.50", "ﬁne", "ÅNGSTRÖM"]  # fmt: skip
+    extras = ["Café", "naïve", "e\u0301te\u0301", "東京大学", "«quoted»", "a—b", "x©y", "±5", "tab\there",
+              "nul\x00l", "🙂ok", "ǅemal", "İstanbul", "ß", "\u00a0gap", "don't", "x\u2028y", "$12.50", "ﬁne",
+              "ÅNGSTRÖM"]  # fmt: skip
     sentences = [
         " ".join(rng.choice(extras) if rng.random() < 0.3 else rng.choice(SENTENCES).split()[rng.randrange(7)]
                  for _ in range(rng.randint(1, 15)))
