@@ -4,8 +4,9 @@ The examples come from one of two sources, chosen by `streaming`:
 
 - `CachedExamples` (the default): built once in `prepare_data` (local rank 0 of each node) from the whole corpus
   through `datasets.map` and saved under the cache directory, keyed by everything they depend on; `setup` only
-  loads them. `dupe_factor` pairings per document, `validation_fraction` of the documents held out (at most
-  `validation_documents`).
+  loads them. The tokenized documents are stored once and each example as offsets into them (`PairExamples`), so
+  `dupe_factor` pairings per document cost 21 bytes an example. `validation_fraction` of the documents held out
+  (at most `validation_documents`).
 - `StreamedExamples`: made on the fly from the corpus read as a stream, for corpora larger than the disk cache
   (`lightbert.pretraining.streaming` says how it differs); the first `validation_documents` are held out.
 
