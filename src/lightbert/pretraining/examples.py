@@ -11,6 +11,10 @@ A port of google-research/bert's `create_pretraining_data.py` (`create_instances
   sentence longer than the target still gets the 50% chance of its true next sentence as B.
 - `truncate_seq_pair` draws how many tokens each segment loses at its front from a binomial, where the reference
   draws front or back for every token cut: the same distribution (its docstring says why), other draws.
+- An example is made as a `Span` (create_spans_from_document): where its two segments lie in their documents,
+  found from the sentences' lengths alone. The cache keeps the spans (`create_pretraining_pairs`) and the
+  tokenized documents once, and `PairExamples` reads the token ids back; `create_instances_from_document` gives
+  the same examples as token ids.
 """
 
 from __future__ import annotations
