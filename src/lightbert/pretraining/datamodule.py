@@ -424,7 +424,7 @@ class PretrainDataModule(L.LightningDataModule):
         if validation_share is not None and validation_share <= 0:
             raise ParameterError(f"{{0}} must be > 0 (or null: the whole split), got {validation_share}",
                                  "validation_share")  # fmt: skip
-        self.validation_share = validation_share
+        self.validation_share, self.validation_documents = validation_share, validation_documents
         self._said_validation = False
         shared = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "seed": seed}
         self.examples: CachedExamples | StreamedExamples
@@ -599,8 +599,10 @@ class PretrainDataModule(L.LightningDataModule):
         if not self._said_validation:
             self._said_validation = True
             log.info(
-                f"validation: {len(examples)} of {held_out} held-out examples (task.datamodule.validation_documents, "
-                f"validation_share={self.validation_share} of the training batches between validations)"
+                f"validation: {len(examples)} of {held_out} held-out examples at every validation (held out: at most "
+                f"task.datamodule.validation_documents={self.validation_documents} documents; read: "
+                f"validation_share={self.validation_share} x {self._batches_between_validations()} training batches "
+                f"between validations x batch {self.batch_size})"
             )
         validation = SeededExamples(examples, self.seed, epoch="validation")
         sampler = UnpaddedDistributedSampler(validation) if is_distributed() else None
