@@ -142,3 +142,22 @@ def test_sentences_that_tokenize_to_nothing_and_documents_left_empty_are_dropped
     batch = {"sentences": [["the dog", "\x00", "a cat"], ["\x01", " "], [], ["runs home"]]}
     column = _tokenize_documents(batch, tokenizer, "uint16").column("sentence_ids").to_pylist()
     assert column == [tokenizer.encode_batch(["the dog", "a cat"]), tokenizer.encode_batch(["runs home"])]
+
+
+def test_a_vocabulary_past_65536_tokens_is_stored_in_32_bits(tmp_path, corpus_file):
+    import datasets
+
+    from lightbert.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
+
+    words = sorted({w.strip(".,;:!?").lower() for w in corpus_file.read_text().split()} - {""})
+    filler = [f"filler{i}" for i in range(70_000)]  # the corpus's words come after them: ids past 65,535
+    (tmp_path / "vocab.txt").write_text("\n".join([*SPECIAL_TOKENS, *filler, *words, ".", ","]) + "\n")
+    tokenizer = load_tokenizer(tmp_path / "vocab.txt")
+    dm = datamodule(corpus_file, tmp_path / "cache", tokenizer=tokenizer)
+    dm.prepare_data()
+    dm.setup("fit")
+    documents = datasets.Dataset.from_file(str(dm.examples_dir / "documents.arrow"))
+    assert documents.features["sentence_ids"].feature.feature.dtype == "uint32"
+    first = next(iter(read_bert_format(corpus_file)))
+    assert documents[0]["sentence_ids"] == tokenizer.encode_batch(first)
+    assert max(max(ids) for ids in dm.datasets["train"]["input_ids"]) > 70_000
