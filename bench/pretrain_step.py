@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -170,8 +171,9 @@ def unpadding(args, device: torch.device, packing: bool) -> str:
 
 
 def pretraining_batch(datamodule: PretrainDataModule, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
-    train = datamodule.datasets["train"].shuffle(seed=seed).select(range(batch_size))
-    return datamodule.collator(torch.Generator().manual_seed(seed))([train[i] for i in range(batch_size)])
+    train = datamodule.datasets["train"]
+    rows = random.Random(seed).sample(range(len(train)), batch_size)
+    return datamodule.collator(torch.Generator().manual_seed(seed))([train[i] for i in rows])
 
 
 def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, peak: float) -> float:

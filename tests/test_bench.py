@@ -141,3 +141,12 @@ def test_the_bf16_model_with_master_weights_runs_in_the_benchmark():
     losses = re.search(r"loss lightbert ([\d.]+), transformers ([\d.]+)", "\n".join(lines))
     assert losses and abs(float(losses[1]) - float(losses[2])) < 5e-2
     assert re.fullmatch(r"speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]
+
+
+@pytest.mark.slow  # about 20 CPU-s: the Python documentation parsed for the corpus, a fresh process for the measurement
+def test_scale_benchmark_runs_on_a_small_corpus_and_ends_with_the_ratio_line(tmp_path):
+    lines = run_bench("scale_data.py", "--megabytes", "0.3", "--batches", "3", "--corpus-dir", str(tmp_path))
+    assert re.fullmatch(r"data preparation vs tokenizer alone: \d+\.\d\dx", lines[-1]), lines[-1]
+    cache = re.search(r"cache (\d+\.\d\d) bytes per text byte", "\n".join(lines))
+    assert cache and 0 < float(cache[1]) < 2  # documents once and offsets, not examples dupe_factor times
+    assert any(line.startswith("extrapolated to 20 GB: ") for line in lines)

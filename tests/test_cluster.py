@@ -3,11 +3,12 @@
 import json
 import pickle
 
+import numpy as np
 import pytest
 import torch
 from helpers.runs import run_train_script, write_bert_corpus
 
-from lightbert.pretraining.resumable import StepSampler
+from lightbert.pretraining.resumable import SeededPermutation, StepSampler
 from lightbert.run import processes
 from lightbert.run.checkpointing import AtomicCheckpointIO
 
@@ -179,3 +180,19 @@ def test_a_two_device_sweep_runs_through_submitits_local_executor(tmp_path):
         assert "2 x cpu" in line, line
     logs = sorted(p.name for p in (sweep / ".submitit").rglob("*_log.err"))
     assert len(logs) == 4, logs  # two jobs of two tasks
+
+
+def test_the_sample_order_is_a_seeded_bijection_computed_per_batch():
+    for n in (1, 2, 3, 5, 17, 1000, 4097):
+        values = SeededPermutation(n, seed=3, epoch=0)(np.arange(n))
+        assert sorted(values.tolist()) == list(range(n))  # every example once
+    order = lambda seed, epoch: SeededPermutation(1000, seed, epoch)(np.arange(1000)).tolist()  # noqa: E731
+    assert order(3, 0) == order(3, 0) and order(3, 0) != order(3, 1) != order(4, 0)
+    assert order(3, 0) != list(range(1000))
+    # Shuffled, not shifted: where position 0 goes is spread evenly over 10 values across 2000 seeds.
+    firsts = np.bincount([SeededPermutation(10, seed, 0)(np.arange(1))[0] for seed in range(2000)], minlength=10)
+    assert firsts.min() > 140 and firsts.max() < 260
+    # A trillion examples: nothing of the corpus's size is built (a randperm would need 8 TB).
+    sampler = StepSampler(10**12, batch_size=4, seed=3, rank=1, world_size=2, start_step=10**9)
+    epoch, index = next(iter(sampler))
+    assert epoch == 0 and 0 <= index < 10**12

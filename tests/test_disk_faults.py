@@ -88,7 +88,7 @@ def test_feature_extraction_leaves_no_temporary_file_after_an_error(tmp_path, be
 
 
 def test_a_damaged_cache_is_rebuilt_and_said(tmp_path, caplog, monkeypatch):
-    """The cached examples' dataset_dict.json, one of their .arrow files and the cached tokenizer cut short (a disk
+    """The cached examples' examples.json, one of their .arrow files and the cached tokenizer cut short (a disk
     that filled, a copy interrupted): the next run rebuilds each, says so, and trains."""
     from helpers.runs import TINY_PRETRAIN, compose_config
 
@@ -99,11 +99,11 @@ def test_a_damaged_cache_is_rebuilt_and_said(tmp_path, caplog, monkeypatch):
     overrides = [*TINY_PRETRAIN, f"corpus.paths=[{corpus}]", "trainer.max_steps=1"]
     assert train(compose_config(overrides, tmp_path / "first"))["global_step"] == 1
     caplog.set_level("WARNING")
-    (index,) = (tmp_path / "cache" / "examples").glob("*/dataset_dict.json")
-    index.write_text('{"splits": ["tra')
+    (index,) = (tmp_path / "cache" / "examples").glob("*/examples.json")
+    index.write_text('{"documents": ["doc')
     assert train(compose_config(overrides, tmp_path / "second"))["global_step"] == 1
     assert f"the cache entry {index.parent} could not be read" in caplog.text and "it is rebuilt" in caplog.text
-    arrow = max((tmp_path / "cache" / "examples").glob("*/*/*.arrow"), key=lambda p: p.stat().st_size)
+    arrow = max((tmp_path / "cache" / "examples").glob("*/*.arrow"), key=lambda p: p.stat().st_size)
     arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
     caplog.clear()
     assert train(compose_config(overrides, tmp_path / "second_arrow"))["global_step"] == 1

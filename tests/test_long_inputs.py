@@ -70,7 +70,7 @@ def test_a_squad_context_of_two_megabytes_gives_its_windows(tmp_path):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_fast_cuts_equal_the_reference_one_token_at_a_time(seed):
-    """The linear-time cuts give exactly what cutting one token at a time gives (and draw the same numbers)."""
+    """The linear-time cuts give exactly what cutting one token at a time gives (truncate_seq_pair: as many)."""
 
     def reference_pair(a, b, max_tokens):
         a, b = list(a), list(b)
@@ -104,11 +104,44 @@ def test_fast_cuts_equal_the_reference_one_token_at_a_time(seed):
         limit = rng.randint(0, 70)
         assert truncate_pair(a, b, limit) == reference_pair(a, b, limit)
         ours, theirs = (list(a), list(b)), (list(a), list(b))
-        ours_rng, theirs_rng = random.Random(seed), random.Random(seed)
-        truncate_seq_pair(*ours, limit, ours_rng)
-        reference_seq_pair(*theirs, limit, theirs_rng)
-        assert ours == theirs and ours_rng.random() == theirs_rng.random()
+        truncate_seq_pair(*ours, limit, random.Random(seed))
+        reference_seq_pair(*theirs, limit, random.Random(seed))
+        # The same number of tokens cut from each side; what is kept is a window of it (its draws are its own:
+        # test_random_cuts_have_the_reference_distribution).
+        assert [len(x) for x in ours] == [len(x) for x in theirs]
+        for kept, whole in zip(ours, (a, b), strict=True):
+            assert kept == whole[kept[0] - whole[0] :][: len(kept)] if kept else True
     for _ in range(100):
         windows = doc_windows(rng.randint(1, 200), rng.randint(1, 50), rng.randint(1, 30))
         for index in range(len(windows)):
             assert max_context_flags(windows, index) == reference_flags(windows, index)
+
+
+def test_random_cuts_have_the_reference_distribution():
+    """truncate_seq_pair's one binomial draw per side gives the reference's distribution of kept windows: the front
+    cuts of each side over 4000 seeds, against Binomial(r, 1/2) and against the reference's coin per token."""
+    from math import comb
+
+    def reference_fronts(a, b, max_tokens, rng):
+        fronts, ends = [0, 0], [len(a), len(b)]
+        while ends[0] - fronts[0] + ends[1] - fronts[1] > max_tokens:
+            longer = 0 if ends[0] - fronts[0] > ends[1] - fronts[1] else 1
+            if rng.random() < 0.5:
+                fronts[longer] += 1
+            else:
+                ends[longer] -= 1
+        return fronts
+
+    a, b, limit = list(range(40)), list(range(100, 118)), 26  # a loses its lead of 22, then a and b 5 each
+    ours, theirs = [[0] * 41, [0] * 41], [[0] * 41, [0] * 41]
+    for seed in range(4000):
+        kept = (list(a), list(b))
+        truncate_seq_pair(*kept, limit, random.Random(seed))
+        for side in (0, 1):
+            ours[side][kept[side][0] - (a, b)[side][0]] += 1
+        for side, front in enumerate(reference_fronts(a, b, limit, random.Random(seed))):
+            theirs[side][front] += 1
+    for side, cut in ((0, 27), (1, 5)):
+        binomial = [comb(cut, k) / 2**cut if k <= cut else 0 for k in range(41)]
+        for counts in (ours[side], theirs[side]):
+            assert sum(abs(c / 4000 - p) for c, p in zip(counts, binomial, strict=True)) / 2 < 0.04

@@ -1,9 +1,14 @@
 """The pre-training DataModule: prepared once and cached, held-out documents, masked batches."""
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 from helpers.runs import write_bert_corpus
 
-from lightbert.pretraining.corpus import TextCorpus
+from lightbert.data.tokenizer import train_wordpiece
+from lightbert.errors import UserError
+from lightbert.pretraining.corpus import TextCorpus, read_bert_format
 from lightbert.pretraining.datamodule import PretrainDataModule
 from lightbert.pretraining.masking import IGNORE_INDEX
 
@@ -16,11 +21,11 @@ def datamodule(path, cache, **kwargs) -> PretrainDataModule:
 def test_prepared_once_then_loaded_from_cache(tmp_path, corpus_file):
     first = datamodule(corpus_file, tmp_path)
     first.prepare_data()
-    stamp = (first.examples_dir / "dataset_dict.json").stat().st_mtime_ns
+    stamp = (first.examples_dir / "examples.json").stat().st_mtime_ns
     second = datamodule(corpus_file, tmp_path)
     assert second.examples_dir == first.examples_dir
     second.prepare_data()  # a cache hit: nothing rewritten
-    assert (second.examples_dir / "dataset_dict.json").stat().st_mtime_ns == stamp
+    assert (second.examples_dir / "examples.json").stat().st_mtime_ns == stamp
     # Different settings or different text: a different cache entry.
     assert datamodule(corpus_file, tmp_path, max_seq_length=32).examples_dir != first.examples_dir
     write_bert_corpus(corpus_file, seed=9)
@@ -50,3 +55,109 @@ def test_batches_are_masked_and_validation_masks_repeat(tmp_path, corpus_file):
     assert (batch["labels"] != IGNORE_INDEX).sum() > 0
     first, again = next(iter(dm.val_dataloader())), next(iter(dm.val_dataloader()))
     assert torch.equal(first["labels"], again["labels"])  # comparable validation metrics across evaluations
+
+
+def test_a_vocabulary_is_trained_once_in_a_child_on_the_first_documents(tmp_path, corpus_file, caplog):
+    documents = list(read_bert_format(corpus_file))
+    caplog.set_level("INFO", logger="lightbert")
+    # Under the sample size: the vocabulary of every sentence of the corpus.
+    whole = datamodule(corpus_file, tmp_path / "a").tokenizer.backend.get_vocab()
+    assert whole == train_wordpiece([s for d in documents for s in d], vocab_size=300).backend.get_vocab()
+    # A bounded sample: the first documents only, said on the console, and nothing of it left on disk.
+    sample = datamodule(corpus_file, tmp_path / "b", tokenizer_documents=3)
+    assert (
+        sample.tokenizer.backend.get_vocab()
+        == (train_wordpiece([s for d in documents[:3] for s in d], vocab_size=300).backend.get_vocab())
+        != whole
+    )
+    assert "trained on the first 3 documents" in caplog.text and "tokenizer_documents=3" in caplog.text
+    assert [p.name for p in sample.cache_dir.glob("tokenizers/*/*")] == ["tokenizer.json"]
+
+
+def test_an_error_in_the_tokenizer_process_is_raised_in_the_run(tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("Caf\xe9 au lait.\nUne phrase.\n".encode("latin1"))
+    dm = datamodule(tmp_path / "latin1.txt", tmp_path / "cache", streaming=True)
+    with pytest.raises(UserError, match="is not UTF-8 text"):
+        dm.tokenizer  # noqa: B018 (a property that trains)
+
+
+def test_the_held_out_split_and_each_validation_are_bounded(tmp_path, corpus_file):
+    def validation(**kwargs):
+        dm = datamodule(corpus_file, tmp_path, validation_fraction=0.5, **kwargs)
+        dm.prepare_data()
+        dm.setup("fit")
+        return dm
+
+    many, few = validation(), validation(validation_documents=2)
+    assert 0 < len(few.datasets["validation"]) < len(many.datasets["validation"]) / 4  # 2 documents, not 20
+    # A validation reads validation_share x the batches between two validations x batch_size examples, spread
+    # over the split, whatever the number of devices; without a trainer (or with a null share) the whole split.
+    held_out = many.datasets["validation"]
+    assert len(many.validation_examples()) == len(held_out)
+    for world_size in (1, 2):
+        many.trainer = SimpleNamespace(val_check_interval=40, world_size=world_size)
+        chosen = many.validation_examples()
+        assert len(chosen) == 2 * 4  # ceil(0.05 x 40) batches of 4
+        assert chosen["input_ids"][-1] == held_out[7 * len(held_out) // 8]["input_ids"]
+        assert len(list(many.val_dataloader())) == 2
+    many.validation_share = None
+    assert len(many.validation_examples()) == len(held_out)
+
+
+def test_examples_are_offsets_into_documents_stored_once_in_16_bits(tmp_path, corpus_file):
+    import datasets
+
+    from lightbert.pretraining.examples import create_pretraining_examples
+
+    sizes = {}
+    for dupe_factor in (1, 3):
+        dm = datamodule(corpus_file, tmp_path, dupe_factor=dupe_factor, seed=5)
+        dm.prepare_data()
+        dm.setup("fit")
+        files = {p.name: p.stat().st_size for p in dm.examples_dir.iterdir()}
+        sizes[dupe_factor] = files
+        assert sorted(files) == ["documents.arrow", "examples.json", "train.arrow", "validation.arrow"]
+        assert files["train.arrow"] < 24 * len(dm.datasets["train"]) + 2000  # ~21 bytes an example, not 5 a token
+        documents = datasets.Dataset.from_file(str(dm.examples_dir / "documents.arrow"))
+        assert documents.features["sentence_ids"].feature.feature.dtype == "uint16"  # a vocabulary of 300
+        tokenized = [[ids for ids in dm.tokenizer.encode_batch(d) if ids] for d in read_bert_format(corpus_file)]
+        assert documents["sentence_ids"] == [d for d in tokenized if d]  # every document once, as the tokenizer says
+        # The examples of the in-memory path (create_pretraining_examples), row for row, from the same split.
+        split = documents.train_test_split(test_size=2, seed=5)  # 5% of 40 documents
+        for name, part in (("train", split["train"]), ("validation", split["test"])):
+            expected = create_pretraining_examples(part, max_seq_length=64, short_seq_prob=0.1, seed=5,
+                                                   dupe_factor=dupe_factor, cls_id=dm.tokenizer.cls_id,
+                                                   sep_id=dm.tokenizer.sep_id)  # fmt: skip
+            stored = dm.datasets[name]
+            assert len(stored) == len(expected)
+            for column in ("input_ids", "token_type_ids", "next_sentence_label"):
+                assert stored[column] == expected[column]
+    assert sizes[1]["documents.arrow"] == sizes[3]["documents.arrow"]  # not stored dupe_factor times
+
+
+def test_sentences_that_tokenize_to_nothing_and_documents_left_empty_are_dropped():
+    from lightbert.pretraining.datamodule import _tokenize_documents
+
+    tokenizer = train_wordpiece(["the dog runs home", "a cat sleeps"] * 20, vocab_size=60)
+    batch = {"sentences": [["the dog", "\x00", "a cat"], ["\x01", " "], [], ["runs home"]]}
+    column = _tokenize_documents(batch, tokenizer, "uint16").column("sentence_ids").to_pylist()
+    assert column == [tokenizer.encode_batch(["the dog", "a cat"]), tokenizer.encode_batch(["runs home"])]
+
+
+def test_a_vocabulary_past_65536_tokens_is_stored_in_32_bits(tmp_path, corpus_file):
+    import datasets
+
+    from lightbert.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
+
+    words = sorted({w.strip(".,;:!?").lower() for w in corpus_file.read_text().split()} - {""})
+    filler = [f"filler{i}" for i in range(70_000)]  # the corpus's words come after them: ids past 65,535
+    (tmp_path / "vocab.txt").write_text("\n".join([*SPECIAL_TOKENS, *filler, *words, ".", ","]) + "\n")
+    tokenizer = load_tokenizer(tmp_path / "vocab.txt")
+    dm = datamodule(corpus_file, tmp_path / "cache", tokenizer=tokenizer)
+    dm.prepare_data()
+    dm.setup("fit")
+    documents = datasets.Dataset.from_file(str(dm.examples_dir / "documents.arrow"))
+    assert documents.features["sentence_ids"].feature.feature.dtype == "uint32"
+    first = next(iter(read_bert_format(corpus_file)))
+    assert documents[0]["sentence_ids"] == tokenizer.encode_batch(first)
+    assert max(max(ids) for ids in dm.datasets["train"]["input_ids"]) > 70_000

@@ -8,6 +8,7 @@ import pytest
 from lightbert.pretraining.examples import (
     IS_NEXT,
     NOT_NEXT,
+    StoredDocuments,
     create_instances_from_document,
     create_pretraining_examples,
 )
@@ -89,3 +90,16 @@ def test_datasets_map_gives_the_same_examples_whatever_the_process_count():
     assert one["input_ids"] == two["input_ids"]
     assert one["next_sentence_label"] == two["next_sentence_label"]
     assert len(one) > 2 * 150  # dupe_factor 2: every document paired twice
+
+
+def test_stored_documents_read_the_sentences_of_any_split_of_a_table_of_several_chunks():
+    parts = [datasets.Dataset.from_dict({"sentence_ids": synthetic_documents(60, seed=s)}) for s in (1, 2)]
+    sliced = datasets.concatenate_datasets(parts).select(range(5, 120))  # a contiguous select slices the table
+    split = sliced.train_test_split(test_size=15, seed=3)["train"]  # shuffled: an indices mapping over the table
+    stored = StoredDocuments(split, "sentence_ids")
+    assert len(stored.chunks) >= 2 and len(stored) == len(split) == 100
+    for index in range(len(split)):
+        expected = split[index]["sentence_ids"]
+        document = stored[index]
+        assert len(document) == len(expected) and list(document) == expected
+        assert list(document[1:]) == expected[1:] and document[-1] == expected[-1]

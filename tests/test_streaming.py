@@ -8,8 +8,8 @@ from helpers.runs import compose_config, write_bert_corpus
 
 from lightbert.data.tokenizer import iter_sentences, train_wordpiece
 from lightbert.errors import UserError
-from lightbert.pretraining.corpus import TextCorpus, read_bert_format
-from lightbert.pretraining.streaming import StreamingExamples
+from lightbert.pretraining.corpus import HFCorpus, TextCorpus, read_bert_format, read_shard
+from lightbert.pretraining.streaming import StreamingExamples, tokenized
 from lightbert.run.jobs import train
 
 
@@ -22,26 +22,62 @@ def corpus_and_tokenizer(tmp_path_factory):
 
 def examples(path, tokenizer, stream=None, **kwargs) -> StreamingExamples:
     settings = {"max_seq_length": 64, "short_seq_prob": 0.1, "seed": 7, "batch_size": 4, "shuffle_buffer": 8}
-    return StreamingExamples(stream or (lambda: read_bert_format(path)), tokenizer, **{**settings, **kwargs})
+    stream = stream or (lambda shard=None: read_shard([path], shard))
+    return StreamingExamples(stream, tokenizer, **{**settings, **kwargs})
 
 
 def test_each_reader_takes_its_own_documents(corpus_and_tokenizer):
     path, tokenizer = corpus_and_tokenizer
-    shares = [
-        [number for number, _ in examples(path, tokenizer, skip_documents=2, rank=r, world_size=3).documents(r, 3)]
-        for r in range(3)
-    ]
-    assert sorted(n for share in shares for n in share) == list(range(2, 20))  # all but the 2 held out, once
-    assert shares[1] == list(range(3, 20, 3))
+    every = [tuple(map(tuple, tokenized(d, tokenizer))) for d in read_bert_format(path)]
+    for readers in (1, 2, 3, 7):
+        shares = [
+            [tuple(map(tuple, d)) for _, d in examples(path, tokenizer, skip_documents=2).documents(r, readers)]
+            for r in range(readers)
+        ]
+        assert sorted(d for share in shares for d in share) == sorted(every[2:])  # all but the 2 held out, once
+        # Shares of the bytes: about 18 / readers documents each (7 readers: reader 0's 3 include the 2 held out).
+        assert all(abs(len(share) - 18 / readers) <= 3 for share in shares)
+
+
+def test_a_reader_reads_only_its_byte_range_or_its_files(tmp_path):
+    text = "\n\n  \nA one.\nA two.\n\n\nB one.\n \nC one.\nC two.\nC three.\n\nD one.\n\nE one.\nE two."
+    path = tmp_path / "one.txt"
+    path.write_text(text)
+    whole = list(read_bert_format(path))
+    assert [d[0][0] for d in whole] == ["A", "B", "C", "D", "E"]
+    size = path.stat().st_size
+    for count in range(1, size + 2):  # ranges down to a byte, and more ranges than bytes
+        ranges = [list(read_bert_format(path, size * i // count, size * (i + 1) // count)) for i in range(count)]
+        assert [d for r in ranges for d in r] == whole  # every document once, in order
+    # A range starting inside a document leaves it to the range it began in, and reads on to the end of its own.
+    # A document belongs to the range that holds the line break before it (E's: the blank line at `before_e`).
+    before_e = text.index("\n\nE one") + 1
+    assert list(read_bert_format(path, text.index("C two"), before_e)) == [["D one."]]
+    assert list(read_bert_format(path, text.index("C two"), before_e + 1)) == [["D one."], ["E one.", "E two."]]
+    files = [tmp_path / f"f{i}.txt" for i in range(4)]
+    for i, f in enumerate(files):
+        f.write_text(f"Doc {i} first.\nDoc {i} second.\n\nDoc {i}b.\n")
+    assert [d[0] for d in read_shard(files, (1, 2))] == ["Doc 1 first.", "Doc 1b.", "Doc 3 first.", "Doc 3b."]
+
+
+def test_a_hub_stream_gives_each_reader_its_own_data_files(tmp_path):
+    files = []
+    for i in range(4):
+        files.append(tmp_path / f"part{i}.jsonl")
+        files[-1].write_text("".join(json.dumps({"text": f"Part {i} row {j}. It ends."}) + "\n" for j in range(3)))
+    corpus = HFCorpus("json", data_files=[str(f) for f in files])
+    shares = [[d[0] for d in corpus.stream(tmp_path / "cache", shard=(r, 2))] for r in range(2)]
+    assert shares == [[f"Part {i} row {j}." for i in (0, 2) for j in range(3)],
+                      [f"Part {i} row {j}." for i in (1, 3) for j in range(3)]]  # fmt: skip
 
 
 def test_the_stream_repeats_and_a_resumed_reader_fast_forwards_exactly(corpus_and_tokenizer):
     path, tokenizer = corpus_and_tokenizer
     calls = []
 
-    def once():  # the corpus, then nothing: a second pass finds no document for the reader
+    def once(shard=None):  # the corpus, then nothing: a second pass finds no document for the reader
         calls.append(1)
-        return read_bert_format(path) if len(calls) == 1 else iter(())
+        return read_shard([path], shard) if len(calls) == 1 else iter(())
 
     one_pass = []
     with pytest.raises(UserError, match="no document for reader 0 of 1"):

@@ -1,6 +1,7 @@
 """WordPiece: trained from a corpus, saved, and loaded back from tokenizer.json or a BERT vocab.txt."""
 
 import json
+import random
 import subprocess
 import sys
 
@@ -90,3 +91,36 @@ def test_training_gives_the_same_vocabulary_in_every_process(vocab_size):
 def test_training_refuses_sentences_it_cannot_read_twice():
     with pytest.raises(TypeError, match="reads the sentences twice"):
         train_wordpiece(iter(SENTENCES), vocab_size=200)
+
+
+def _two_pass_vocabulary(sentences, vocab_size, lowercase):
+    """The vocabulary as lightbert trained it before the alphabet scan: a first training pass found the alphabet."""
+    from lightbert.data.tokenizer import SUBWORD_PREFIX, _train
+
+    alphabet = _train(sentences, len(SPECIAL_TOKENS) + 1, lowercase, reserved=()).get_vocab()
+    pieces = sorted(t for t in alphabet if t.startswith(SUBWORD_PREFIX))
+    chars = sorted(t for t in alphabet if t not in SPECIAL_TOKENS and not t.startswith(SUBWORD_PREFIX))
+    trained = _train(sentences, vocab_size, lowercase, reserved=pieces).get_vocab()
+    merges = sorted((t for t in trained if t not in alphabet), key=trained.__getitem__)
+    return {token: i for i, token in enumerate([*SPECIAL_TOKENS, *chars, *pieces, *merges])}
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_the_alphabet_scan_gives_the_vocabulary_of_a_first_training_pass(lowercase):
+    rng = random.Random(5)
+    # Accents and combining marks, CJK (a word per character), Unicode punctuation (a word of its own), symbols
+    # that are not punctuation (part of a word), control characters (dropped), emoji, odd whitespace.
+    extras = ["Café", "naïve", "e\u0301te\u0301", "東京大学", "«quoted»", "a—b", "x©y", "±5", "tab\there",
+              "nul\x00l", "🙂ok", "ǅemal", "İstanbul", "ß", "\u00a0gap", "don't", "x\u2028y", "$12.50", "ﬁne",
+              "ÅNGSTRÖM"]  # fmt: skip
+    sentences = [
+        " ".join(rng.choice(extras) if rng.random() < 0.3 else rng.choice(SENTENCES).split()[rng.randrange(7)]
+                 for _ in range(rng.randint(1, 15)))
+        for _ in range(400)
+    ]  # fmt: skip
+    for vocab_size in (150, 400):
+        trained = train_wordpiece(sentences, vocab_size=vocab_size, lowercase=lowercase).backend.get_vocab()
+        assert trained == _two_pass_vocabulary(sentences, vocab_size, lowercase)
+    # Sentences joined into longer strings (as a tokenizer sample is read back from its file): the same words.
+    joined = ["\n".join(sentences[i : i + 7]) for i in range(0, len(sentences), 7)]
+    assert train_wordpiece(joined, vocab_size=400, lowercase=lowercase).backend.get_vocab() == trained

@@ -7,6 +7,9 @@ puts the specials first ([PAD]=0 ...), Google's uncased vocab.txt has [PAD]=0 bu
 
 from __future__ import annotations
 
+import re
+import string
+import unicodedata
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -38,30 +41,119 @@ def train_wordpiece(
     """Learn a WordPiece vocabulary of at most `vocab_size` entries (fewer if the corpus is small).
 
     The same sentences and settings give the same vocabulary, in the same order, in every process. `sentences` is
-    read twice: a collection, or a function that returns a fresh iterable of them.
+    read twice, once by a scan that keeps only the characters it saw: a collection, or a function that returns a
+    fresh iterable of them (`train_wordpiece_once` reads an iterable once). Sentences may be joined into longer
+    strings at whitespace: the same vocabulary.
     """
-    if vocab_size <= len(SPECIAL_TOKENS):
-        must = f"{{0}} must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}"
-        raise ParameterError(must, "vocab_size")
+    _check_vocab_size(vocab_size)
     if not callable(sentences) and iter(sentences) is sentences:
         raise TypeError("train_wordpiece reads the sentences twice: give a collection or a function that returns them")
     read = sentences if callable(sentences) else lambda: sentences
+    return _train_numbered(read(), _alphabet(read(), lowercase), vocab_size, lowercase)
+
+
+def train_wordpiece_once(
+    sentences: Iterable[str], spill: str | Path, vocab_size: int = 30522, lowercase: bool = True
+) -> BertTokenizer:
+    """`train_wordpiece` reading `sentences` once (a stream): they are written to the file `spill` while the alphabet
+    is scanned, and the trainer reads them back from it; the file is deleted afterwards."""
+    _check_vocab_size(vocab_size)
+    spill = Path(spill)
+    try:
+        with open(spill, "w", encoding="utf-8", newline="\n") as f:
+            alphabet = _alphabet(_written(sentences, f), lowercase)
+        return _train_numbered(_read_back(spill), alphabet, vocab_size, lowercase)
+    finally:
+        spill.unlink(missing_ok=True)
+
+
+def _written(sentences: Iterable[str], f) -> Iterator[str]:
+    for sentence in sentences:
+        # A newline inside a sentence would split it in two on reading back: as whitespace, it separates words anyway.
+        f.write(sentence.replace("\n", " ") + "\n")
+        yield sentence
+
+
+def _read_back(path: Path, chunk_bytes: int = 1 << 16) -> Iterator[str]:
+    # Lines joined into chunks of 64 KB: fewer calls into the trainer, the same words (at a MB a chunk, the
+    # normaliser and the trainer slowed down by a quarter: its parallelism is over the strings it is given).
+    with open(path, "rb") as f:
+        while lines := f.readlines(chunk_bytes):
+            yield b"".join(lines).decode("utf-8")
+
+
+def _check_vocab_size(vocab_size: int) -> None:
+    if vocab_size <= len(SPECIAL_TOKENS):
+        must = f"{{0}} must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}"
+        raise ParameterError(must, "vocab_size")
+
+
+def _train_numbered(
+    sentences: Iterable[str], alphabet: tuple[set[str], set[str]], vocab_size: int, lowercase: bool
+) -> BertTokenizer:
     # The `tokenizers` trainer numbers the `##x` continuation pieces in hash-map order, and breaks ties between
     # equal pair counts by those numbers (huggingface/tokenizers#1794): two trainings could differ in their order
-    # and, at a tie, in their merges. A first pass with no merges finds the characters and continuation pieces;
-    # the second names the pieces up front, sorted, so every number and so every tie is decided the same way.
-    alphabet = _train(read(), len(SPECIAL_TOKENS) + 1, lowercase, reserved=()).get_vocab()
-    pieces = sorted(t for t in alphabet if t.startswith(SUBWORD_PREFIX))
-    chars = sorted(t for t in alphabet if t not in SPECIAL_TOKENS and not t.startswith(SUBWORD_PREFIX))
-    trained = _train(read(), vocab_size, lowercase, reserved=pieces).get_vocab()
+    # and, at a tie, in their merges. So the pieces are named up front, sorted, and every number and so every tie
+    # is decided the same way. `_alphabet`'s scan finds them holding a set of characters, where a first training
+    # pass held every distinct word of the corpus (1.2-1.5 KB each) and cost as much as the real one.
+    chars, continuing = alphabet
+    pieces = sorted(SUBWORD_PREFIX + c for c in continuing)
+    trained = _train(sentences, vocab_size, lowercase, reserved=pieces).get_vocab()
     # Renumbered as usual (specials, characters, continuation pieces, then merges in the order they were made),
     # and the pieces are ordinary tokens again, not the reserved tokens they were in training.
-    merges = sorted((t for t in trained if t not in alphabet), key=trained.__getitem__)
-    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *chars, *pieces, *merges])}
+    known = {*SPECIAL_TOKENS, *chars, *pieces}
+    merges = sorted((t for t in trained if t not in known), key=trained.__getitem__)
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *sorted(chars), *pieces, *merges])}
     model = models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100)
     tokenizer = _bert_pipeline(model, lowercase)
     tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
     return BertTokenizer(tokenizer)
+
+
+def _is_bert_punctuation(char: str) -> bool:
+    # tokenizers' BertPreTokenizer: `is_ascii_punctuation() || is_punctuation()` (Unicode categories P*).
+    return char in string.punctuation or unicodedata.category(char).startswith("P")
+
+
+def _alphabet(sentences: Iterable[str], lowercase: bool, chunk_chars: int = 1 << 16) -> tuple[set[str], set[str]]:
+    """The trainer's initial alphabet: every character of a word, and those that continue a word (as `##c`).
+
+    The text is normalised as the trainer normalises it, in chunks of about `chunk_chars` characters joined at
+    whitespace (the normaliser works character by character, and a newline between sentences stops the canonical
+    reordering of combining marks, so chunks normalise as their sentences do). After the normaliser the only
+    whitespace left is " "; the pre-tokenizer splits there and around every punctuation character, which is a word
+    of its own. So a character continues a word when it follows a character that is neither.
+    """
+    normalizer = _bert_pipeline(models.WordPiece(unk_token="[UNK]"), lowercase).normalizer
+    chars: set[str] = set()
+    continuing: set[str] = set()
+    punctuation: set[str] = set()
+    first_of_word = re.compile(" [^ ]")
+    chunk: list[str] = []
+    size = 0
+
+    def scan() -> None:
+        text = normalizer.normalize_str("\n".join(chunk))
+        seen = set(text)
+        new = seen - chars
+        chars.update(new)
+        punctuation.update(c for c in new if _is_bert_punctuation(c))
+        present = seen & punctuation
+        if present:
+            text = re.sub("[" + "".join(re.escape(c) for c in present) + "]", " ", text)
+        continuing.update(first_of_word.sub("", " " + text))
+
+    for sentence in sentences:
+        chunk.append(sentence)
+        size += len(sentence)
+        if size >= chunk_chars:
+            scan()
+            chunk, size = [], 0
+    if chunk:
+        scan()
+    chars.discard(" ")
+    continuing.discard(" ")
+    return chars, continuing
 
 
 def _train(sentences: Iterable[str], vocab_size: int, lowercase: bool, reserved: Iterable[str]) -> Tokenizer:

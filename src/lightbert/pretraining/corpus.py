@@ -74,30 +74,63 @@ class TextCorpus:
     def load(self, cache_dir: Path, num_proc: int | None = None) -> datasets.Dataset:
         return _dataset_from_documents(self.documents, self.fingerprint, cache_dir)
 
-    def stream(self, cache_dir: Path) -> Iterator[list[str]]:
-        """The documents read one at a time, nothing cached (task.datamodule.streaming=true)."""
-        return self.documents()
+    def stream(self, cache_dir: Path, shard: tuple[int, int] | None = None) -> Iterator[list[str]]:
+        """The documents read one at a time, nothing cached (task.datamodule.streaming=true); with `shard` (index,
+        count), only that reader's share, read from its own files or byte ranges."""
+        return read_shard(self.paths, shard)
 
 
-def read_bert_format(path: Path) -> Iterator[list[str]]:
-    """Documents of one BERT-format file: a sentence per line, documents separated by blank lines."""
+def read_bert_format(path: Path, start: int = 0, stop: int | None = None) -> Iterator[list[str]]:
+    """Documents of one BERT-format file: a sentence per line, documents separated by blank lines.
+
+    With `start` and `stop`, only the documents whose first line follows a line break at a byte offset in
+    [start, stop), the file's start counting as one at 0: ranges that tile the file give every document once, each
+    read by the range it begins in, and a range reads little more than its own bytes (the document it ends in).
+    """
     document: list[str] = []
+    owned = start == 0  # whether the document being read is this range's
+    blank_at: int | None = 0 if start == 0 else None  # offset of the last blank line seen, the file's start first
     with open(path, "rb") as f:
+        position = 0
+        if start > 0:  # to the first line that starts at or after `start`, without decoding the partial one
+            f.seek(start - 1)
+            position = start - 1 + len(f.readline())
         for line_number, raw in enumerate(f, 1):
+            line_start, position = position, position + len(raw)
             try:
                 line = raw.decode("utf-8").strip()
             except UnicodeDecodeError as error:
+                where = f"line {line_number}" if start == 0 else f"the line at byte {line_start}"
                 raise UserError(
-                    f"corpus file {path} is not UTF-8 text (line {line_number}: {error.reason} at byte "
-                    f"{error.start}); convert it, e.g. `iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8.txt`"
+                    f"corpus file {path} is not UTF-8 text ({where}: {error.reason} at byte {error.start}); convert "
+                    f"it, e.g. `iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8.txt`"
                 ) from None
-            if line:
-                document.append(line)
-            elif document:
-                yield document
-                document = []
-    if document:
+            if not line:
+                if document and owned:
+                    yield document
+                document, owned, blank_at = [], False, line_start
+                continue
+            if not document:  # a document begins: this range's if the break before it lies in the range
+                if blank_at is not None and stop is not None and blank_at >= stop:
+                    return
+                owned = blank_at is not None
+                blank_at = None
+            document.append(line)
+    if document and owned:
         yield document
+
+
+def read_shard(paths: list[Path], shard: tuple[int, int] | None) -> Iterator[list[str]]:
+    """The documents of BERT-format files; with `shard` (index, count) only that share: whole files when there are
+    at least as many files as shards, else the same byte range of every file."""
+    index, count = shard or (0, 1)
+    if len(paths) >= count:
+        for path in paths[index::count]:
+            yield from read_bert_format(path)
+        return
+    for path in paths:
+        size = path.stat().st_size
+        yield from read_bert_format(path, size * index // count, size * (index + 1) // count)
 
 
 def _dataset_from_documents(documents, fingerprint: str, cache_dir: Path) -> datasets.Dataset:
@@ -201,9 +234,15 @@ class HFCorpus:
                 desc="Splitting documents into sentences",
             )
 
-    def stream(self, cache_dir: Path) -> Iterator[list[str]]:
-        """The rows read one at a time with `streaming=True`, each split into sentences; nothing downloaded whole."""
+    def stream(self, cache_dir: Path, shard: tuple[int, int] | None = None) -> Iterator[list[str]]:
+        """The rows read one at a time with `streaming=True`, each split into sentences; nothing downloaded whole.
+        With `shard` (index, count), only that reader's rows: its own files of the dataset where it has a multiple of
+        `count` of them (`datasets.distributed.split_dataset_by_node`), else every count-th row of the stream."""
         rows = self._load_dataset(cache_dir, streaming=True)
+        if shard is not None and shard[1] > 1:
+            from datasets.distributed import split_dataset_by_node
+
+            rows = split_dataset_by_node(rows, rank=shard[0], world_size=shard[1])
         # iter() rather than __iter__: inside a DataLoader worker the latter would shard by worker itself, and
         # lightbert.pretraining.streaming already gives each worker its own documents.
         for batch in rows.iter(batch_size=256):
@@ -241,8 +280,8 @@ class DemoCorpus:
         path = self.build(cache_dir)
         return _dataset_from_documents(lambda: read_bert_format(path), self.fingerprint, cache_dir)
 
-    def stream(self, cache_dir: Path) -> Iterator[list[str]]:
-        return read_bert_format(self.build(cache_dir))
+    def stream(self, cache_dir: Path, shard: tuple[int, int] | None = None) -> Iterator[list[str]]:
+        return read_shard([self.build(cache_dir)], shard)
 
 
 def _prose_sentences(text: str) -> list[str]:

@@ -4,40 +4,50 @@ The examples come from one of two sources, chosen by `streaming`:
 
 - `CachedExamples` (the default): built once in `prepare_data` (local rank 0 of each node) from the whole corpus
   through `datasets.map` and saved under the cache directory, keyed by everything they depend on; `setup` only
-  loads them. `dupe_factor` pairings per document, `validation_fraction` of the documents held out.
+  loads them. The tokenized documents are stored once and each example as offsets into them (`PairExamples`), so
+  `dupe_factor` pairings per document cost 21 bytes an example. `validation_fraction` of the documents held out
+  (at most `validation_documents`).
 - `StreamedExamples`: made on the fly from the corpus read as a stream, for corpora larger than the disk cache
   (`lightbert.pretraining.streaming` says how it differs); the first `validation_documents` are held out.
 
 Either way the tokenizer is trained (or loaded) once when first asked for, and masking happens in the collator,
-per batch.
+per batch. A validation reads at most `validation_share` of the training batches between two validations (the
+same examples every time), so that it costs a few percent of the run however large the held-out split.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import math
+import multiprocessing
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import shutil
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import islice
+from itertools import chain, islice
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import NamedTuple
 
 import datasets
 import lightning as L
+import numpy as np
+import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.encoding import check_max_seq_length
-from lightbert.data.local_files import cache_writes, digest, load_cached, progress_bars_for
-from lightbert.data.tokenizer import BertTokenizer, iter_sentences, load_tokenizer, train_wordpiece
+from lightbert.data.local_files import cache_writes, digest, progress_bars_for
+from lightbert.data.tokenizer import BertTokenizer, load_tokenizer, train_wordpiece_once
 from lightbert.distributed import is_distributed
 from lightbert.errors import ParameterError, UserError
 from lightbert.files import publish_directory, publish_file_once
 from lightbert.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus
-from lightbert.pretraining.examples import create_pretraining_examples
+from lightbert.pretraining.examples import PairExamples, StoredDocuments, create_pretraining_pairs
 from lightbert.pretraining.masking import MaskingCollator, NextTokenCollator
 from lightbert.pretraining.objectives import MaskingShares, check_objective
 from lightbert.pretraining.packing import PackingCollator
@@ -47,20 +57,44 @@ from lightbert.pretraining.streaming import StreamingExamples, held_out_examples
 log = logging.getLogger(__name__)
 
 Corpus = TextCorpus | HFCorpus | DemoCorpus
-EXAMPLES_VERSION = 2  # bump when example creation changes, so cached examples are rebuilt
+# Bump when example creation changes, so cached examples are rebuilt. 3: binomial truncation; 4: documents stored once
+# (uint16 ids) and examples as offsets into them, read through MANIFEST.
+EXAMPLES_VERSION = 4
+MANIFEST = "examples.json"  # the files of an examples cache entry
 
 
-def _tokenize_documents(batch: dict, tokenizer: BertTokenizer) -> dict:
-    """Token ids of every sentence; empty sentences dropped, and documents left with none (fewer rows out)."""
-    lengths = [len(document) for document in batch["sentences"]]
-    flat = tokenizer.encode_batch([s for document in batch["sentences"] for s in document])
-    out, start = [], 0
-    for n in lengths:
-        document = [ids for ids in flat[start : start + n] if ids]
-        if document:
-            out.append(document)
-        start += n
-    return {"sentence_ids": out}
+def _file_names(dataset: datasets.Dataset) -> list[str]:
+    return [Path(f["filename"]).name for f in dataset.cache_files]
+
+
+TOKENIZER_VERSION = 2  # bump when tokenizer training changes (2: the cached path trains on tokenizer_documents)
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (a job scheduler's share of the host, not the whole host)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _tokenize_documents(batch: dict, tokenizer: BertTokenizer, id_type: str) -> pa.Table:
+    """Token ids of every sentence; empty sentences dropped, and documents left with none (fewer rows out). Built as
+    Arrow arrays from numpy: datasets would convert nested lists of Python ints one int at a time."""
+    documents = batch["sentences"]
+    ids = tokenizer.encode_batch([s for document in documents for s in document])
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    owner = np.repeat(np.arange(len(documents)), [len(document) for document in documents])
+    kept = lengths > 0
+    per_document = np.bincount(owner[kept], minlength=len(documents))
+    tokens = np.fromiter(chain.from_iterable(ids), dtype=id_type, count=int(lengths.sum()))
+    sentences = pa.ListArray.from_arrays(
+        np.concatenate([[0], np.cumsum(lengths[kept])]).astype(np.int32), pa.array(tokens)
+    )
+    column = pa.ListArray.from_arrays(
+        np.concatenate([[0], np.cumsum(per_document[per_document > 0])]).astype(np.int32), sentences
+    )
+    return pa.table({"sentence_ids": column})
 
 
 @dataclass
@@ -75,15 +109,27 @@ class CachedExamples:
     dupe_factor: int = 10
     validation_fraction: float = 0.05
     preprocessing_workers: int = 1
-    datasets: datasets.DatasetDict | None = None
+    tokenizer_documents: int = 100000  # the first documents, which a new vocabulary is trained on
+    validation_documents: int = 1000  # at most this many held out
+    datasets: dict[str, PairExamples] | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.validation_fraction < 1:
             raise ParameterError(f"{{0}} must be in (0, 1), got {self.validation_fraction}", "validation_fraction")
+        if self.validation_documents < 1:
+            raise ParameterError(f"{{0}} must be >= 1, got {self.validation_documents}", "validation_documents")
 
     def tokenizer_sample(self) -> tuple[Callable[[], Iterable[list[str]]], list]:
-        """The documents a new vocabulary is trained on (all of them), and what else its cache key needs."""
-        return lambda: self.documents["sentences"], []
+        """The documents a new vocabulary is trained on (the first `tokenizer_documents`), and what else its cache
+        key needs."""
+        documents = self.documents  # loaded here, before the training process forks: read by both
+        first = documents.select(range(min(self.tokenizer_documents, len(documents))))
+
+        def read() -> Iterator[list[str]]:
+            for batch in first.iter(batch_size=1000):
+                yield from batch["sentences"]
+
+        return read, [self.tokenizer_documents]
 
     @cached_property
     def documents(self) -> datasets.Dataset:
@@ -100,6 +146,7 @@ class CachedExamples:
                 self.short_seq_prob,
                 self.dupe_factor,
                 self.validation_fraction,
+                self.validation_documents,
                 self.seed,
             ]
         )
@@ -107,20 +154,28 @@ class CachedExamples:
 
     def prepare(self, tokenizer: BertTokenizer) -> None:
         examples_dir = self.examples_dir(tokenizer)
-        if (examples_dir / "dataset_dict.json").is_file():
+        if (examples_dir / MANIFEST).is_file():
             return
+        with cache_writes(examples_dir):
+            publish_directory(examples_dir, lambda tmp: self._write(tokenizer, tmp))
+
+    def _write(self, tokenizer: BertTokenizer, out: Path) -> None:
+        """The tokenized documents, once, in the smallest integer type that holds the vocabulary, and each split's
+        examples as offsets into them (`create_pretraining_pairs`). Every map writes its files straight into `out`,
+        which is renamed into place whole: nothing is copied, so the peak on disk is the cache itself."""
+        out.mkdir(parents=True)
         documents = self.documents
+        ids = datasets.Value("uint16" if tokenizer.vocab_size <= 1 << 16 else "uint32")
         with progress_bars_for(len(documents)):
             documents = documents.map(
                 _tokenize_documents,
                 batched=True,
                 remove_columns=documents.column_names,
-                fn_kwargs={"tokenizer": tokenizer},
-                features=datasets.Features(
-                    {"sentence_ids": datasets.Sequence(datasets.Sequence(datasets.Value("int32")))}
-                ),
+                fn_kwargs={"tokenizer": tokenizer, "id_type": ids.dtype},
+                features=datasets.Features({"sentence_ids": datasets.Sequence(datasets.Sequence(ids))}),
                 num_proc=self._num_proc(len(documents)),
-                load_from_cache_file=False,  # cached as a whole below, under a key datasets' hash can't compute
+                cache_file_name=str(out / "documents.arrow"),
+                load_from_cache_file=False,  # cached as a whole, under a key datasets' hash can't compute
                 desc="Tokenizing sentences",
             )
         if len(documents) < 2:
@@ -129,24 +184,36 @@ class CachedExamples:
                 "has text); pre-training needs at least 2, for next-sentence pairs and a validation split. "
                 "In corpus=text files, separate documents with a blank line"
             )
-        num_validation = min(len(documents) - 1, max(1, round(self.validation_fraction * len(documents))))
-        splits = documents.train_test_split(test_size=num_validation, seed=self.seed)
-        pairing = {name: getattr(self, name) for name in ("max_seq_length", "short_seq_prob", "dupe_factor", "seed")}
-        examples = datasets.DatasetDict(
-            {
-                name: create_pretraining_examples(
-                    split,
-                    **pairing,
-                    cls_id=tokenizer.cls_id,
-                    sep_id=tokenizer.sep_id,
-                    num_proc=self._num_proc(len(split)),
-                )
-                for name, split in (("train", splits["train"]), ("validation", splits["test"]))
-            }
+        share = min(self.validation_documents, max(1, round(self.validation_fraction * len(documents))))
+        num_validation = min(len(documents) - 1, share)
+        splits = documents.train_test_split(
+            test_size=num_validation,
+            seed=self.seed,
+            train_indices_cache_file_name=str(out / "train_documents.arrow"),  # 8 bytes a document; deleted below
+            test_indices_cache_file_name=str(out / "validation_documents.arrow"),
         )
-        with cache_writes(examples_dir):
-            publish_directory(examples_dir, lambda tmp: examples.save_to_disk(str(tmp)))
-        documents.cleanup_cache_files()  # the intermediate maps; the saved examples are all that is needed
+        pairing = {name: getattr(self, name) for name in ("max_seq_length", "short_seq_prob", "dupe_factor", "seed")}
+        files = {"documents": _file_names(documents)}
+        for name, split in (("train", splits["train"]), ("validation", splits["test"])):
+            pairs = create_pretraining_pairs(
+                split, **pairing, cache_file_name=str(out / f"{name}.arrow"), num_proc=self._num_proc(len(split))
+            )
+            files[name] = _file_names(pairs)
+        for name in ("train_documents.arrow", "validation_documents.arrow"):
+            (out / name).unlink(missing_ok=True)  # the pairs name the documents' rows themselves
+        (out / MANIFEST).write_text(json.dumps(files))  # last: a directory without it was never finished
+
+    def _load(self, examples_dir: Path, tokenizer: BertTokenizer) -> dict[str, PairExamples]:
+        files = json.loads((examples_dir / MANIFEST).read_text())
+
+        def table(names: list[str]) -> datasets.Dataset:
+            return datasets.concatenate_datasets([datasets.Dataset.from_file(str(examples_dir / n)) for n in names])
+
+        documents = StoredDocuments(table(files["documents"]), "sentence_ids")
+        return {
+            name: PairExamples(documents, table(files[name]), tokenizer.cls_id, tokenizer.sep_id)
+            for name in ("train", "validation")
+        }
 
     def _num_proc(self, num_rows: int) -> int | None:
         # Forking workers costs about a second per map: worth it from a few MB of text (~1000 documents) on.
@@ -154,8 +221,21 @@ class CachedExamples:
         return workers if workers > 1 else None
 
     def setup(self, tokenizer: BertTokenizer) -> None:
-        if self.datasets is None:
-            self.datasets = load_cached(self.examples_dir(tokenizer), lambda: self.prepare(tokenizer))
+        if self.datasets is not None:
+            return
+        examples_dir = self.examples_dir(tokenizer)
+        try:
+            self.datasets = self._load(examples_dir, tokenizer)
+            return
+        except Exception as error:  # a file cut short by a full disk, a copy that stopped: Arrow raises many kinds
+            if (examples_dir / MANIFEST).is_file():
+                log.warning(
+                    f"the cache entry {examples_dir} could not be read ({type(error).__name__}: {str(error)[:120]}); "
+                    "it is rebuilt"
+                )
+        shutil.rmtree(examples_dir, ignore_errors=True)
+        self.prepare(tokenizer)
+        self.datasets = self._load(examples_dir, tokenizer)
 
     def train(self, tokenizer: BertTokenizer, batch_size: int, position: Position) -> tuple[Dataset, Sampler]:
         assert self.datasets is not None, "call setup() first"
@@ -179,16 +259,16 @@ class StreamedExamples:
     short_seq_prob: float
     seed: int
     validation_documents: int = 1000  # the first documents of the stream, held out
-    tokenizer_documents: int = 100000  # the documents a new vocabulary is trained on
+    tokenizer_documents: int = 100000  # the first documents, which a new vocabulary is trained on
     shuffle_buffer: int = 10000  # examples shuffled together
     validation_examples: list[dict] | None = None
 
-    def stream(self):
-        """The corpus's documents, read one at a time."""
-        return self.corpus.stream(self.cache_dir)
+    def stream(self, shard: tuple[int, int] | None = None):
+        """The corpus's documents, read one at a time; with `shard` (index, count) only that reader's share."""
+        return self.corpus.stream(self.cache_dir, shard)
 
     def tokenizer_sample(self) -> tuple[Callable[[], Iterable[list[str]]], list]:
-        return lambda: islice(self.stream(), self.tokenizer_documents), [self.tokenizer_documents]
+        return self.stream, [self.tokenizer_documents]
 
     def prepare(self, tokenizer: BertTokenizer) -> None:
         """Nothing to build ahead: the tokenizer, trained and cached once per node, is all."""
@@ -220,6 +300,38 @@ class StreamedExamples:
     def validation(self) -> Sequence[dict]:
         assert self.validation_examples is not None, "call setup() first"
         return self.validation_examples
+
+
+def _train_tokenizer_child(
+    documents: Callable[[], Iterable[list[str]]],
+    path: Path,
+    vocab_size: int,
+    lowercase: bool,
+    limit: int,
+    send: Connection,
+) -> None:
+    try:
+        count = {"documents": 0, "sentences": 0, "characters": 0}
+
+        def sentences() -> Iterator[str]:
+            for document in islice(documents(), limit):
+                count["documents"] += 1
+                count["sentences"] += len(document)
+                count["characters"] += sum(map(len, document))
+                yield from document
+
+        spill = path.parent / f"sample.{os.getpid()}.txt"
+        tokenizer = train_wordpiece_once(sentences(), spill, vocab_size=vocab_size, lowercase=lowercase)
+        # Training is deterministic; publishing once still matters for two runs started at once on a cold cache:
+        # both use the first file, and neither reads one half-written.
+        publish_file_once(path, lambda tmp: tokenizer.backend.save(str(tmp)))
+        send.send(
+            f"tokenizer: {tokenizer.vocab_size} WordPiece tokens trained on the first {count['documents']} documents "
+            f"of the corpus ({count['sentences']} sentences, {count['characters'] / 1e6:.1f}M characters; at most "
+            f"task.datamodule.tokenizer_documents={limit})"
+        )
+    except BaseException as error:  # handed to the parent, which raises it as if it had trained itself
+        send.send(error)
 
 
 class Position(NamedTuple):
@@ -278,9 +390,10 @@ class PretrainDataModule(L.LightningDataModule):
         dupe_factor: int = 10,
         validation_fraction: float = 0.05,
         preprocessing_workers: int | None = None,
-        # StreamedExamples' settings
         validation_documents: int = 1000,
         tokenizer_documents: int = 100000,
+        validation_share: float | None = 0.05,
+        # StreamedExamples' settings
         shuffle_buffer: int = 10000,
     ):
         super().__init__()
@@ -306,6 +419,13 @@ class PretrainDataModule(L.LightningDataModule):
         self.batch_size, self.num_workers = batch_size, num_workers
         self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
         self.first_step = first_step  # the global step this data starts at (a recipe's later phase)
+        if tokenizer_documents < 1:
+            raise ParameterError(f"{{0}} must be >= 1, got {tokenizer_documents}", "tokenizer_documents")
+        if validation_share is not None and validation_share <= 0:
+            raise ParameterError(f"{{0}} must be > 0 (or null: the whole split), got {validation_share}",
+                                 "validation_share")  # fmt: skip
+        self.validation_share, self.validation_documents = validation_share, validation_documents
+        self._said_validation = False
         shared = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "seed": seed}
         self.examples: CachedExamples | StreamedExamples
         if streaming:
@@ -314,10 +434,11 @@ class PretrainDataModule(L.LightningDataModule):
                 tokenizer_documents=tokenizer_documents, shuffle_buffer=shuffle_buffer,
             )  # fmt: skip
         else:
-            workers = preprocessing_workers or min(8, os.cpu_count() or 1)
+            workers = preprocessing_workers or _usable_cores()
             self.examples = CachedExamples(
                 corpus, self.cache_dir, **shared, dupe_factor=dupe_factor,
                 validation_fraction=validation_fraction, preprocessing_workers=workers,
+                tokenizer_documents=tokenizer_documents, validation_documents=validation_documents,
             )  # fmt: skip
 
     # -- tokenizer ---------------------------------------------------------------------------------------
@@ -333,7 +454,7 @@ class PretrainDataModule(L.LightningDataModule):
             except UserError as error:
                 raise ParameterError.about("tokenizer_path", error) from None
         documents, sample = self.examples.tokenizer_sample()
-        key = digest([self.corpus.fingerprint, self.vocab_size, self.lowercase, *sample])
+        key = digest([TOKENIZER_VERSION, self.corpus.fingerprint, self.vocab_size, self.lowercase, *sample])
         path = self.cache_dir / "tokenizers" / key / "tokenizer.json"
         if not path.is_file():
             self._train_tokenizer(documents, path)
@@ -346,12 +467,29 @@ class PretrainDataModule(L.LightningDataModule):
             return load_tokenizer(path)
 
     def _train_tokenizer(self, documents: Callable[[], Iterable[list[str]]], path: Path) -> None:
-        # Training is deterministic; publishing once still matters for two runs started at once on a cold cache:
-        # both use the first file, and neither reads one half-written.
-        sentences = lambda: iter_sentences(documents())  # noqa: E731 (read twice)
-        tokenizer = train_wordpiece(sentences, vocab_size=self.vocab_size, lowercase=self.lowercase)
+        """Trains in a forked process: the trainer's memory (about 1.3 KB per distinct word) is the child's, gone
+        when it ends, and never inherited by the processes that prepare the examples next."""
+        receive, send = multiprocessing.Pipe(duplex=False)
+        child = multiprocessing.get_context("fork").Process(
+            target=_train_tokenizer_child,
+            args=(documents, path, self.vocab_size, self.lowercase, self.examples.tokenizer_documents, send),
+        )
         with cache_writes(path.parent):
-            publish_file_once(path, lambda tmp: tokenizer.backend.save(str(tmp)))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            child.start()
+            send.close()
+            try:
+                outcome = receive.recv()
+            except EOFError:  # it died without a word: killed, most likely for memory
+                child.join()
+                outcome = UserError(
+                    f"training the tokenizer failed: its process ended with exit code {child.exitcode}; if it ran "
+                    "out of memory, lower task.datamodule.tokenizer_documents"
+                )
+            child.join()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        log.info(outcome)
 
     # -- examples ----------------------------------------------------------------------------------------
 
@@ -365,7 +503,7 @@ class PretrainDataModule(L.LightningDataModule):
         return self.examples.documents
 
     @property
-    def datasets(self) -> datasets.DatasetDict | None:
+    def datasets(self) -> dict[str, PairExamples] | None:
         return self.examples.datasets
 
     def prepare_data(self) -> None:
@@ -427,8 +565,45 @@ class PretrainDataModule(L.LightningDataModule):
         """Batches in `StepSampler`'s order (or the stream's), from the step a resumed run left off at."""
         return self._loader(*self.examples.train(self.tokenizer, self.batch_size, self._position()))
 
+    def validation_examples(self) -> Sequence[dict]:
+        """The examples every validation reads: the held-out split, or at most `validation_share` x the training
+        batches between two validations x `batch_size` of them, spread evenly over it. The count does not depend on
+        the number of devices, so neither do the metrics. An evaluation batch costs about a third of a training
+        batch (a forward pass), so the default 0.05 keeps validation under 2% of the time on one device, less on
+        several."""
+        examples = self.examples.validation()
+        interval = self._batches_between_validations()
+        if self.validation_share is None or interval is None:
+            return examples
+        most = max(1, math.ceil(self.validation_share * interval)) * self.batch_size
+        if most >= len(examples):
+            return examples
+        spread = [i * len(examples) // most for i in range(most)]
+        return [examples[i] for i in spread] if isinstance(examples, list) else examples.select(spread)
+
+    def _batches_between_validations(self) -> int | None:
+        trainer = self.trainer
+        if trainer is None:
+            return None
+        interval = trainer.val_check_interval
+        if isinstance(interval, int):
+            return interval
+        if self.datasets is None:  # a fraction of an epoch, and a stream has no epochs
+            return None
+        return int(interval * len(self.datasets["train"]) // (self.batch_size * trainer.world_size))
+
     def val_dataloader(self) -> DataLoader:
         # The same masks at every validation and on any number of devices, so validation metrics compare.
-        validation = SeededExamples(self.examples.validation(), self.seed, epoch="validation")
+        examples = self.validation_examples()
+        held_out = len(self.examples.validation())
+        if not self._said_validation:
+            self._said_validation = True
+            log.info(
+                f"validation: {len(examples)} of {held_out} held-out examples at every validation (held out: at most "
+                f"task.datamodule.validation_documents={self.validation_documents} documents; read: "
+                f"validation_share={self.validation_share} x {self._batches_between_validations()} training batches "
+                f"between validations x batch {self.batch_size})"
+            )
+        validation = SeededExamples(examples, self.seed, epoch="validation")
         sampler = UnpaddedDistributedSampler(validation) if is_distributed() else None
         return self._loader(validation, sampler)

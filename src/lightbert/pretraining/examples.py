@@ -9,14 +9,24 @@ A port of google-research/bert's `create_pretraining_data.py` (`create_instances
 - Sentences that tokenize to nothing and documents without sentences are dropped before pairing.
 - A chunk closes at the target length only once it holds two sentences (or at the document's end), so a
   sentence longer than the target still gets the 50% chance of its true next sentence as B.
+- `truncate_seq_pair` draws how many tokens each segment loses at its front from a binomial, where the reference
+  draws front or back for every token cut: the same distribution (its docstring says why), other draws.
+- An example is made as a `Span` (create_spans_from_document): where its two segments lie in their documents,
+  found from the sentences' lengths alone. The cache keeps the spans (`create_pretraining_pairs`) and the
+  tokenized documents once, and `PairExamples` reads the token ids back; `create_instances_from_document` gives
+  the same examples as token ids.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+from typing import NamedTuple
 
 import datasets
+import numpy as np
 
 from lightbert.data.encoding import encode_pair
 from lightbert.data.local_files import progress_bars_for
@@ -24,23 +34,116 @@ from lightbert.data.local_files import progress_bars_for
 IS_NEXT, NOT_NEXT = 0, 1  # Hugging Face's convention for `next_sentence_label`
 
 
+def truncation(length_a: int, length_b: int, max_num_tokens: int) -> tuple[int, int]:
+    """How many tokens the reference's `truncate_seq_pair` cuts from a and from b: it cuts one token at a time from
+    the longer side (b at a tie) until the pair fits, so the counts follow from the lengths alone. The longer side
+    loses its lead first; the rest alternates b, a, b, ..."""
+    excess = max(0, length_a + length_b - max_num_tokens)
+    lead = min(excess, abs(length_a - length_b))
+    rest = excess - lead
+    cut_a, cut_b = rest // 2, rest - rest // 2
+    if length_a > length_b:
+        cut_a += lead
+    else:
+        cut_b += lead
+    return cut_a, cut_b
+
+
 def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random) -> None:
     """Trim the longer side, one token at a time from its front or back at random, until the pair fits.
 
-    The reference's draws, one per token cut, with each cut O(1) (the ends move; the lists are cut once at the end):
-    a sentence of millions of tokens costs time linear in its length, not quadratic.
+    The reference draws front or back (1/2 each) for every token it cuts. Which side each cut falls on depends on
+    the lengths only (`truncation`), so the number of front cuts of a side that loses r tokens is the sum of r
+    independent fair coins: Binomial(r, 1/2), independently for a and b, and the kept tokens are the window after
+    those front cuts. Here that count is drawn at once as the number of ones among r random bits, so the same
+    distribution of kept windows costs one draw per side, not one per token (22% of pair creation).
     """
-    ends = [[0, len(tokens_a)], [0, len(tokens_b)]]  # [first, past-last] of what is kept, for a and b
-    kept = [len(tokens_a), len(tokens_b)]
-    while kept[0] + kept[1] > max_num_tokens:
-        longer = 0 if kept[0] > kept[1] else 1
-        if rng.random() < 0.5:
-            ends[longer][0] += 1
-        else:
-            ends[longer][1] -= 1
-        kept[longer] -= 1
-    tokens_a[:] = tokens_a[ends[0][0] : ends[0][1]]
-    tokens_b[:] = tokens_b[ends[1][0] : ends[1][1]]
+    cut_a, cut_b = truncation(len(tokens_a), len(tokens_b), max_num_tokens)
+    for tokens, cut in ((tokens_a, cut_a), (tokens_b, cut_b)):
+        if cut:
+            front = rng.getrandbits(cut).bit_count()
+            tokens[:] = tokens[front : len(tokens) - (cut - front)]
+
+
+class Span(NamedTuple):
+    """One example as offsets: segment A is `a_length` tokens of document `a_document` from token `a_start` (counted
+    over the document's sentences laid end to end), segment B likewise. Each segment is a run of consecutive
+    sentences with some tokens cut at either end, so two offsets and two lengths say it all."""
+
+    a_document: int
+    a_start: int
+    a_length: int
+    b_document: int
+    b_start: int
+    b_length: int
+    next_sentence_label: int
+
+
+def create_spans_from_document(
+    sentence_starts: Callable[[int], Sequence[int]],
+    num_documents: int,
+    document_index: int,
+    max_seq_length: int,
+    short_seq_prob: float,
+    rng: random.Random,
+) -> list[Span]:
+    """All `[CLS] A [SEP] B [SEP]` examples of one document as `Span`s; the tokens of a sentence are never read, only
+    where each starts (`sentence_starts(i)`: the token offsets of document i's sentences, then its length)."""
+    starts = sentence_starts(document_index)
+    num_sentences = len(starts) - 1
+    max_num_tokens = max_seq_length - 3  # room for [CLS], [SEP], [SEP]
+    # Mostly fill the whole sequence, but sometimes (short_seq_prob) aim shorter, so fine-tuning on short
+    # inputs is not a distribution shift. As in the reference, one target per document.
+    target_seq_length = max_num_tokens
+    if rng.random() < short_seq_prob:
+        target_seq_length = rng.randint(2, max_num_tokens)
+
+    spans = []
+    first = 0  # the chunk is the sentences first..i
+    i = 0
+    while i < num_sentences:
+        chunk = i - first + 1
+        # Close the chunk at the target length, but never on one lone sentence mid-document: the
+        # reference would then be forced to a random B, which tilts NSP towards NotNext on corpora of
+        # long sentences (55% on the demo corpus); taking the next sentence too keeps the 50/50 draw.
+        if i == num_sentences - 1 or (starts[i + 1] - starts[first] >= target_seq_length and chunk >= 2):
+            a_end = rng.randint(1, chunk - 1) if chunk >= 2 else 1
+            a_start, a_length = starts[first], starts[first + a_end] - starts[first]
+            if chunk == 1 or rng.random() < 0.5:
+                label = NOT_NEXT
+                target_b_length = target_seq_length - a_length
+                # Up to 10 tries for another document; a one-document corpus falls back to itself.
+                for _ in range(10):
+                    random_index = rng.randint(0, num_documents - 1)
+                    if random_index != document_index:
+                        break
+                random_starts = sentence_starts(random_index)
+                random_start = rng.randint(0, len(random_starts) - 2)
+                # Sentences from random_start on until B holds target_b_length tokens (at least one sentence, at
+                # most the rest of the document): the first sentence end at or past that many tokens.
+                b_document, b_start = random_index, random_starts[random_start]
+                end = bisect_left(random_starts, b_start + target_b_length, random_start + 1)
+                b_length = random_starts[min(end, len(random_starts) - 1)] - b_start
+                # The segments after A were not used: put them back for the next example.
+                i -= chunk - a_end
+            else:
+                label = IS_NEXT
+                b_document, b_start, b_length = (
+                    document_index,
+                    starts[first + a_end],
+                    starts[i + 1] - starts[first + a_end],
+                )
+            # truncate_seq_pair's draws, on the offsets.
+            cut_a, cut_b = truncation(a_length, b_length, max_num_tokens)
+            front_a = rng.getrandbits(cut_a).bit_count() if cut_a else 0
+            front_b = rng.getrandbits(cut_b).bit_count() if cut_b else 0
+            spans.append(
+                Span(document_index, a_start + front_a, a_length - cut_a, b_document, b_start + front_b,
+                     b_length - cut_b, label)
+            )  # fmt: skip
+            first = i + 1
+        i += 1
+    return spans
 
 
 def create_instances_from_document(
@@ -52,81 +155,129 @@ def create_instances_from_document(
     cls_id: int,
     sep_id: int,
 ) -> list[dict]:
-    """All `[CLS] A [SEP] B [SEP]` examples of one document (a list of tokenized sentences)."""
-    document = documents[document_index]
-    max_num_tokens = max_seq_length - 3  # room for [CLS], [SEP], [SEP]
-    # Mostly fill the whole sequence, but sometimes (short_seq_prob) aim shorter, so fine-tuning on short
-    # inputs is not a distribution shift. As in the reference, one target per document.
-    target_seq_length = max_num_tokens
-    if rng.random() < short_seq_prob:
-        target_seq_length = rng.randint(2, max_num_tokens)
+    """All `[CLS] A [SEP] B [SEP]` examples of one document (a list of tokenized sentences), as token ids."""
+    flat: dict[int, list[int]] = {}
 
+    def tokens(document: int, start: int, length: int) -> list[int]:
+        if document not in flat:
+            flat[document] = [t for sentence in documents[document] for t in sentence]
+        return flat[document][start : start + length]
+
+    starts = getattr(documents, "sentence_starts", None) or (lambda d: [0, *accumulate(len(s) for s in documents[d])])
     instances = []
-    current_chunk: list[list[int]] = []
-    current_length = 0
-    i = 0
-    while i < len(document):
-        segment = document[i]
-        current_chunk.append(segment)
-        current_length += len(segment)
-        # Close the chunk at the target length, but never on one lone sentence mid-document: the
-        # reference would then be forced to a random B, which tilts NSP towards NotNext on corpora of
-        # long sentences (55% on the demo corpus); taking the next sentence too keeps the 50/50 draw.
-        if i == len(document) - 1 or (current_length >= target_seq_length and len(current_chunk) >= 2):
-            if current_chunk:
-                a_end = rng.randint(1, len(current_chunk) - 1) if len(current_chunk) >= 2 else 1
-                tokens_a = [t for sentence in current_chunk[:a_end] for t in sentence]
-                tokens_b: list[int] = []
-                if len(current_chunk) == 1 or rng.random() < 0.5:
-                    next_label = NOT_NEXT
-                    target_b_length = target_seq_length - len(tokens_a)
-                    # Up to 10 tries for another document; a one-document corpus falls back to itself.
-                    for _ in range(10):
-                        random_index = rng.randint(0, len(documents) - 1)
-                        if random_index != document_index:
-                            break
-                    random_document = documents[random_index]
-                    random_start = rng.randint(0, len(random_document) - 1)
-                    for sentence in random_document[random_start:]:
-                        tokens_b.extend(sentence)
-                        if len(tokens_b) >= target_b_length:
-                            break
-                    # The segments after A were not used: put them back for the next example.
-                    i -= len(current_chunk) - a_end
-                else:
-                    next_label = IS_NEXT
-                    tokens_b = [t for sentence in current_chunk[a_end:] for t in sentence]
-                truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
-                input_ids, token_type_ids = encode_pair(tokens_a, tokens_b, cls_id, sep_id)
-                instances.append(
-                    {"input_ids": input_ids, "token_type_ids": token_type_ids, "next_sentence_label": next_label}
-                )
-            current_chunk = []
-            current_length = 0
-        i += 1
+    for span in create_spans_from_document(starts, len(documents), document_index, max_seq_length, short_seq_prob, rng):
+        input_ids, token_type_ids = encode_pair(
+            tokens(span.a_document, span.a_start, span.a_length),
+            tokens(span.b_document, span.b_start, span.b_length),
+            cls_id,
+            sep_id,
+        )
+        instances.append(
+            {"input_ids": input_ids, "token_type_ids": token_type_ids, "next_sentence_label": span.next_sentence_label}
+        )
     return instances
 
 
-class _ColumnView(Sequence):
-    """Random access to one column of an Arrow-backed dataset, without materialising it in memory.
+class StoredDocuments:
+    """Random access to the sentences of a column of documents (lists of lists of token ids) of an Arrow table,
+    memory-mapped: a sentence is read from the column's offsets and values as it is asked for, never a whole
+    document (a NotNext segment B uses a few sentences of a random document)."""
 
-    Rows in `loaded` (the batch being processed, already in memory) are not read again.
-    """
-
-    def __init__(self, dataset: datasets.Dataset, column: str, loaded: dict[int, list]):
-        # The Arrow column itself (memory-mapped), read row by row: twice as fast as datasets' row formatting.
-        self.dataset, self.column, self.loaded = dataset, dataset.with_format("arrow").data.column(column), loaded
+    def __init__(self, dataset: datasets.Dataset, column: str):
+        self.dataset, self.column = dataset, column
+        self.chunks = []  # per Arrow chunk: (document offsets, sentence offsets, token ids) as numpy views
+        starts = [0]
+        for chunk in dataset.data.column(column).chunks:
+            sentences = chunk.values
+            tokens = sentences.values.to_numpy(zero_copy_only=False)
+            self.chunks.append((chunk.offsets.to_numpy(), sentences.offsets.to_numpy(), tokens))
+            starts.append(starts[-1] + len(chunk))
+        self.starts = np.asarray(starts)
+        self.chunk_starts = starts  # a list: bisect on it costs a tenth of numpy's searchsorted on one value
+        # A selected or shuffled view (a train/validation split) maps its rows to the table's.
+        self.rows = None if dataset._indices is None else dataset._indices.column(0).to_numpy()
+        self.length = len(dataset)
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return self.length
 
-    def __getitem__(self, index: int) -> list[list[int]]:
-        if index in self.loaded:
-            return self.loaded[index]
-        row = int(index)
-        if self.dataset._indices is not None:  # a selected or shuffled view: map to the table row
-            row = self.dataset._indices.column(0)[row].as_py()
-        return self.column[row].as_py()
+    def __reduce__(self):  # to a process that was not forked: the memory-mapped files, not copies of their views
+        return StoredDocuments, (self.dataset, self.column)
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(chunk, row within it) of the dataset's row `index`."""
+        row = int(index) if self.rows is None else self.rows[index].item()
+        chunk = bisect_right(self.chunk_starts, row) - 1
+        return chunk, row - self.chunk_starts[chunk]
+
+    def __getitem__(self, index: int) -> _StoredDocument:
+        chunk, row = self.locate(index)
+        documents, sentences, tokens = self.chunks[chunk]
+        return _StoredDocument(sentences, tokens, int(documents[row]), int(documents[row + 1]))
+
+    def sentence_starts(self, index: int) -> list[int]:
+        """The token offsets of document `index`'s sentences in it, then its length in tokens."""
+        chunk, row = self.locate(index)
+        documents, sentences, _ = self.chunks[chunk]
+        offsets = sentences[documents[row] : documents[row + 1] + 1]
+        return (offsets - offsets[0]).tolist()
+
+    def table_row(self, index: int) -> int:
+        """The row of the table under the view that holds the dataset's row `index`."""
+        return int(index) if self.rows is None else self.rows[index].item()
+
+    def tokens(self, row: int, start: int, length: int) -> np.ndarray:
+        """`length` tokens from token `start` of the document in table row `row` (its sentences end to end)."""
+        chunk = bisect_right(self.chunk_starts, row) - 1
+        documents, sentences, tokens = self.chunks[chunk]
+        first = int(sentences[documents[row - self.chunk_starts[chunk]]]) + start
+        return tokens[first : first + length]
+
+
+class _StoredDocument(Sequence):
+    """The sentences [first, past) of a stored document, each read as a list of ids when it is asked for."""
+
+    def __init__(self, sentences: np.ndarray, tokens: np.ndarray, first: int, past: int):
+        self.sentences, self.tokens, self.first, self.past = sentences, tokens, first, past
+
+    def __len__(self) -> int:
+        return self.past - self.first
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                raise ValueError("a stored document is read in order")
+            return _StoredDocument(self.sentences, self.tokens, self.first + start, self.first + max(start, stop))
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        s = self.first + index % len(self)
+        return self.tokens[self.sentences[s] : self.sentences[s + 1]].tolist()
+
+    def __iter__(self):
+        for s in range(self.first, self.past):
+            yield self.tokens[self.sentences[s] : self.sentences[s + 1]].tolist()
+
+
+class _ColumnView(Sequence):
+    """The documents of `stored`, except those of the batch being processed (`loaded`), already in memory."""
+
+    def __init__(self, stored: StoredDocuments, loaded: dict[int, list]):
+        self.stored, self.loaded = stored, loaded
+
+    def __len__(self) -> int:
+        return len(self.stored)
+
+    def __getitem__(self, index: int):
+        document = self.loaded.get(index)
+        return document if document is not None else self.stored[index]
+
+    def sentence_starts(self, index: int) -> list[int]:
+        document = self.loaded.get(index)
+        return [0, *accumulate(map(len, document))] if document is not None else self.stored.sentence_starts(index)
+
+
+_stored: tuple[datasets.Dataset, StoredDocuments] | None = None
 
 
 def _create_instances_batch(
@@ -140,7 +291,10 @@ def _create_instances_batch(
     cls_id: int,
     sep_id: int,
 ) -> dict:
-    all_documents = _ColumnView(documents, "sentence_ids", dict(zip(indices, batch["sentence_ids"], strict=True)))
+    global _stored
+    if _stored is None or _stored[0] is not documents:  # built once per process and split, not once per batch
+        _stored = (documents, StoredDocuments(documents, "sentence_ids"))
+    all_documents = _ColumnView(_stored[1], dict(zip(indices, batch["sentence_ids"], strict=True)))
     out: dict[str, list] = {"input_ids": [], "token_type_ids": [], "next_sentence_label": []}
     for document_index in indices:  # document-major, so batching and sharding never change the order
         for dupe in range(dupe_factor):
@@ -194,3 +348,126 @@ def create_pretraining_examples(
             },
             desc="Creating sentence-pair examples",
         )
+
+
+PAIR_FEATURES = datasets.Features(
+    {
+        "a_document": datasets.Value("uint32"),  # a row of the documents table
+        "a_start": datasets.Value("uint32"),
+        "a_length": datasets.Value("uint16"),
+        "b_document": datasets.Value("uint32"),
+        "b_start": datasets.Value("uint32"),
+        "b_length": datasets.Value("uint16"),
+        "next_sentence_label": datasets.Value("int8"),
+    }
+)
+
+
+def _create_pairs_batch(
+    batch: dict, documents: datasets.Dataset, max_seq_length: int, short_seq_prob: float, dupe_factor: int, seed: int
+) -> dict:
+    global _stored
+    if _stored is None or _stored[0] is not documents:  # built once per process and split, not once per batch
+        _stored = (documents, StoredDocuments(documents, "sentence_ids"))
+    stored = _stored[1]
+    spans: list[Span] = []
+    for document_index in batch["document"]:  # document-major, so batching and sharding never change the order
+        for dupe in range(dupe_factor):
+            rng = random.Random(f"{seed}/{dupe}/{document_index}")
+            spans += create_spans_from_document(
+                stored.sentence_starts, len(stored), document_index, max_seq_length, short_seq_prob, rng
+            )
+    # Columns as numpy arrays: Arrow takes them as they are, where lists of Python ints are converted one by one.
+    table = np.array(spans, dtype=np.int64).reshape(len(spans), len(PAIR_FEATURES))
+    out = {name: table[:, i] for i, name in enumerate(PAIR_FEATURES)}
+    if stored.rows is not None:  # the split's document numbers to the table's rows, for the whole batch at once
+        for name in ("a_document", "b_document"):
+            out[name] = stored.rows[out[name]]
+    return out
+
+
+def create_pretraining_pairs(
+    documents: datasets.Dataset,
+    max_seq_length: int,
+    short_seq_prob: float,
+    dupe_factor: int,
+    seed: int,
+    cache_file_name: str,
+    num_proc: int | None = None,
+) -> datasets.Dataset:
+    """The examples of `documents` (a view of a table with a `sentence_ids` column) as `Span`s, written to
+    `cache_file_name` (one file per process): what `create_pretraining_examples` makes, in the same order, at about
+    21 bytes an example instead of 5 bytes a token (`PairExamples` reads them back)."""
+    numbers = datasets.Dataset.from_dict({"document": np.arange(len(documents), dtype=np.int64)})
+    with progress_bars_for(len(documents)):
+        return numbers.map(
+            _create_pairs_batch,
+            batched=True,
+            batch_size=1024,  # also the rows of one Arrow record batch: few chunks for the loader to index
+            remove_columns=["document"],
+            features=PAIR_FEATURES,
+            num_proc=num_proc,
+            cache_file_name=cache_file_name,
+            load_from_cache_file=False,
+            fn_kwargs={
+                "documents": documents,
+                "max_seq_length": max_seq_length,
+                "short_seq_prob": short_seq_prob,
+                "dupe_factor": dupe_factor,
+                "seed": seed,
+            },
+            desc="Creating sentence-pair examples",
+        )
+
+
+class PairExamples:
+    """Examples stored as `Span`s over tokenized documents stored once, read as `[CLS] A [SEP] B [SEP]` rows.
+
+    Indexed as a `datasets.Dataset` is where the loaders and tests need it: a row number gives a row, a list of
+    row numbers the columns of those rows, a column name that column; `select` keeps some rows."""
+
+    COLUMNS = ("input_ids", "token_type_ids", "next_sentence_label")
+
+    def __init__(self, documents: StoredDocuments, pairs: datasets.Dataset, cls_id: int, sep_id: int, rows=None):
+        self.documents, self.pairs, self.cls_id, self.sep_id = documents, pairs, cls_id, sep_id
+        # Numpy views of the memory-mapped columns, one per Arrow chunk: nothing of the size of the split in memory.
+        self.columns = {name: [c.to_numpy() for c in pairs.data.column(name).chunks] for name in PAIR_FEATURES}
+        self.starts = np.cumsum([0] + [len(c) for c in self.columns["a_start"]])
+        self.rows = rows  # a selection of the stored rows, or None for all
+
+    def __len__(self) -> int:
+        return int(self.starts[-1]) if self.rows is None else len(self.rows)
+
+    def __reduce__(self):  # as StoredDocuments
+        return PairExamples, (self.documents, self.pairs, self.cls_id, self.sep_id, self.rows)
+
+    def select(self, indices) -> PairExamples:
+        rows = np.asarray(indices, dtype=np.int64) if self.rows is None else self.rows[np.asarray(indices)]
+        return PairExamples(self.documents, self.pairs, self.cls_id, self.sep_id, rows)
+
+    def example(self, index: int) -> dict:
+        row = int(index) if self.rows is None else int(self.rows[index])
+        if not 0 <= row < self.starts[-1]:
+            raise IndexError(index)
+        chunk = int(np.searchsorted(self.starts, row, side="right")) - 1
+        at = row - int(self.starts[chunk])
+        a_document, a_start, a_length, b_document, b_start, b_length, label = (
+            int(self.columns[name][chunk][at]) for name in PAIR_FEATURES
+        )
+        a = self.documents.tokens(a_document, a_start, a_length).tolist()
+        b = self.documents.tokens(b_document, b_start, b_length).tolist()
+        return {
+            "input_ids": [self.cls_id, *a, self.sep_id, *b, self.sep_id],
+            "token_type_ids": [0] * (a_length + 2) + [1] * (b_length + 1),
+            "next_sentence_label": label,
+        }
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            if key not in self.COLUMNS:
+                raise KeyError(key)
+            return [self.example(i)[key] for i in range(len(self))]
+        if isinstance(key, int | np.integer):
+            return self.example(key if key >= 0 else key + len(self))
+        rows = [self.example(i) for i in key]
+        return {name: [row[name] for row in rows] for name in self.COLUMNS}

@@ -2,24 +2,30 @@
 
 `task.datamodule.streaming=true` reads the corpus as a stream (local files line by line, a hub dataset with
 `streaming=True`) instead of tokenizing it into a cache first. Each reader (a device, or a DataLoader worker of a
-device) takes every R-th document of the stream, R being the number of readers in the whole run. The reader
-tokenizes the document and makes its sentence pairs, as `create_instances_from_document` does for the cached
-path. Then the pairs go through a shuffle buffer. How this differs from the cached path:
+device) reads only its share of the corpus, R being the number of readers in the whole run: local files, whole
+files if there are at least R of them, else the R-th part of the bytes of every file (a document belongs to the
+part it starts in); a hub dataset, its own data files where it has a multiple of R of them
+(`datasets.distributed.split_dataset_by_node`), else every R-th row of the stream. The reader tokenizes the
+document and makes its sentence pairs, as `create_instances_from_document` does for the cached path. Then the
+pairs go through a shuffle buffer. How this differs from the cached path:
 - A NotNext segment B comes from one of the reader's last `pair_buffer` documents, not from any document of the
   corpus.
 - Examples are shuffled within `shuffle_buffer` examples, not across the whole corpus.
 - The stream repeats without end, each pass with other random draws; `trainer.max_steps` ends training. So no
   device runs out of data before another, which would stall DDP.
-- The first `validation_documents` documents are held out as the validation split, in memory.
+- The first `validation_documents` documents are held out as the validation split, in memory; each reader reads
+  them too, and skips every document of its share with the same text (by a 16-byte digest).
 - A resumed run fast-forwards: each reader makes its examples again up to the batch after the checkpoint, and
   masking and the training step are skipped for them. Reading the stream again costs time, not correctness.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -47,12 +53,16 @@ def held_out_examples(
     return examples
 
 
+def _digest(document: list[str]) -> bytes:
+    return hashlib.blake2b("\n".join(document).encode(), digest_size=16).digest()
+
+
 class StreamingExamples(IterableDataset):
     """This reader's examples, from `start_batch` on, each with its `mask_seed`; endless (passes over the stream)."""
 
     def __init__(
         self,
-        stream: Callable[[], Iterator[list[str]]],
+        stream: Callable[..., Iterator[list[str]]],
         tokenizer: BertTokenizer,
         max_seq_length: int,
         short_seq_prob: float,
@@ -77,12 +87,17 @@ class StreamingExamples(IterableDataset):
         return self.rank * workers + worker, self.world_size * workers, worker, workers
 
     def documents(self, reader: int, readers: int) -> Iterator[tuple[int, list[list[int]]]]:
-        """This reader's share of one pass over the stream: (document number, tokenized sentences)."""
-        for number, document in enumerate(self.stream()):
-            if number >= self.skip_documents and (number - self.skip_documents) % readers == reader:
-                sentences = tokenized(document, self.tokenizer)
-                if sentences:
-                    yield number, sentences
+        """This reader's share of one pass over the stream (`stream(shard=(reader, readers))`), without the held-out
+        documents: (document number within the share, tokenized sentences)."""
+        held_out = set()
+        if self.skip_documents:
+            held_out = {_digest(document) for document in islice(self.stream(), self.skip_documents)}
+        for number, document in enumerate(self.stream(shard=(reader, readers))):
+            if held_out and _digest(document) in held_out:
+                continue
+            sentences = tokenized(document, self.tokenizer)
+            if sentences:
+                yield number, sentences
 
     def pairs(self, reader: int, readers: int) -> Iterator[dict]:
         """Sentence pairs in stream order, pass after pass, each pass with its own draws."""
@@ -93,7 +108,7 @@ class StreamingExamples(IterableDataset):
             for number, sentences in self.documents(reader, readers):
                 found = True
                 recent.append(sentences)
-                rng = random.Random(f"{self.seed}/{epoch}/{number}")
+                rng = random.Random(f"{self.seed}/{epoch}/{reader}/{number}")
                 yield from create_instances_from_document(
                     list(recent),
                     len(recent) - 1,
