@@ -9,36 +9,19 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers.runs import REPO, default_sigint, write_bert_corpus
+from helpers.runs import REPO, TINY_PRETRAIN, default_sigint, free_port, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
-TINY = [
-    "model=bert_tiny",
-    "trainer=cpu",
-    "trainer.strategy=ddp",
-    "task.batch_size=4",
-    "task.max_seq_length=64",
-    "task.datamodule.vocab_size=400",
-    "task.datamodule.num_workers=0",
-    "logger=csv",
-    "corpus=text",
-]
+TINY = [*TINY_PRETRAIN, "trainer.strategy=ddp"]
 # Seconds: a run here takes well under a minute; past this, the nodes wait on each other for ever.
 PATIENCE = int(os.environ.get("LIGHTBERT_TEST_PATIENCE", 240))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_nodes(

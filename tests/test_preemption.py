@@ -14,7 +14,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,25 +21,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.runs import REPO, pythonpath_with_tests, write_bert_corpus
+from helpers.runs import REPO, TINY_PRETRAIN, free_port, pythonpath_with_tests, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
 TRIALS = int(os.environ.get("LIGHTBERT_TEST_TRIALS", 10))
 TINY = [
-    "model=bert_tiny",
-    "trainer=cpu",
+    *TINY_PRETRAIN,
     "trainer.strategy=ddp",
     "trainer.devices=2",
     "trainer.max_steps=100000",
     "trainer.val_check_interval=100000",
     "trainer.enable_progress_bar=false",
-    "task.batch_size=4",
-    "task.max_seq_length=64",
-    "task.datamodule.vocab_size=400",
-    "task.datamodule.num_workers=0",
-    "logger=csv",
-    "corpus=text",
     "+callbacks.mark._target_=helpers.loss_recorder.TouchAtStep",
     "+callbacks.mark.step=3",
 ]
@@ -81,12 +73,6 @@ class TaskServer:
 
 
 tasks = TaskServer()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def slurm_env(task: int, job_id: str, bin_dir: Path, **extra: str) -> dict:

@@ -195,3 +195,12 @@ BASE = [
     "trainer.val_check_interval=4",
     "task.checkpoint_every_n_steps=4",
 ]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now: a job's MASTER_PORT."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
