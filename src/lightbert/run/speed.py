@@ -18,7 +18,8 @@ from lightbert.model.varlen import flash_varlen_device
 log = logging.getLogger(__name__)
 
 # torch.compile's modes: reduce-overhead captures CUDA graphs (a launch-bound step, e.g. the paper's per-device
-# batch), which needs fixed shapes: task.datamodule.packing=true, or speed.unpad=false with full-width padding.
+# batch), one per input shape: `fix_batch_shapes` gives its batches a few shapes, and the config checks refuse what
+# changes them every batch (run/config_checks.py).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 # speed.unpad -> BertModel.unpad; true picks by the device (`unpadding_for`).
@@ -66,6 +67,19 @@ def unpadding_for(
         what = f"skipped, attention {attention[how]}" if how in attention else "kept"
     device = "a CUDA GPU" if on_cuda else "cpu"
     return how, f"padding: {what} (speed.unpad={str(setting).lower()} on {device}, {precision}: {why})"
+
+
+def fix_batch_shapes(datamodule: L.LightningDataModule, speed: DictConfig | dict) -> str | None:
+    """Under CUDA graphs (speed.compile=true, compile_mode=reduce-overhead), which record one graph per input shape:
+    packed rows padded up to a few row counts (`fixed_row_counts`), other batches padded to the full
+    max_seq_length. Returns what the run line says, or None where shapes may change."""
+    if not (speed.get("compile", False) and compile_mode(speed) == "reduce-overhead"):
+        return None
+    if getattr(datamodule, "packing", False):
+        datamodule.fixed_rows = True
+        return "CUDA graphs: packed row counts padded up to a few fixed ones"
+    datamodule.pad_to_multiple_of = datamodule.max_seq_length
+    return f"CUDA graphs: every batch padded to {datamodule.max_seq_length} tokens"
 
 
 def apply_speed_switches(
