@@ -142,6 +142,20 @@ def _check_trainer_choices(cfg: DictConfig) -> None:
             f"trainer.precision={precision} (a bf16 model with fp32 master weights in the optimizer) does not run "
             "under trainer=fsdp; use trainer.precision=bf16-mixed with FSDP"
         )
+    if str(precision) == "16-true":
+        # Lightning's 16-true scales no loss: small fp16 gradients underflow to zero.
+        raise ConfigError(
+            "trainer.precision=16-true holds the model in fp16 with no loss scaling, and small gradients underflow "
+            "to zero: use trainer.precision=16-mixed (scaled loss), or bf16-true on a GPU that has bf16"
+        )
+    accumulate = _value(cfg, "trainer.accumulate_grad_batches")
+    if str(precision) == "bf16-true" and accumulate not in (_MISSING, None) and int(float(accumulate)) > 1:
+        # The micro-batches' gradients add up in the bf16 .grad of the model (about 1% error over 128 of them).
+        raise ConfigError(
+            f"trainer.precision=bf16-true adds up gradients in bf16, which loses precision over "
+            f"trainer.accumulate_grad_batches={accumulate}: set trainer.accumulate_grad_batches=1 (a larger "
+            "task.batch_size instead) or trainer.precision=bf16-mixed"
+        )
     devices = _value(cfg, "trainer.devices")
     if devices is _MISSING or devices is None or OmegaConf.is_list(devices):
         return
@@ -168,7 +182,7 @@ def _check_cuda_graphs(cfg: DictConfig) -> None:
     ):
         return
     accumulate = _value(cfg, "trainer.accumulate_grad_batches")
-    if accumulate not in (_MISSING, None) and int(accumulate) > 1:
+    if accumulate not in (_MISSING, None) and int(float(accumulate)) > 1:
         raise ConfigError(
             f"speed.compile_mode=reduce-overhead (CUDA graphs) cannot run with trainer.accumulate_grad_batches="
             f"{accumulate}: a graph's replay overwrites the gradients being accumulated; set "
