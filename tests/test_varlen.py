@@ -180,3 +180,39 @@ def test_the_packed_varlen_model_compiles_to_one_graph_on_the_meta_device():
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 1
     torch._dynamo.reset()
+
+
+def test_the_flash_calls_of_a_packed_step_pass_cudas_checks_forward_and_backward():
+    """The model's flash calls on the meta device (every layer's), replayed on fake CUDA tensors through CUDA's meta
+    kernels: the forward, and its backward op called directly with the forward's outputs (autograd's engine on fake
+    CUDA leaves needs a CUDA build). The random state for dropout's replay comes back on the GPU."""
+    from helpers.cuda_rules import Operand, fake_cuda
+    from torch.utils._pytree import tree_map_only
+
+    packed = PackingCollator(masking(), WIDTH, max_examples_per_row=4)(sentence_pairs(12))
+    net = BertForPreTraining(CONFIG).to("meta", torch.bfloat16).train()
+    net.bert.unpad = "varlen"
+    batch = {k: v.to("meta") for k, v in packed.items()}
+    flash = torch.ops.aten._flash_attention_forward
+    with (
+        mock.patch("lightbert.model.varlen.flash_varlen_supported", lambda q: q.dtype == torch.bfloat16),
+        mock.patch("torch.ops.aten._flash_attention_forward", side_effect=flash) as called,
+    ):
+        net(
+            batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["masked_positions"],
+            packed=packed_rows(batch),
+        )  # fmt: skip
+    assert called.call_count == CONFIG.num_hidden_layers
+    for call in called.call_args_list:
+        recorded = tree_map_only(torch.Tensor, Operand.of, call.args)
+        with fake_cuda():
+            q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, _ = tree_map_only(
+                Operand, Operand.on_fake_cuda, recorded
+            )
+            out, lse, rng_state, unused, _ = flash(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, False)
+            grads = torch.ops.aten._flash_attention_backward(
+                torch.empty_like(out), q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, rng_state,
+                unused,
+            )  # fmt: skip
+        assert out.shape == q.shape and out.device.type == "cuda" and rng_state.device.type == "cuda"
+        assert [g.shape for g in grads] == [q.shape, k.shape, v.shape] and dropout_p > 0
