@@ -119,7 +119,8 @@ class TaskModule(L.LightningModule):
         # Lightning casts the model to bf16 (bf16-true) after this hook and before configure_optimizers: the fp32
         # weights (init_from's, or the initialisation) are kept here, by reference, for the master weights to start
         # from; otherwise they would start from the bf16-rounded ones. The cast gives each parameter new storage.
-        self._fp32_weights = {id(p): p.detach() for p in self.model.parameters() if p.dtype == torch.float32}
+        if stage == "fit":  # elsewhere no optimiser is built, and the references would keep a copy of the model
+            self._fp32_weights = {id(p): p.detach() for p in self.model.parameters() if p.dtype == torch.float32}
 
     def configure_optimizers(self) -> dict:
         # Only what trains: a frozen encoder's parameters have requires_grad=False and stay out of the optimiser.
