@@ -1,4 +1,4 @@
-"""speed.compile fuses the step's element-wise work (issue 28, item 5), read from the code Inductor generates.
+"""speed.compile fuses the step's element-wise work, read from the code Inductor generates.
 
 On CPU Inductor writes C++ kernels; on CUDA the same fusion decisions become Triton kernels. A kernel's name lists
 the aten ops fused into it (`descriptive_names="original_aten"`), so the tests read what was fused from the names.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.cuda_rules import ScaledMatmuls
 from helpers.runs import compose_config, pretrain_overrides
 from torch import nn
 
@@ -78,3 +79,53 @@ def test_fp8_pretraining_tracks_fp32(corpus_file, tmp_path, caplog):
     assert fp32[-1] < fp32[0] - 0.5  # the run learns, so tracking it means something
     differences = [abs(a - b) for a, b in zip(fp8, fp32, strict=True)]
     assert 0 < max(differences) < 0.05, differences
+
+
+def fp8_step_matmuls(batch_of_lengths: list[int], unpad: str) -> ScaledMatmuls:
+    """Every _scaled_mm of one fp8 training step (forward and backward) of a fine-tuning model on CPU, over
+    sequences of these lengths."""
+    torch.manual_seed(0)
+    net = BertForSequenceClassification(CONFIG, num_labels=3).train()
+    net.bert.unpad = unpad
+    convert_to_fp8(net)
+    width = max(batch_of_lengths)
+    attention_mask = (torch.arange(width)[None, :] < torch.tensor(batch_of_lengths)[:, None]).long()
+    input_ids = torch.randint(5, 300, attention_mask.shape) * attention_mask
+    with ScaledMatmuls() as calls:
+        net(input_ids, attention_mask=attention_mask).float().sum().backward()
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("lengths", "unpad"), [([13, 7, 16, 9], "groups"), ([13, 7, 16, 9], "varlen"), ([11] * 3, "off")]
+)
+def test_every_fp8_matmul_of_a_step_is_one_a_cuda_gpu_takes(lengths, unpad):
+    """The weight gradient `grad_output.t() @ input` contracts over the token count (here 45 real tokens, or 3 x 11
+    padded ones): CUDA's _scaled_mm wants that a multiple of 16, where the CPU kernel takes anything. Every call the
+    step makes is replayed on fake CUDA tensors, through CUDA's own checks (torch's meta kernel)."""
+    calls = fp8_step_matmuls(lengths, unpad)
+    assert len(calls.calls) == 3 * 13  # forward, input gradient, weight gradient of each converted Linear
+    assert calls.refused() == []
+
+
+def test_every_fp8_matmul_of_a_packed_pretraining_step_is_one_a_cuda_gpu_takes():
+    """Packed rows: the MLM transform runs over R x P prediction slots (R rows varies by batch), the pooler over
+    R x K example slots."""
+    from test_packing import CONFIG as PACKED
+    from test_packing import WIDTH, masking, sentence_pairs
+
+    from lightbert.model import BertForPreTraining
+    from lightbert.pretraining.packing import PackingCollator, packed_rows
+
+    torch.manual_seed(0)
+    net = BertForPreTraining(PACKED).train()
+    convert_to_fp8(net)
+    batch = PackingCollator(masking(), WIDTH, max_examples_per_row=4)(sentence_pairs(13, seed=3))
+    with ScaledMatmuls() as calls:
+        mlm, nsp = net(
+            batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["masked_positions"],
+            packed=packed_rows(batch),
+        )  # fmt: skip
+        (mlm.float().sum() + nsp.float().sum()).backward()
+    assert len(calls.calls) == 3 * (6 * PACKED.num_hidden_layers + 2)  # the layers, the pooler, the MLM transform
+    assert calls.refused() == []

@@ -224,3 +224,68 @@ def test_master_weights_resume_from_their_state_dict():
     assert resumed.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
     torch.testing.assert_close(resumed.masters[0][0], optimizer.masters[0][0], atol=0, rtol=0)
     torch.testing.assert_close(resumed_weight, weight, atol=0, rtol=0)
+
+
+def test_accuracies_are_fp32_under_a_bf16_models_forward():
+    """Lightning's bf16-true runs the step with bf16 as the default dtype, which integer over integer takes: an
+    accuracy of 100/300 would be logged as bf16's 0.333984375."""
+    from lightning.pytorch.plugins.precision import HalfPrecision
+
+    from lightbert.pretraining.module import accuracy
+
+    logits = torch.zeros(300, 4)
+    logits[:100, 1] = 1.0
+    labels = torch.ones(300, dtype=torch.long)
+    with HalfPrecision("bf16-true").forward_context():
+        got = accuracy(logits, labels)
+    assert got.dtype == torch.float32 and got.item() == pytest.approx(1 / 3, abs=1e-7)
+
+
+def test_bf16_true_master_weights_start_from_the_fp32_weights():
+    """Lightning casts the model to bf16 before the optimiser is built: masters copied then would start from
+    bf16-rounded weights, losing what an fp32 checkpoint (init_from) holds below bf16's 8 bits of mantissa."""
+    import lightning as L
+    from test_packing import CONFIG, masking, sentence_pairs
+    from torch.utils.data import DataLoader
+
+    torch.manual_seed(0)
+    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4})
+    fp32 = {name: p.detach().clone() for name, p in module.model.named_parameters()}
+    assert any(not torch.equal(w, w.bfloat16().float()) for w in fp32.values())  # bf16 would round them
+    seen = {}
+
+    class Masters(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            masters = trainer.optimizers[0].master_of()
+            for name, p in pl_module.model.named_parameters():
+                assert p.dtype == torch.bfloat16
+                seen[name] = masters[id(p)].clone()
+
+    trainer = L.Trainer(
+        accelerator="cpu", precision="bf16-true", max_steps=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[Masters()],
+    )  # fmt: skip
+    trainer.fit(module, DataLoader(sentence_pairs(8), batch_size=4, collate_fn=masking()))
+    assert seen.keys() == fp32.keys()
+    assert all(torch.equal(seen[name], fp32[name]) for name in fp32)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.precision=16-true"], "trainer.precision=16-true holds the model in fp16 with no loss scaling"),
+        (
+            ["trainer.precision=bf16-true", "trainer.accumulate_grad_batches=8"],
+            "trainer.precision=bf16-true adds up gradients in bf16, which loses precision over "
+            "trainer.accumulate_grad_batches=8: set trainer.accumulate_grad_batches=1",
+        ),
+    ],
+)
+def test_half_models_that_would_lose_their_gradients_are_refused(tmp_path, overrides, message):
+    from lightbert.errors import ConfigError
+    from lightbert.run.config_checks import check_config
+
+    with pytest.raises(ConfigError) as refused:
+        check_config(compose_config(["task=pretrain", *cpu_twin("gpu"), *overrides], tmp_path))
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    check_config(compose_config(["task=pretrain", *cpu_twin("gpu"), "trainer.precision=bf16-true"], tmp_path / "ok"))

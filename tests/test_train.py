@@ -136,7 +136,10 @@ def test_entry_point_with_default_wandb_logger_runs_offline(tmp_path, corpus_fil
     lines = result.stdout.splitlines()
     assert lines[0] == f"lightbert: run directory: {tmp_path / 'run'}"
     padding = [line for line in lines if line.startswith("lightbert: padding: ")]
-    assert padding == ["lightbert: padding: skipped, attention in length groups (speed.unpad=true on cpu, 32-true)"]
+    assert padding == [
+        "lightbert: padding: skipped, attention in length groups (speed.unpad=true on cpu, 32-true: length groups pay "
+        "on a CPU)"
+    ]
     progress = [line for line in lines if line.startswith("lightbert: step ")]
     assert [line.split(",")[0] for line in progress] == [f"lightbert: step {n}/4" for n in (1, 2, 3, 4)], lines
     assert all("train/loss" in line and "tokens/s" in line for line in progress)

@@ -98,27 +98,59 @@ def test_the_flash_call_of_unpadded_tokens_on_the_meta_device():
     ("setting", "on_cuda", "precision", "packing", "how", "says"),
     [
         (True, False, "32-true", False, "groups", "skipped, attention in length groups (speed.unpad=true on cpu"),
-        (True, True, "bf16-mixed", False, "groups", "in length groups (speed.unpad=true on a CUDA GPU, bf16-mixed)"),
-        (True, True, "bf16-mixed", True, "varlen", "within itself through flash attention's variable-length kernel"),
-        (True, True, "32-true", True, "groups", "within itself through a (T, T) mask"),
+        (True, True, "bf16-mixed", False, "off", "padding: kept (speed.unpad=true on a CUDA GPU, bf16-mixed: padded"),
+        (True, True, "bf16-mixed", True, "off", "within itself through a (T, T) mask (speed.unpad=true on a CUDA"),
+        (True, True, "32-true", True, "off", "within itself through a (T, T) mask"),
         (True, False, "32-true", True, "groups", "within itself through a (T, T) mask (speed.unpad=true on cpu"),
         ("varlen", True, "bf16-true", False, "varlen", "attention through flash attention's variable-length kernel"),
+        ("varlen", True, "bf16-mixed", True, "varlen", "within itself through flash attention's variable-length"),
         ("varlen", False, "32-true", False, "varlen", "one sequence at a time (the variable-length kernel needs"),
         (False, True, "bf16-mixed", False, "off", "padding: kept (speed.unpad=false"),
         ("groups", True, "bf16-mixed", True, "groups", "through a (T, T) mask (speed.unpad=groups"),
+        ("groups", True, "bf16-mixed", False, "groups", "in length groups (speed.unpad=groups on a CUDA GPU"),
     ],
 )
 def test_speed_unpad_true_picks_by_the_device_and_says_which(setting, on_cuda, precision, packing, how, says):
-    """true: flash's variable-length kernel for packed rows on a CUDA GPU in bf16; length groups elsewhere (a GPU
-    has not measured varlen against them for fine-tuning); a named path is that path."""
+    """true: on a CUDA GPU the padded path for unpadded batches and the (T, T) mask for packed rows (what the H100
+    measured; varlen waits for `pytest -m gpu`); length groups on a CPU; a named path is that path."""
     picked, line = unpadding_for(setting, on_cuda, precision, packing)
     assert picked == how and line.startswith("padding: ") and says in line, line
 
 
-def test_a_gpu_older_than_ampere_keeps_the_mask_for_packed_rows():
-    """Flash attention needs compute capability 8.0: on a V100, packed rows keep the (T, T) mask."""
-    picked, line = unpadding_for(True, True, "16-mixed", True, ampere=False)
-    assert picked == "groups" and "through a (T, T) mask" in line
+def test_unpadded_batches_run_padded_on_a_gpu_by_default():
+    """The H100 measured length groups at 0.59x transformers for a fine-tuning step and at no gain for pre-training:
+    `speed.unpad=true` on CUDA runs the padded path, and the run line says why; a CPU keeps length groups."""
+    for packing in (False, True):
+        picked, line = unpadding_for(True, True, "bf16-mixed", packing)
+        assert picked == "off" and "padded on a GPU, as measured fastest there" in line, line
+    assert unpadding_for(True, False, "32-true", False)[0] == "groups"
+
+
+def test_a_gpu_without_flash_runs_varlen_one_sequence_at_a_time_and_says_so_once(caplog):
+    """Flash attention needs compute capability 8.0 and a torch built with it: on a V100 (7.0), or a build without
+    flash, `flash_varlen_supported` says no for a bf16 CUDA tensor (checked on a fake CUDA tensor), with one warning
+    per device; an H100 says yes."""
+    from helpers.cuda_rules import fake_cuda
+
+    from lightbert.model import varlen
+
+    with fake_cuda():
+        q = torch.empty(37, 4, 64, device="cuda", dtype=torch.bfloat16)
+    cases = [((7, 0), True, False), ((9, 0), False, False), ((9, 0), True, True)]
+    for capability, built, supported in cases:
+        with (
+            mock.patch.dict(varlen._FLASH_DEVICES, clear=True),
+            mock.patch("torch.cuda.get_device_capability", return_value=capability),
+            mock.patch("torch.cuda.get_device_name", return_value="a GPU"),
+            mock.patch("torch.backends.cuda.is_flash_attention_available", return_value=built),
+            caplog.at_level("WARNING", logger="lightbert.model.varlen"),
+        ):
+            caplog.clear()
+            assert [varlen.flash_varlen_supported(q) for _ in range(3)] == [supported] * 3, capability
+            warnings = [r.getMessage() for r in caplog.records]
+        assert len(warnings) == (0 if supported else 1), warnings
+        if not supported:
+            assert "varlen attention runs one sequence at a time on cuda:0" in warnings[0]
 
 
 def test_the_packed_varlen_model_compiles_to_one_graph_on_the_meta_device():
@@ -148,3 +180,39 @@ def test_the_packed_varlen_model_compiles_to_one_graph_on_the_meta_device():
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 1
     torch._dynamo.reset()
+
+
+def test_the_flash_calls_of_a_packed_step_pass_cudas_checks_forward_and_backward():
+    """The model's flash calls on the meta device (every layer's), replayed on fake CUDA tensors through CUDA's meta
+    kernels: the forward, and its backward op called directly with the forward's outputs (autograd's engine on fake
+    CUDA leaves needs a CUDA build). The random state for dropout's replay comes back on the GPU."""
+    from helpers.cuda_rules import Operand, fake_cuda
+    from torch.utils._pytree import tree_map_only
+
+    packed = PackingCollator(masking(), WIDTH, max_examples_per_row=4)(sentence_pairs(12))
+    net = BertForPreTraining(CONFIG).to("meta", torch.bfloat16).train()
+    net.bert.unpad = "varlen"
+    batch = {k: v.to("meta") for k, v in packed.items()}
+    flash = torch.ops.aten._flash_attention_forward
+    with (
+        mock.patch("lightbert.model.varlen.flash_varlen_supported", lambda q: q.dtype == torch.bfloat16),
+        mock.patch("torch.ops.aten._flash_attention_forward", side_effect=flash) as called,
+    ):
+        net(
+            batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["masked_positions"],
+            packed=packed_rows(batch),
+        )  # fmt: skip
+    assert called.call_count == CONFIG.num_hidden_layers
+    for call in called.call_args_list:
+        recorded = tree_map_only(torch.Tensor, Operand.of, call.args)
+        with fake_cuda():
+            q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, _ = tree_map_only(
+                Operand, Operand.on_fake_cuda, recorded
+            )
+            out, lse, rng_state, unused, _ = flash(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, False)
+            grads = torch.ops.aten._flash_attention_backward(
+                torch.empty_like(out), q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, rng_state,
+                unused,
+            )  # fmt: skip
+        assert out.shape == q.shape and out.device.type == "cuda" and rng_state.device.type == "cuda"
+        assert [g.shape for g in grads] == [q.shape, k.shape, v.shape] and dropout_p > 0

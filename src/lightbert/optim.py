@@ -181,9 +181,11 @@ class MasterWeights(torch.optim.Optimizer):
     the optimiser's state, so a resume continues exactly and init_from loads the fp32 weights.
     """
 
-    def __init__(self, groups: list[dict], make_inner):
+    def __init__(self, groups: list[dict], make_inner, fp32_weights: dict[int, torch.Tensor] | None = None):
+        """`fp32_weights`: the fp32 values of some weights (by the weight's id()) from before the model was cast,
+        which their masters start from; the others start from the weights as they are."""
         weights = [list(group["params"]) for group in groups]
-        self.masters = [[p.detach().float().clone() for p in group] for group in weights]
+        self.masters = [[_master(p, (fp32_weights or {}).get(id(p))) for p in group] for group in weights]
         self.inner = make_inner(
             [{**_hyperparameters(g), "params": m} for g, m in zip(groups, self.masters, strict=True)]
         )
@@ -231,6 +233,12 @@ class MasterWeights(torch.optim.Optimizer):
                     master.copy_(value)
 
 
+def _master(weight: torch.Tensor, fp32: torch.Tensor | None) -> torch.Tensor:
+    if fp32 is None or fp32.shape != weight.shape:
+        return weight.detach().float().clone()
+    return fp32.to(weight.device, torch.float32, copy=True)
+
+
 def _hyperparameters(group: dict) -> dict:
     return {key: value for key, value in group.items() if key != "params"}
 
@@ -247,9 +255,12 @@ def _clip_half_gradients(parameters: list[torch.Tensor], max_norm: float) -> Non
         grad.copy_(grad.float() * factor)
 
 
-def build_optimizer(model: nn.Module, config: OptimConfig, total_steps: int) -> dict:
+def build_optimizer(
+    model: nn.Module, config: OptimConfig, total_steps: int, fp32_weights: dict[int, torch.Tensor] | None = None
+) -> dict:
     """What `LightningModule.configure_optimizers` returns: the optimiser and a per-step scheduler. A model held in
-    bf16 or fp16 (`trainer.precision=bf16-true`) gets fp32 master weights (`MasterWeights`)."""
+    bf16 (`trainer.precision=bf16-true`) gets fp32 master weights (`MasterWeights`), which start from
+    `fp32_weights` (by parameter id(): the weights before the cast) where given."""
     total_steps = config.total_steps or total_steps
     groups = parameter_groups(model, config.weight_decay)
     if config.name == "lamb":
@@ -268,7 +279,7 @@ def build_optimizer(model: nn.Module, config: OptimConfig, total_steps: int) -> 
             return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=fused)
 
     half = any(p.dtype in (torch.bfloat16, torch.float16) for group in groups for p in group["params"])
-    optimizer = MasterWeights(groups, make) if half else make(groups)
+    optimizer = MasterWeights(groups, make, fp32_weights) if half else make(groups)
     warmup = config.warmup(total_steps)
     if config.decay_power is None:
         factor = linear_warmup_decay(warmup, total_steps)

@@ -115,9 +115,19 @@ class TaskModule(L.LightningModule):
 
     # -- optimisation ------------------------------------------------------------------------------------------
 
+    def setup(self, stage: str) -> None:
+        # Lightning casts the model to bf16 (bf16-true) after this hook and before configure_optimizers: the fp32
+        # weights (init_from's, or the initialisation) are kept here, by reference, for the master weights to start
+        # from; otherwise they would start from the bf16-rounded ones. The cast gives each parameter new storage.
+        if stage == "fit":  # elsewhere no optimiser is built, and the references would keep a copy of the model
+            self._fp32_weights = {id(p): p.detach() for p in self.model.parameters() if p.dtype == torch.float32}
+
     def configure_optimizers(self) -> dict:
         # Only what trains: a frozen encoder's parameters have requires_grad=False and stay out of the optimiser.
-        return build_optimizer(self.model, self.optim_config, int(self.trainer.estimated_stepping_batches))
+        fp32_weights, self._fp32_weights = getattr(self, "_fp32_weights", {}), {}
+        return build_optimizer(
+            self.model, self.optim_config, int(self.trainer.estimated_stepping_batches), fp32_weights
+        )
 
     def configure_gradient_clipping(
         self, optimizer: Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None

@@ -100,7 +100,6 @@ class BertSelfAttention(nn.Module):
         # On CUDA a boolean mask rules out the flash kernel; the memory-efficient one takes the mask and dropout in
         # bf16 (it pads the mask's last dimension to its alignment itself). No query row is fully masked (the mask
         # hides keys, and every sequence has real tokens), so no kernel meets the all-masked softmax that gives NaN.
-        # Never run on a GPU here: bench/RESULTS.md says what has.
         out = F.scaled_dot_product_attention(
             heads(q), heads(k), heads(v), attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
         )

@@ -10,7 +10,8 @@ What is converted: the encoder's Linear layers, the pooler and the MLM transform
 to gain, or tied to the embedding; so does a frozen encoder (the feature-based tasks), which trains nothing.
 
 Float8 tensor cores exist on H100 and Ada GPUs (compute capability 8.9 and later). On a CPU torchao emulates the
-kernels, slower than fp32: that path is for tests. Never run on a GPU here (bench/RESULTS.md says what has).
+kernels, slower than fp32: that path is for tests, which replay every float8 matmul through CUDA's own shape checks
+(tests/helpers/cuda_rules.py); `pytest -m gpu` runs it on a GPU.
 """
 
 from __future__ import annotations
@@ -74,5 +75,9 @@ def convert_to_fp8(model: nn.Module) -> int:
     """Swaps `model`'s convertible Linear layers for torchao's Float8Linear in place; returns how many."""
     float8 = import_torchao()
     names = [name for name, module in model.named_modules() if fp8_convertible(module, name)]
-    float8.convert_to_float8_training(model, module_filter_fn=fp8_convertible)
+    # The weight gradient (grad_output.t() @ input) contracts over the tokens, whose count varies (unpadded batches,
+    # the pooler's B rows, the MLM head's masked positions); CUDA's _scaled_mm wants multiples of 16 there, so the
+    # inner dimension is zero-padded (which changes no sum). The CPU kernel would take any size.
+    config = float8.Float8LinearConfig(pad_inner_dim=True)
+    float8.convert_to_float8_training(model, module_filter_fn=fp8_convertible, config=config)
     return len(names)

@@ -6,19 +6,23 @@ bf16/fp16 the kernel is flash attention's variable-length one (`aten._flash_atte
 sequence lengths: the kernel `torch.nn.attention.varlen` wraps, called directly because that wrapper drops dropout,
 and BERT trains with attention dropout). Elsewhere (a CPU, fp32) `segmentwise_attention` computes the same thing
 one sequence at a time (on a CPU as fast as length groups, bench/RESULTS.md); the tests hold the model's varlen path
-to the padded one through it.
+to the padded one through it, and so does a GPU that lacks flash's kernel (compute capability under 8.0, or a torch
+built without flash attention): the fallback is said once per device.
 
-Never run on a GPU here: the flash call is checked on the meta device (its arguments, shapes and backward), not
-on a GPU; bench/RESULTS.md says what has run where.
+The flash call is checked on CPU against CUDA's own meta kernels (fake CUDA tensors: its arguments, shapes and
+backward); `pytest -m gpu` holds it to the mask path on a GPU. bench/RESULTS.md says what has run where.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
 
 
 class Segments(NamedTuple):
@@ -47,9 +51,39 @@ class Segments(NamedTuple):
         return cls(F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32), document_ids.shape[1])
 
 
+# CUDA device index -> whether it runs flash's kernel. Filled outside compiled code (`flash_varlen_device`, called
+# by the run's speed switches before compiling), so that a compiled step reads a dict and queries no device.
+_FLASH_DEVICES: dict[int, bool] = {}
+FLASH_MIN_CAPABILITY = (8, 0)  # flash attention's kernels: Ampere and later
+
+
+def flash_varlen_device(index: int) -> bool:
+    """Whether CUDA device `index` runs flash attention's variable-length kernel: compute capability 8.0 or later
+    and a torch built with flash attention. Where not, the first call says so once, and varlen attention runs one
+    sequence at a time there."""
+    if index not in _FLASH_DEVICES:
+        capability = torch.cuda.get_device_capability(index)
+        built = torch.backends.cuda.is_flash_attention_available()
+        _FLASH_DEVICES[index] = capability >= FLASH_MIN_CAPABILITY and built
+        if not _FLASH_DEVICES[index]:
+            why = "this torch is built without flash attention" if not built else (
+                f"{torch.cuda.get_device_name(index)} is compute capability {capability[0]}.{capability[1]}, "
+                f"flash needs {FLASH_MIN_CAPABILITY[0]}.{FLASH_MIN_CAPABILITY[1]}"
+            )  # fmt: skip
+            log.warning(f"varlen attention runs one sequence at a time on cuda:{index}: {why}")
+    return _FLASH_DEVICES[index]
+
+
 def flash_varlen_supported(q: torch.Tensor) -> bool:
-    """Whether flash attention's variable-length kernel takes q (N, A, D): CUDA, bf16/fp16, a head size it has."""
-    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
+    """Whether flash attention's variable-length kernel takes q (N, A, D): bf16/fp16, a head size it has, on a CUDA
+    device that has the kernel (`flash_varlen_device`)."""
+    return (
+        q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and q.shape[-1] % 8 == 0
+        and q.shape[-1] <= 256
+        and flash_varlen_device(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    )
 
 
 def varlen_attention(

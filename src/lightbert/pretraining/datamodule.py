@@ -50,7 +50,7 @@ from lightbert.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus
 from lightbert.pretraining.examples import PairExamples, StoredDocuments, create_pretraining_pairs
 from lightbert.pretraining.masking import MaskingCollator, NextTokenCollator
 from lightbert.pretraining.objectives import MaskingShares, check_objective
-from lightbert.pretraining.packing import PackingCollator
+from lightbert.pretraining.packing import PackingCollator, fixed_row_counts
 from lightbert.pretraining.resumable import SeededExamples, StepSampler
 from lightbert.pretraining.streaming import StreamingExamples, held_out_examples
 
@@ -416,6 +416,7 @@ class PretrainDataModule(L.LightningDataModule):
         if max_examples_per_row < 1:
             raise ParameterError(f"{{0}} must be >= 1, got {max_examples_per_row}", "max_examples_per_row")
         self.packing, self.max_examples_per_row = packing, max_examples_per_row  # lightbert/pretraining/packing.py
+        self.fixed_rows = False  # packed row counts padded up to a few (CUDA graphs: `run.speed.fix_batch_shapes`)
         self.batch_size, self.num_workers = batch_size, num_workers
         self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
         self.first_step = first_step  # the global step this data starts at (a recipe's later phase)
@@ -523,7 +524,8 @@ class PretrainDataModule(L.LightningDataModule):
             return NextTokenCollator(tokenizer.pad_id, self.pad_to_multiple_of)
         masking = self._masking_collator(generator)
         if self.packing:
-            return PackingCollator(masking, self.max_seq_length, self.max_examples_per_row)
+            counts = fixed_row_counts(self.batch_size, self.max_examples_per_row) if self.fixed_rows else None
+            return PackingCollator(masking, self.max_seq_length, self.max_examples_per_row, counts)
         return masking
 
     def _masking_collator(self, generator: torch.Generator | None) -> MaskingCollator:

@@ -15,10 +15,11 @@ from lightbert.pretraining.packing import PACKED_KEYS, examples_in, packed_rows
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Share of the labelled rows (label != IGNORE_INDEX) whose arg-max is the label: a masked sum, not a boolean
-    index, so its shape never depends on the data (no graph break under torch.compile)."""
+    index, so its shape never depends on the data (no graph break under torch.compile). In fp32: integer over
+    integer would take the default dtype, which a bf16 model's forward sets to bf16 (`trainer.precision=bf16-true`)."""
     labelled = labels != IGNORE_INDEX
     right = (logits.argmax(-1) == labels) & labelled
-    return right.sum() / labelled.sum().clamp(min=1)
+    return right.sum(dtype=torch.float32) / labelled.sum().clamp(min=1)
 
 
 def pretraining_losses(

@@ -29,13 +29,21 @@ def prediction_slots(width: int, masked_lm_prob: float, max_examples_per_row: in
     return min(width, math.floor(masked_lm_prob * width) + max_examples_per_row)
 
 
-def pack_batch(
-    batch: dict[str, torch.Tensor], width: int, max_examples_per_row: int, slots: int, pad_id: int = 0
-) -> dict[str, torch.Tensor]:
-    """A masked, padded batch (B, T <= width) -> packed rows (R, width), R <= B. Adds `document_ids`,
-    `position_ids`, `cls_positions` (R, K), `masked_positions` (R, slots) and `example_index` (R, K: the example of
-    each slot, -1 for an empty one); `next_sentence_label` becomes (R, K), IGNORE_INDEX in empty slots."""
-    lengths = batch["attention_mask"].sum(1).tolist()
+def fixed_row_counts(batch_size: int, max_examples_per_row: int, empty_share: float = 0.08) -> tuple[int, ...]:
+    """The row counts a packed batch of up to `batch_size` examples is padded up to where shapes must be fixed (CUDA
+    graphs record one graph per input shape): from the fewest rows the examples fit in (`max_examples_per_row` to a
+    row) up to `batch_size` (each alone), each count about `empty_share` above the one before, so that padding up to
+    the next count adds under that share of empty rows. A run's batches need row counts in a narrow band (their
+    lengths follow one distribution), so they meet only a few of these counts."""
+    counts = [batch_size]
+    fewest = math.ceil(batch_size / max_examples_per_row)
+    while counts[-1] > fewest:
+        counts.append(max(fewest, min(counts[-1] - 1, math.floor(counts[-1] * (1 - empty_share)))))
+    return tuple(reversed(counts))
+
+
+def first_fit(lengths: list[int], width: int, max_examples_per_row: int) -> list[list[int]]:
+    """Rows of example indices: longest first, each into the first row it fits (room and a free slot)."""
     rows: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
@@ -49,8 +57,27 @@ def pack_batch(
             fits = len(rows) - 1
         rows[fits].append(i)
         room[fits] -= lengths[i]
+    return rows
 
-    shape, slots_shape = (len(rows), width), (len(rows), max_examples_per_row)
+
+def pack_batch(
+    batch: dict[str, torch.Tensor],
+    width: int,
+    max_examples_per_row: int,
+    slots: int,
+    pad_id: int = 0,
+    row_counts: tuple[int, ...] | None = None,
+) -> dict[str, torch.Tensor]:
+    """A masked, padded batch (B, T <= width) -> packed rows (R, width), R <= B. Adds `document_ids`,
+    `position_ids`, `cls_positions` (R, K), `masked_positions` (R, slots) and `example_index` (R, K: the example of
+    each slot, -1 for an empty one); `next_sentence_label` becomes (R, K), IGNORE_INDEX in empty slots.
+
+    `row_counts` (ascending): R is the first that holds the rows, the rest empty rows (all padding, every slot
+    empty), which change no loss or metric."""
+    lengths = batch["attention_mask"].sum(1).tolist()
+    rows = first_fit(lengths, width, max_examples_per_row)
+    count = next((c for c in row_counts or () if c >= len(rows)), len(rows))
+    shape, slots_shape = (count, width), (count, max_examples_per_row)
     out = {
         "input_ids": torch.full(shape, pad_id, dtype=torch.long),
         "token_type_ids": torch.zeros(shape, dtype=torch.long),
@@ -92,13 +119,16 @@ class PackingCollator:
     masking: MaskingCollator
     width: int
     max_examples_per_row: int = 8
+    row_counts: tuple[int, ...] | None = None  # pad the row count up to one of these (`fixed_row_counts`)
 
     def __post_init__(self) -> None:
         self.slots = prediction_slots(self.width, self.masking.masked_lm_prob, self.max_examples_per_row)
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         batch = self.masking(examples)
-        return pack_batch(batch, self.width, self.max_examples_per_row, self.slots, self.masking.pad_id)
+        return pack_batch(
+            batch, self.width, self.max_examples_per_row, self.slots, self.masking.pad_id, self.row_counts
+        )
 
 
 def examples_in(batch: dict) -> int | torch.Tensor:

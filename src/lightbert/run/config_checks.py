@@ -121,6 +121,7 @@ def check_numbers(cfg: DictConfig) -> None:
         if key in LARGEST and number > LARGEST[key]:
             raise ConfigError(f"{key} must be from {minimum:g} to {LARGEST[key]}, got {value!r}")
     _check_trainer_choices(cfg)
+    _check_cuda_graphs(cfg)
     steps, epochs = _value(cfg, "trainer.max_steps"), _value(cfg, "trainer.max_epochs")
     if steps == -1 and epochs in (-1, None):
         raise ConfigError(
@@ -142,6 +143,20 @@ def _check_trainer_choices(cfg: DictConfig) -> None:
             f"trainer.precision={precision} (a bf16 model with fp32 master weights in the optimizer) does not run "
             "under trainer=fsdp; use trainer.precision=bf16-mixed with FSDP"
         )
+    if str(precision) == "16-true":
+        # Lightning's 16-true scales no loss: small fp16 gradients underflow to zero.
+        raise ConfigError(
+            "trainer.precision=16-true holds the model in fp16 with no loss scaling, and small gradients underflow "
+            "to zero: use trainer.precision=16-mixed (scaled loss), or bf16-true on a GPU that has bf16"
+        )
+    accumulate = _value(cfg, "trainer.accumulate_grad_batches")
+    if str(precision) == "bf16-true" and accumulate not in (_MISSING, None) and int(float(accumulate)) > 1:
+        # The micro-batches' gradients add up in the bf16 .grad of the model (about 1% error over 128 of them).
+        raise ConfigError(
+            f"trainer.precision=bf16-true adds up gradients in bf16, which loses precision over "
+            f"trainer.accumulate_grad_batches={accumulate}: set trainer.accumulate_grad_batches=1 (a larger "
+            "task.batch_size instead) or trainer.precision=bf16-mixed"
+        )
     devices = _value(cfg, "trainer.devices")
     if devices is _MISSING or devices is None or OmegaConf.is_list(devices):
         return
@@ -154,6 +169,38 @@ def _check_trainer_choices(cfg: DictConfig) -> None:
         f"trainer.devices={devices!r} is not a number of devices: give a count (1, 2, ...), -1 or auto for all, or "
         "a list of device indices such as [0,1]"
     )
+
+
+def _check_cuda_graphs(cfg: DictConfig) -> None:
+    """speed.compile_mode=reduce-overhead records CUDA graphs, which torch cannot combine with gradient accumulation
+    (a replay overwrites the gradients being accumulated: "accessing gradient tensor output of CUDAGraphs that has
+    been overwritten", pytorch#169545), and which record one graph per input shape."""
+    speed = _value(cfg, "speed")
+    if (
+        not OmegaConf.is_dict(speed)
+        or not speed.get("compile", False)
+        or speed.get("compile_mode") != "reduce-overhead"
+    ):
+        return
+    accumulate = _value(cfg, "trainer.accumulate_grad_batches")
+    if accumulate not in (_MISSING, None) and int(float(accumulate)) > 1:
+        raise ConfigError(
+            f"speed.compile_mode=reduce-overhead (CUDA graphs) cannot run with trainer.accumulate_grad_batches="
+            f"{accumulate}: a graph's replay overwrites the gradients being accumulated; set "
+            "trainer.accumulate_grad_batches=1 (a larger task.batch_size instead) or speed.compile_mode=default"
+        )
+    unpad, packing = speed.get("unpad", True), _value(cfg, "task.datamodule.packing") is True
+    if unpad == "groups" or (unpad == "varlen" and not packing):
+        raise ConfigError(
+            f"speed.compile_mode=reduce-overhead records one CUDA graph per input shape, and speed.unpad={unpad} "
+            "changes the token count every batch: use speed.unpad=true (padded on a GPU) or speed.unpad=false"
+        )
+    sparse = _value(cfg, "task.module.sparse_mlm_head") is True
+    if _value(cfg, "task.datamodule.packing") is False and sparse and _value(cfg, "task.objective") != "ltr":
+        raise ConfigError(
+            "speed.compile_mode=reduce-overhead records one CUDA graph per input shape, and unpacked pre-training's "
+            "MLM head runs on a number of masked tokens that changes every batch: set task.datamodule.packing=true"
+        )
 
 
 def _as_number(value: Any, kind: type) -> float | None:

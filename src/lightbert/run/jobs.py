@@ -54,7 +54,7 @@ from lightbert.run.run_dir import (
     write_results,
 )
 from lightbert.run.run_dir import results as run_results
-from lightbert.run.speed import apply_speed_switches, compile_mode, unpad_setting
+from lightbert.run.speed import apply_speed_switches, compile_mode, fix_batch_shapes, unpad_setting
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +285,9 @@ def _data_and_module(
     with parameters_named_by(cfg.task.datamodule):
         datamodule = instantiate_config(cfg.task.datamodule, _partial_=True)(**tokenizer_kwargs)
         tokenizer = datamodule.tokenizer
+    shapes = fix_batch_shapes(datamodule, cfg.get("speed") or {})
+    if shapes:
+        log.info(shapes)
     module = instantiate_config(
         cfg.task.module,
         model=_with_vocabulary(model_config, tokenizer, pretrained),
@@ -366,6 +369,7 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
                     datamodule = instantiate_config(cfg.task.datamodule, **phase.datamodule, _partial_=True)(
                         **phase_kwargs
                     )
+                fix_batch_shapes(datamodule, cfg.get("speed") or {})
             # Fresh callbacks for each phase: their state comes back from the checkpoint the phase starts from.
             callbacks = [instantiate_config(c) for c in (cfg.get("callbacks") or {}).values()]
             callbacks.append(SameResumeOnEveryNode(output_dir, done if resume_from is not None else None))

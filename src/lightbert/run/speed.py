@@ -13,11 +13,13 @@ from lightbert.distributed import runs_on_cuda
 from lightbert.errors import ConfigError
 from lightbert.model import BertModel
 from lightbert.model.fp8 import convert_to_fp8
+from lightbert.model.varlen import flash_varlen_device
 
 log = logging.getLogger(__name__)
 
 # torch.compile's modes: reduce-overhead captures CUDA graphs (a launch-bound step, e.g. the paper's per-device
-# batch), which needs fixed shapes: task.datamodule.packing=true, or speed.unpad=false with full-width padding.
+# batch), one per input shape: `fix_batch_shapes` gives its batches a few shapes, and the config checks refuse what
+# changes them every batch (run/config_checks.py).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 # speed.unpad -> BertModel.unpad; true picks by the device (`unpadding_for`).
@@ -39,18 +41,21 @@ def unpad_setting(speed: DictConfig | dict) -> bool | str:
 
 
 def unpadding_for(
-    setting: bool | str, on_cuda: bool, precision: str, packing: bool, ampere: bool = True
+    setting: bool | str, on_cuda: bool, precision: str, packing: bool, flash: bool = True
 ) -> tuple[str, str]:
-    """speed.unpad -> (BertModel.unpad, the console's line saying what runs, and on what).
+    """speed.unpad -> (BertModel.unpad, the console's line saying what runs, on what, and why).
 
-    `true` picks by what the device pays for. Packed rows on a CUDA GPU in bf16/fp16 attend through flash
-    attention's variable-length kernel: no (T, T) mask, which rules out flash's own kernel (never run on a GPU here).
-    Everything else keeps the path measured so far: length groups, which pay on a CPU (bench/RESULTS.md). On a GPU
-    they measured 0.59x transformers for fine-tuning; `bench/pretrain_step.py --part finetune --unpad varlen`
-    compares the varlen path there, and until a GPU has measured it, `true` keeps length groups."""
-    # What flash's variable-length kernel takes: bf16/fp16 on a GPU of compute capability 8.0 or later (`ampere`)
-    kernel = on_cuda and ampere and precision.startswith(("bf16", "16"))
-    how = UNPAD_SETTINGS[setting] if setting is not True else ("varlen" if packing and kernel else "groups")
+    `true` picks what each device measured fastest. On a CUDA GPU, padded batches: there transformers' padded step
+    beat length groups (0.59x for a fine-tuning step on an H100, no gain for pre-training at 128 tokens), whose host
+    syncs also split a compiled step into pieces; packed rows keep the (T, T) mask until `pytest -m gpu` has held
+    flash's variable-length kernel to it on a GPU. On a CPU, length groups (2.5-3x transformers, bench/RESULTS.md).
+    `flash`: the GPU has flash's kernel (`lightbert.model.varlen.flash_varlen_device`)."""
+    kernel = on_cuda and flash and precision.startswith(("bf16", "16"))
+    if setting is True:
+        how = "off" if on_cuda else "groups"
+        why = "padded on a GPU, as measured fastest there" if on_cuda else "length groups pay on a CPU"
+    else:
+        how, why = UNPAD_SETTINGS[setting], "as set"
     varlen = "through flash attention's variable-length kernel"
     if not kernel:
         varlen = "one sequence at a time (the variable-length kernel needs a CUDA GPU in bf16, Ampere or later)"
@@ -61,7 +66,20 @@ def unpadding_for(
         attention = {"groups": "in length groups", "varlen": varlen}
         what = f"skipped, attention {attention[how]}" if how in attention else "kept"
     device = "a CUDA GPU" if on_cuda else "cpu"
-    return how, f"padding: {what} (speed.unpad={str(setting).lower()} on {device}, {precision})"
+    return how, f"padding: {what} (speed.unpad={str(setting).lower()} on {device}, {precision}: {why})"
+
+
+def fix_batch_shapes(datamodule: L.LightningDataModule, speed: DictConfig | dict) -> str | None:
+    """Under CUDA graphs (speed.compile=true, compile_mode=reduce-overhead), which record one graph per input shape:
+    packed rows padded up to a few row counts (`fixed_row_counts`), other batches padded to the full
+    max_seq_length. Returns what the run line says, or None where shapes may change."""
+    if not (speed.get("compile", False) and compile_mode(speed) == "reduce-overhead"):
+        return None
+    if getattr(datamodule, "packing", False):
+        datamodule.fixed_rows = True
+        return "CUDA graphs: packed row counts padded up to a few fixed ones"
+    datamodule.pad_to_multiple_of = datamodule.max_seq_length
+    return f"CUDA graphs: every batch padded to {datamodule.max_seq_length} tokens"
 
 
 def apply_speed_switches(
@@ -73,8 +91,8 @@ def apply_speed_switches(
 ) -> None:
     """The switches on a built module, before Lightning moves it: unpadding (said on the console), fp8, compile."""
     on_cuda = runs_on_cuda(str(trainer.get("accelerator", "auto")))
-    ampere = on_cuda and torch.cuda.get_device_capability() >= (8, 0)
-    how, line = unpadding_for(unpad_setting(speed), on_cuda, str(trainer.get("precision", "32")), packing, ampere)
+    flash = on_cuda and flash_varlen_device(torch.cuda.current_device())
+    how, line = unpadding_for(unpad_setting(speed), on_cuda, str(trainer.get("precision", "32")), packing, flash)
     log.info(line)
     for submodule in module.modules():
         if isinstance(submodule, BertModel):
