@@ -43,3 +43,12 @@ def test_the_run_line_states_devices_nodes_accumulation_and_the_global_batch(tmp
     line = _describe_run(cfg, {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4})
     assert "; 1 x cpu x 2 nodes," in line and "-1" not in line
     assert line.endswith("batch 32 per device x 4 accumulated = 256 per step")
+
+
+def test_what_cannot_accumulate_is_refused_where_the_global_batch_derives_accumulation(tmp_path):
+    from lightbert.run.jobs import _check_derived_accumulation
+
+    cfg = compose_config(["trainer=cpu", "task.global_batch_size=256", "trainer.precision=bf16-true"], tmp_path / "r")
+    with pytest.raises(ConfigError, match=r"needs 8 accumulated batches .* bf16-true \(bf16 gradients\) cannot"):
+        _check_derived_accumulation(cfg, _batches(cfg)[1])
+    _check_derived_accumulation(compose_config(["trainer=cpu", "task.global_batch_size=32"], tmp_path / "r"), 1)

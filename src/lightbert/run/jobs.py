@@ -217,7 +217,7 @@ def _prepare(
     # The feature-based tasks keep their frozen encoder in eval mode on purpose (no dropout in the features).
     warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode at the start of training.*")
     _check_devices(cfg)
-    _batches(cfg)  # a global batch the devices cannot make is refused here
+    _check_derived_accumulation(cfg, _batches(cfg)[1])  # a global batch the devices cannot make: refused here
     matmuls = _set_fp32_matmuls(cfg)
     compile_mode(cfg.get("speed") or {})  # a bad one is refused before anything is written
     unpad_setting(cfg.get("speed") or {})
@@ -450,6 +450,23 @@ def _batches(cfg: DictConfig) -> tuple[int, int, int]:
             f"{nodes} node(s)), and trainer.accumulate_grad_batches={accumulate} asks for another; set one of the two"
         )
     return devices, wanted // one_pass, wanted
+
+
+def _check_derived_accumulation(cfg: DictConfig, accumulate: int) -> None:
+    """What cannot accumulate (config_checks refuses it for trainer.accumulate_grad_batches) is refused too where
+    task.global_batch_size derives the accumulation."""
+    if accumulate == 1 or OmegaConf.select(cfg, "task.global_batch_size", default=None) is None:
+        return
+    speed = cfg.get("speed") or {}
+    cannot = "trainer.precision=bf16-true (bf16 gradients)" if str(cfg.trainer.precision) == "bf16-true" else None
+    if speed.get("compile", False) and speed.get("compile_mode") == "reduce-overhead":
+        cannot = "speed.compile_mode=reduce-overhead (CUDA graphs)"
+    if cannot:
+        raise ConfigError(
+            f"task.global_batch_size={cfg.task.global_batch_size} needs {accumulate} accumulated batches per step on "
+            f"these devices, and {cannot} cannot accumulate; raise task.batch_size so that one pass makes the global "
+            "batch, or unset task.global_batch_size"
+        )
 
 
 def _trainer(cfg: DictConfig, callbacks: list, loggers: list, **overrides: Any) -> L.Trainer:
