@@ -49,6 +49,6 @@ def test_what_cannot_accumulate_is_refused_where_the_global_batch_derives_accumu
     from lightbert.run.jobs import _check_derived_accumulation
 
     cfg = compose_config(["trainer=cpu", "task.global_batch_size=256", "trainer.precision=bf16-true"], tmp_path / "r")
-    with pytest.raises(ConfigError, match=r"needs 8 accumulated batches .* bf16-true \(bf16 gradients\) cannot"):
+    with pytest.raises(ConfigError, match=r"needs 8 accumulated batches .*=bf16-true \(bf16 gradients\) cannot"):
         _check_derived_accumulation(cfg, _batches(cfg)[1])
     _check_derived_accumulation(compose_config(["trainer=cpu", "task.global_batch_size=32"], tmp_path / "r"), 1)
