@@ -68,7 +68,7 @@ def test_glue_evaluation_scores_dev_and_writes_the_submission_file(sst2_run, tmp
     ("task", "message"),
     [
         ("squad_v2", "is a sequence classification model, and task=squad_v2 evaluates a question answering head"),
-        ("glue/mnli", "with 2 output"),
+        ("glue/mnli", r"with the labels \['negative', 'positive'\], and task=glue/mnli evaluates the labels \['entail"),
         ("conll2003", "evaluates a token classification head"),
     ],
 )

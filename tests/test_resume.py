@@ -155,7 +155,7 @@ def test_stop_signal_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp
         f"hydra.run.dir={stopped}",
         **({"SUBMITIT_EXECUTOR": "slurm"} if name == "USR2" else {}),
     )
-    stop = signal.SIGINT if name == "INT" else signal.SIGTERM
+    stop = getattr(signal, f"SIG{name}")  # the exit status and the console name the signal that stopped it
     assert terminated.returncode == 128 + stop and not (stopped / "results.json").exists()
     assert f"stopped by {stop.name}" in terminated.stderr
     assert f"hydra.run.dir={stopped} resume=true" in terminated.stderr  # where to continue, named

@@ -188,10 +188,11 @@ class LatestCheckpoint(L.Callback):
 
     A handler only notes the signal: a collective inside a handler deadlocks when the signal lands while the process
     is in another collective (Lightning's own SIGTERM handler broadcasts, its USR1 handler saves with a barrier).
-    After every training batch the processes agree, in one all-reduce that each reaches at the same point, whether
-    any of them was signalled; if so every one stops after that batch, `last.ckpt` is written, and the job exits
-    (128 + the signal) or requeues itself: submitit's handler (cluster=slurm), or `scontrol requeue` for the USR1 of
-    a job under srun, which then resumes by itself in the same run directory (`run_dir.requeued_run`).
+    Before every optimizer step the processes agree, in one all-reduce that each reaches at the same point, whether
+    any of them was signalled; if so every one stops there, after the step it was running, `last.ckpt` is written,
+    and the job exits (128 + the signal) or requeues itself: submitit's handler (cluster=slurm), or
+    `scontrol requeue` for the USR1 of a job under srun, which then resumes by itself in the same run directory
+    (`run_dir.requeued`).
 
     A process started with SIGINT ignored (a shell's background job) keeps ignoring it.
     """
@@ -216,7 +217,9 @@ class LatestCheckpoint(L.Callback):
         if self._received is None:  # the first signal names the stop; a second one changes nothing
             self._received = signal.Signals(signum)
 
-    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, *args: Any) -> None:
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if batch_idx % trainer.accumulate_grad_batches:
+            return  # within an optimizer step: the stop waits for the step's end (every process is at the same batch)
         received = self._agreed(trainer)
         if received is not None:
             global stopped_by

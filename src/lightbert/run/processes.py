@@ -162,6 +162,14 @@ def naming_killed_ranks(trainer: Any) -> Iterator[None]:
         from lightbert.errors import UserError
 
         rank, signum = killed[0]
+        # Lightning's observer thread SIGKILLs this process too once it notices the dead rank (every 5 s), which
+        # would cut this line's exit short (exit -9): the ranks still alive are ended here, as it would end them,
+        # and its list of them emptied (the same list object), so it finds nothing left to do.
+        children = trainer.strategy.launcher.procs
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+        children.clear()
         why = (
             "SIGKILL, which is what the kernel's out-of-memory killer sends: each process holds the whole model, its "
             "gradients and the optimizer's state; use a smaller model= or fewer trainer.devices"
