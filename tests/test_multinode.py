@@ -97,7 +97,7 @@ def test_two_nodes_launched_with_lightnings_variables_train_one_run(tmp_path, co
     run = tmp_path / "run"
     args = [f"corpus.paths=[{corpus}]", "trainer.max_steps=4", "trainer.val_check_interval=2", f"hydra.run.dir={run}"]
     results = run_nodes(args, nodes=2, devices=devices, root=tmp_path)
-    for node, result in enumerate(results):
+    for result in results:
         assert result.returncode == 0, "\n".join(f"node {n}: {r.stderr[-2500:]}" for n, r in enumerate(results))
     assert json.loads((run / "results.json").read_text())["global_step"] == 4
     console = "".join(r.stdout + r.stderr for r in results)
