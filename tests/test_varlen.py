@@ -57,13 +57,18 @@ def test_segmentwise_attention_is_attention_under_the_block_diagonal_mask(is_cau
     torch.testing.assert_close(out, dense.transpose(0, 1), atol=1e-6, rtol=1e-6)
 
 
-def test_the_flash_call_takes_the_packed_model_forward_and_backward_on_the_meta_device():
-    """What a CUDA GPU in bf16 runs, down to `aten._flash_attention_forward` and its backward, with torch's meta
-    kernels checking every argument and shape: the flattened rows (B·T, A, D), int32 boundaries, dropout."""
+def packed_varlen_on_meta():
+    """The bf16 model on the meta device, attending through varlen, and a packed batch of 12 sentence pairs there."""
     packed = PackingCollator(masking(), WIDTH, max_examples_per_row=4)(sentence_pairs(12))
     net = BertForPreTraining(CONFIG).to("meta", torch.bfloat16).train()
     net.bert.unpad = "varlen"
-    batch = {k: v.to("meta") for k, v in packed.items()}
+    return net, {k: v.to("meta") for k, v in packed.items()}
+
+
+def test_the_flash_call_takes_the_packed_model_forward_and_backward_on_the_meta_device():
+    """What a CUDA GPU in bf16 runs, down to `aten._flash_attention_forward` and its backward, with torch's meta
+    kernels checking every argument and shape: the flattened rows (B·T, A, D), int32 boundaries, dropout."""
+    net, batch = packed_varlen_on_meta()
     flash = torch.ops.aten._flash_attention_forward
     with (
         mock.patch("lightbert.model.varlen.flash_varlen_supported", lambda q: q.dtype == torch.bfloat16),
@@ -76,7 +81,7 @@ def test_the_flash_call_takes_the_packed_model_forward_and_backward_on_the_meta_
         (mlm.float().sum() + nsp.float().sum()).backward()
     assert called.call_count == CONFIG.num_hidden_layers
     q, _, _, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, _ = called.call_args.args
-    rows = packed["input_ids"].shape[0]
+    rows = batch["input_ids"].shape[0]
     assert q.shape == (rows * WIDTH, CONFIG.num_attention_heads, CONFIG.head_size) and q.dtype == torch.bfloat16
     assert cu_q is cu_k and cu_q.shape == (rows * 5 + 1,) and cu_q.dtype == torch.int32
     assert (max_q, max_k, dropout_p, is_causal) == (WIDTH, WIDTH, CONFIG.attention_probs_dropout_prob, False)
@@ -189,10 +194,7 @@ def test_the_flash_calls_of_a_packed_step_pass_cudas_checks_forward_and_backward
     from helpers.cuda_rules import Operand, fake_cuda
     from torch.utils._pytree import tree_map_only
 
-    packed = PackingCollator(masking(), WIDTH, max_examples_per_row=4)(sentence_pairs(12))
-    net = BertForPreTraining(CONFIG).to("meta", torch.bfloat16).train()
-    net.bert.unpad = "varlen"
-    batch = {k: v.to("meta") for k, v in packed.items()}
+    net, batch = packed_varlen_on_meta()
     flash = torch.ops.aten._flash_attention_forward
     with (
         mock.patch("lightbert.model.varlen.flash_varlen_supported", lambda q: q.dtype == torch.bfloat16),
