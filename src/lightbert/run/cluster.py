@@ -4,6 +4,7 @@ Lightning will use; and submitit's local executor's tasks given the variables Li
 from __future__ import annotations
 
 import os
+import sys
 import zlib
 
 
@@ -54,3 +55,12 @@ def adopt_submitit_local_ranks() -> None:
     # The same port in every task of the job, another for each job of a sweep (they may run at the same time).
     job = os.environ.get("SUBMITIT_LOCAL_JOB_ID", "0")
     os.environ.setdefault("MASTER_PORT", str(20000 + zlib.crc32(job.encode()) % 20000))
+
+
+def is_global_zero() -> bool:
+    """The first process of the run: the process group's rank 0 once it exists (Lightning's strategy makes it),
+    before that the cluster environment's (`first_process`)."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        return distributed.get_rank() == 0
+    return first_process()

@@ -7,13 +7,13 @@ from __future__ import annotations
 import logging
 from typing import ClassVar
 
+from lightbert.run.cluster import is_global_zero
+
 
 class RankZero(logging.Filter):
     """Passes the records of the first process: DDP's other processes run the same code and would repeat them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from lightbert.run.run_dir import is_global_zero
-
         return is_global_zero()
 
 

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightbert.errors import UserError
 from lightbert.files import RESULTS_FILE, write_atomically
 from lightbert.run import processes
-from lightbert.run.cluster import first_process
+from lightbert.run.cluster import is_global_zero
 
 log = logging.getLogger(__name__)
 
@@ -316,15 +315,6 @@ def refused_leaves_nothing(output_dir: Path) -> Iterator[None]:
             for path in list(output_dir.iterdir()):
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         raise
-
-
-def is_global_zero() -> bool:
-    """The first process of the run: the process group's rank 0 once it exists (Lightning's strategy makes it),
-    before that the cluster environment's (`console.first_process`)."""
-    distributed = sys.modules.get("torch.distributed")
-    if distributed is not None and distributed.is_available() and distributed.is_initialized():
-        return distributed.get_rank() == 0
-    return first_process()
 
 
 def check_not_running(output_dir: Path) -> None:
