@@ -363,7 +363,7 @@ def step_seconds(ends: list[float], warmup: int) -> list[float]:
 
 def trainer_path_config(args, device: torch.device, out_dir: Path, steps: int):
     """The config `python src/train.py model=... trainer=...` runs, for `steps` steps without a validation."""
-    from lightbert.run.jobs import compose_config
+    from lightbert.run.cli import compose_config
 
     overrides = [
         f"model={args.model}",

@@ -15,7 +15,7 @@ from test_packing import CONFIG, WIDTH, masking, model, sentence_pairs
 from lightbert.errors import ConfigError
 from lightbert.pretraining.module import PreTrainingModule
 from lightbert.pretraining.packing import PackingCollator, first_fit, fixed_row_counts
-from lightbert.run.config_checks import check_config
+from lightbert.run.settings import RunSettings, SpeedSettings
 from lightbert.run.speed import fix_batch_shapes
 
 CUDA_GRAPHS = ["speed.compile=true", "speed.compile_mode=reduce-overhead"]
@@ -38,17 +38,19 @@ PACKED = ["task=pretrain", "task.datamodule.packing=true"]
 )
 def test_cuda_graphs_are_refused_where_they_cannot_run(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as refused:
-        check_config(compose_config(overrides, tmp_path))
+        RunSettings.from_config(compose_config(overrides, tmp_path))
     assert message in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_cuda_graphs_with_packing_and_no_accumulation_are_accepted(tmp_path):
-    check_config(compose_config([*PACKED, *CUDA_GRAPHS], tmp_path / "a"))
-    check_config(compose_config(["task=glue/sst2", "init_from=x", *CUDA_GRAPHS], tmp_path / "b"))
+    RunSettings.from_config(compose_config([*PACKED, *CUDA_GRAPHS], tmp_path / "a"))
+    RunSettings.from_config(compose_config(["task=glue/sst2", "init_from=x", *CUDA_GRAPHS], tmp_path / "b"))
     # Accumulation stays with every other compile mode, and without compiling.
-    check_config(compose_config([*PACKED, "speed.compile=true", "trainer.accumulate_grad_batches=4"], tmp_path / "c"))
-    check_config(compose_config([*PACKED, "speed.compile_mode=reduce-overhead", "trainer.accumulate_grad_batches=4"],
-                                tmp_path / "d"))  # fmt: skip
+    RunSettings.from_config(
+        compose_config([*PACKED, "speed.compile=true", "trainer.accumulate_grad_batches=4"], tmp_path / "c")
+    )
+    only_the_mode = [*PACKED, "speed.compile_mode=reduce-overhead", "trainer.accumulate_grad_batches=4"]
+    RunSettings.from_config(compose_config(only_the_mode, tmp_path / "d"))
 
 
 def pretraining_lengths(rng: random.Random, count: int, width: int = 128) -> list[int]:
@@ -99,8 +101,8 @@ def test_cuda_graphs_fix_the_batch_shapes():
     packed = SimpleNamespace(packing=True, fixed_rows=False, max_seq_length=128, pad_to_multiple_of=8)
     plain = SimpleNamespace(packing=False, max_seq_length=128, pad_to_multiple_of=8)
     untouched = SimpleNamespace(packing=False, max_seq_length=128, pad_to_multiple_of=8)
-    graphs = {"compile": True, "compile_mode": "reduce-overhead"}
+    graphs = SpeedSettings(compile=True, compile_mode="reduce-overhead")
     assert "packed row counts padded up to a few fixed ones" in fix_batch_shapes(packed, graphs)
     assert "every batch padded to 128 tokens" in fix_batch_shapes(plain, graphs)
-    assert fix_batch_shapes(untouched, {"compile": True, "compile_mode": "default"}) is None
+    assert fix_batch_shapes(untouched, SpeedSettings(compile=True, compile_mode="default")) is None
     assert packed.fixed_rows and plain.pad_to_multiple_of == 128 and untouched.pad_to_multiple_of == 8

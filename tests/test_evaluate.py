@@ -13,7 +13,8 @@ import pytest
 from helpers.runs import REPO
 
 from lightbert.errors import UserError
-from lightbert.run.jobs import compose_config, evaluate
+from lightbert.run.cli import compose_config
+from lightbert.run.jobs import evaluate
 
 
 def evaluate_config(overrides: list[str], output_dir: Path):

@@ -23,7 +23,8 @@ from lightbert.glue.data import TASKS, GlueDataModule, encode_examples
 from lightbert.glue.metrics import glue_metrics
 from lightbert.glue.module import SequenceClassificationModule
 from lightbert.interop.hf import load_pretrained
-from lightbert.run.jobs import size_name, train
+from lightbert.run.architecture import size_name
+from lightbert.run.jobs import train
 
 REFERENCE = {
     "accuracy": accuracy_score,

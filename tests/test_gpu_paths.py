@@ -62,36 +62,46 @@ def test_several_nodes_shard_the_steps_over_every_device():
 def test_fp32_matmuls_use_tf32_on_cuda_and_the_run_line_says_so(tmp_path):
     from helpers.runs import compose_config
 
-    from lightbert.run.jobs import _describe_run, _set_fp32_matmuls
+    from lightbert.run.console import describe_run
+    from lightbert.run.preflight import set_fp32_matmuls
+    from lightbert.run.settings import RunSettings
 
-    cfg = compose_config(["trainer=gpu"], tmp_path)
+    settings = RunSettings.from_config(compose_config(["trainer=gpu"], tmp_path))
     was = torch.get_float32_matmul_precision()
     try:
         with mock.patch("torch.cuda.is_available", return_value=False):
-            assert _set_fp32_matmuls(cfg) is None  # no CUDA: nothing changes
+            assert set_fp32_matmuls(settings) is None  # no CUDA: nothing changes
         assert torch.get_float32_matmul_precision() == was
-        with mock.patch("torch.cuda.is_available", return_value=True):
-            matmuls = _set_fp32_matmuls(cfg)
+        settings = RunSettings.from_config(compose_config(["trainer=gpu"], tmp_path))  # on_cuda is worked out once
+        with (
+            mock.patch("torch.cuda.is_available", return_value=True),
+            mock.patch("torch.cuda.device_count", return_value=1),
+        ):
+            matmuls = set_fp32_matmuls(settings)
+            line = describe_run(
+                settings, {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4}, matmuls=matmuls
+            )
         assert torch.get_float32_matmul_precision() == "high"
-        line = _describe_run(
-            cfg, {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4}, matmuls=matmuls
-        )
         assert "bf16-mixed (TF32 matmuls)" in line
     finally:
         torch.set_float32_matmul_precision(was)
 
 
-def test_the_compile_mode_reaches_torch_compile():
+def test_the_compile_mode_reaches_torch_compile(tmp_path):
     """speed.compile_mode=reduce-overhead (CUDA graphs) is what the model's torch.compile is given; default passes
     no mode. The losses are compiled too, never in CUDA graphs (a replay would overwrite the logged losses)."""
+    from helpers.runs import compose_config
+
     from lightbert.pretraining.module import PreTrainingModule, pretraining_losses
+    from lightbert.run.settings import RunSettings, SpeedSettings
     from lightbert.run.speed import apply_speed_switches
 
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
     for mode, given in (("reduce-overhead", "reduce-overhead"), ("default", None)):
         module = PreTrainingModule(config.to_dict(), {"lr": 1e-4})
         with mock.patch.object(module.model, "compile") as compile_, mock.patch("torch.compile") as compile_losses:
-            apply_speed_switches(module, {"compile": True, "compile_mode": mode}, {"accelerator": "cpu"})
+            trainer = RunSettings.from_config(compose_config(["trainer=cpu"], tmp_path)).trainer
+            apply_speed_switches(module, SpeedSettings(compile=True, compile_mode=mode), trainer, packing=False)
         compile_.assert_called_once_with(mode=given, backend="inductor")
         compile_losses.assert_called_once_with(pretraining_losses, backend="inductor")
         assert module.losses is compile_losses.return_value
@@ -100,17 +110,19 @@ def test_the_compile_mode_reaches_torch_compile():
 @pytest.mark.parametrize(
     ("overrides", "length"),
     [
-        (["task=glue/sst2", "trainer=cpu"], "3 epochs or 200 steps"),  # whichever comes first
-        (["task=glue/sst2", "trainer=cpu", "trainer.max_epochs=0"], "0 epochs or 200 steps"),
+        (["task=glue/sst2", "init_from=x", "trainer=cpu"], "3 epochs or 200 steps"),  # whichever comes first
+        (["task=glue/sst2", "init_from=x", "trainer=cpu", "trainer.max_epochs=0"], "0 epochs or 200 steps"),
         (["task=pretrain", "trainer=cpu", "trainer.max_steps=7"], "7 steps"),
     ],
 )
 def test_the_run_line_gives_every_limit_that_can_end_the_run(tmp_path, overrides, length):
     from helpers.runs import compose_config
 
-    from lightbert.run.jobs import _describe_run
+    from lightbert.run.console import describe_run
+    from lightbert.run.settings import RunSettings
 
-    line = _describe_run(
-        compose_config(overrides, tmp_path), {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2}
+    line = describe_run(
+        RunSettings.from_config(compose_config(overrides, tmp_path)),
+        {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2},
     )
     assert f", {length}, batch" in line

@@ -283,9 +283,11 @@ def test_bf16_true_master_weights_start_from_the_fp32_weights():
 )
 def test_half_models_that_would_lose_their_gradients_are_refused(tmp_path, overrides, message):
     from lightbert.errors import ConfigError
-    from lightbert.run.config_checks import check_config
+    from lightbert.run.settings import RunSettings
 
     with pytest.raises(ConfigError) as refused:
-        check_config(compose_config(["task=pretrain", *cpu_twin("gpu"), *overrides], tmp_path))
+        RunSettings.from_config(compose_config(["task=pretrain", *cpu_twin("gpu"), *overrides], tmp_path))
     assert message in str(refused.value) and "\n" not in str(refused.value)
-    check_config(compose_config(["task=pretrain", *cpu_twin("gpu"), "trainer.precision=bf16-true"], tmp_path / "ok"))
+    RunSettings.from_config(
+        compose_config(["task=pretrain", *cpu_twin("gpu"), "trainer.precision=bf16-true"], tmp_path / "ok")
+    )

@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 # Each public name and the module that defines it.
 _PUBLIC = {
-    "compose_config": "lightbert.run.jobs",
+    "compose_config": "lightbert.run.cli",
     "train": "lightbert.run.jobs",
     "evaluate": "lightbert.run.jobs",
     "load_finetuned": "lightbert.inference.finetuned",

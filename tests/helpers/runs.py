@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from lightbert.run.jobs import compose_config as lightbert_compose_config
+from lightbert.run.cli import compose_config as lightbert_compose_config
 
 REPO = Path(__file__).resolve().parents[2]
 

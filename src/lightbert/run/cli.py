@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from lightbert.errors import missing_extra
+from lightbert.errors import UserError, missing_extra
 
 # conf/ at the repository's top level; the package reaches it as lightbert/conf (a link in a checkout, a copy in the
 # wheel), so an installed lightbert runs from any directory.
@@ -97,7 +97,8 @@ def unknown_key_message(cfg: DictConfig, key: str) -> str | None:
 
 
 def check_command_line(argv: list[str], conf_dir: Path = CONF_DIR, config_name: str = "train") -> None:
-    """Exit with a clear message when an override names a config key or a group option that does not exist."""
+    """Refuses (`UserError`) with a clear message an override that names a config key or a group option that does
+    not exist."""
     try:
         from hydra import compose, initialize_config_dir
         from hydra._internal.utils import get_args_parser
@@ -114,8 +115,7 @@ def check_command_line(argv: list[str], conf_dir: Path = CONF_DIR, config_name: 
         key = override.key_or_group
         habit = HABITS.get(key) or (HABITS.get(f"{key}=null") if override.value() in (None, "null", "none") else None)
         if habit and not override.is_delete():
-            print(f"lightbert: error: {override.input_line}: {habit}", file=sys.stderr)
-            sys.exit(2)
+            raise UserError(f"{override.input_line}: {habit}")
         if override.is_add() or override.is_force_add() or override.is_delete() or key.startswith("hydra"):
             continue
         if _is_group(key, conf_dir):
@@ -123,14 +123,12 @@ def check_command_line(argv: list[str], conf_dir: Path = CONF_DIR, config_name: 
             for value in values:
                 message = unknown_option_message(key, value, conf_dir) if isinstance(value, str) else None
                 if message:
-                    print(f"lightbert: error: {message}", file=sys.stderr)
-                    sys.exit(2)
+                    raise UserError(message)
             for value in values:
                 extra = OPTION_EXTRAS.get(f"{key}={value}")
                 error = missing_extra(extra, f"{key}={value}") if extra else None
                 if error is not None:
-                    print(f"lightbert: error: {error}", file=sys.stderr)
-                    sys.exit(2)
+                    raise error
             if values and isinstance(values[0], str):
                 groups.append(f"{key}={values[0]}")
         else:
@@ -145,8 +143,7 @@ def check_command_line(argv: list[str], conf_dir: Path = CONF_DIR, config_name: 
     for key in keys:
         message = unknown_key_message(cfg, key)
         if message:
-            print(f"lightbert: error: {message}", file=sys.stderr)
-            sys.exit(2)
+            raise UserError(message)
 
 
 def complete_group_option(comp_line: str, conf_dir: Path = CONF_DIR) -> list[str] | None:
@@ -174,9 +171,9 @@ def answer_completion_query(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
 
 
 def check_run_directory(argv: list[str], cwd: Path | None = None) -> None:
-    """Exit with one message when the run directory cannot be made: Hydra would make it before lightbert runs, and
-    fail with a traceback. The directory is `hydra.run.dir` (or `hydra.sweep.dir` with -m) when given, else under
-    `paths.log_dir` (default `outputs`)."""
+    """Refuses (`UserError`) with one message a run directory that cannot be made: Hydra would make it before
+    lightbert runs, and fail with a traceback. The directory is `hydra.run.dir` (or `hydra.sweep.dir` with -m) when
+    given, else under `paths.log_dir` (default `outputs`)."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return  # --cfg, --help, -sc ...: nothing is written
     values = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith(("+", "~")))
@@ -197,6 +194,27 @@ def check_run_directory(argv: list[str], cwd: Path | None = None) -> None:
         problem = f"{existing} is not writable"
     else:
         return
-    print(f"lightbert: error: cannot make the run directory {path} ({given}): {problem}; choose another with "
-          f"{key}=...", file=sys.stderr)  # fmt: skip
-    sys.exit(2)
+    raise UserError(f"cannot make the run directory {path} ({given}): {problem}; choose another with {key}=...")
+
+
+def compose_config(
+    overrides: list[str], output_dir: str | Path, conf_dir: Path = CONF_DIR, config_name: str = "train"
+) -> DictConfig:
+    """The config `python src/train.py OVERRIDES` would run (`config_name="evaluate"`: src/evaluate.py's), with its
+    run directory at `output_dir`.
+
+    For notebooks and tests: `train(compose_config([...], dir))` is a run without the command line.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(output_dir)
+        cfg.paths.output_dir = str(output_dir)
+    HydraConfig.instance().set_config(cfg)  # so ${hydra:...} interpolations resolve outside a Hydra run
+    with open_dict(cfg):
+        del cfg["hydra"]  # as in a real run: the task function never sees Hydra's own node
+    return cfg

@@ -35,49 +35,41 @@ def _record_in_sweep(error: UserError) -> bool:
     return True
 
 
-def _refuse_before_loading(cfg: DictConfig, resume: bool) -> None:
-    """A command refused by these is refused in a second, before torch and Lightning load (the job checks again,
-    under the run directory's lock)."""
-    from lightbert.run.config_checks import check_config
-    from lightbert.run.run_dir import check_not_running, check_output_dir, requeued
-
-    check_config(cfg)
-    check_not_running(Path(cfg.paths.output_dir))
-    check_output_dir(Path(cfg.paths.output_dir), resume or requeued(Path(cfg.paths.output_dir)))
-
-
 def _train(cfg: DictConfig) -> float | None:
     """Returns the best validation metric: what a sweeper (e.g. sweep=optuna) optimises."""
+    from lightbert.run import processes
     from lightbert.run.cluster import adopt_submitit_local_ranks
+    from lightbert.run.run_dir import held
+    from lightbert.run.settings import RunSettings
 
     adopt_submitit_local_ranks()  # before anything asks which process this is
-    _refuse_before_loading(cfg, bool(cfg.get("resume", False)))
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
+    settings = RunSettings.from_config(cfg)  # a bad value is refused here, in a second: torch is not loaded yet
+    processes.install()  # its DataLoader workers and data-preparation pool die with it, and hold no lock
+    with held(settings) as settings, processes.stops_cleanly(settings.output_dir):
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from lightbert.run import checkpointing, processes
-    from lightbert.run.jobs import train
+        from lightbert.run import checkpointing
+        from lightbert.run.jobs import fit
 
-    try:
-        with processes.stops_cleanly(cfg.paths.output_dir):
-            return train(cfg)["best_score"]
-    except SIGTERMException:
-        # Lightning stopped after the current batch and LatestCheckpoint saved it; exit as a process killed by the
-        # signal does (SIGTERM, or SIGINT for Ctrl-C).
-        stopped_by = checkpointing.stopped_by
-        print(
-            f"lightbert: stopped by {stopped_by.name}; the latest state is in "
-            f"{cfg.paths.output_dir}/checkpoints/last.ckpt. To continue, rerun the same command with "
-            f"hydra.run.dir={cfg.paths.output_dir} resume=true",
-            file=sys.stderr,
-        )
-        sys.exit(128 + stopped_by)
+        try:
+            return fit(settings)["best_score"]
+        except SIGTERMException:
+            # Lightning stopped after the current batch and LatestCheckpoint saved it; exit as a process killed by
+            # the signal does (SIGTERM, or SIGINT for Ctrl-C).
+            stopped_by = checkpointing.stopped_by
+            print(
+                f"lightbert: stopped by {stopped_by.name}; the latest state is in "
+                f"{settings.output_dir}/checkpoints/last.ckpt. To continue, rerun the same command with "
+                f"hydra.run.dir={settings.output_dir} resume=true",
+                file=sys.stderr,
+            )
+            sys.exit(128 + stopped_by)
 
 
 def _evaluate(cfg: DictConfig) -> None:
     from lightbert.run.cluster import adopt_submitit_local_ranks
 
     adopt_submitit_local_ranks()
-    _refuse_before_loading(cfg, resume=False)
     from lightbert.run.jobs import evaluate
 
     evaluate(cfg)
@@ -102,13 +94,20 @@ def _hydra_command(task, config_name: str, on_refusal=None):
     )
 
 
+@exits_on_user_error
+def _check_before_hydra(argv: list[str], config_name: str, run_directory: bool = True) -> None:
+    """The command line's keys and options, and the run directory Hydra would make, judged before Hydra runs."""
+    check_command_line(argv, config_name=config_name)
+    if run_directory:
+        check_run_directory(argv)
+
+
 def train_command() -> None:
     from lightbert.run.processes import ddp_child_argv
 
     sys.argv[1:] = argv = ddp_child_argv(sys.argv[1:])  # a multirun job's DDP process runs that job alone
     answer_completion_query(argv)
-    check_command_line(argv)
-    check_run_directory(argv)
+    _check_before_hydra(argv, "train")
     _hydra_command(_train, "train", on_refusal=_record_in_sweep)()
 
 
@@ -116,16 +115,15 @@ def evaluate_command() -> None:
     from lightbert.run.processes import ddp_child_argv
 
     sys.argv[1:] = ddp_child_argv(sys.argv[1:])
-    check_command_line(sys.argv[1:], config_name="evaluate")
-    check_run_directory(sys.argv[1:])
+    _check_before_hydra(sys.argv[1:], "evaluate")
     _hydra_command(_evaluate, "evaluate")()
 
 
 def predict_command() -> None:
-    check_command_line(sys.argv[1:], config_name="predict")
+    _check_before_hydra(sys.argv[1:], "predict", run_directory=False)
     _hydra_command(_predict, "predict")()
 
 
 def extract_features_command() -> None:
-    check_command_line(sys.argv[1:], config_name="extract_features")
+    _check_before_hydra(sys.argv[1:], "extract_features", run_directory=False)
     _hydra_command(_extract_features, "extract_features")()

@@ -16,13 +16,12 @@ class Phase:
     datamodule: dict  # task.datamodule keys this phase changes, e.g. max_seq_length
 
 
-def phases(cfg: DictConfig) -> list[Phase]:
-    """task.phases as step ranges of trainer.max_steps; one phase (no changes) without them."""
-    node = cfg.task.get("phases")
+def phases_of(node: DictConfig | None, max_steps: int) -> list[Phase]:
+    """task.phases (`node`) as step ranges of trainer.max_steps; one phase (no changes) without them."""
     listed = OmegaConf.to_container(node, resolve=True) if node else []
     if not listed:
-        return [Phase(0, int(cfg.trainer.max_steps), {})]
-    total, out, first = int(cfg.trainer.max_steps), [], 0
+        return [Phase(0, max_steps, {})]
+    total, out, first = max_steps, [], 0
     if total <= 0:
         raise ConfigError("task.phases need trainer.max_steps (the whole run's steps), e.g. trainer.max_steps=1000000")
     for number, phase in enumerate(listed, start=1):

@@ -23,6 +23,7 @@ from lightbert.errors import UserError
 from lightbert.files import RESULTS_FILE, write_atomically
 from lightbert.run import processes
 from lightbert.run.cluster import is_global_zero
+from lightbert.run.settings import RunSettings, Start
 
 log = logging.getLogger(__name__)
 
@@ -240,18 +241,20 @@ def _override_key(override: str) -> str:
 RESIZABLE_ON_RESUME = ("trainer.devices", "trainer.num_nodes", "trainer.accumulate_grad_batches")
 
 
-def record_run(cfg: DictConfig, output_dir: Path, resuming: bool, resized: bool = False) -> None:
+def record_run(
+    config: DictConfig, overrides: tuple[str, ...], output_dir: Path, resuming: bool, resized: bool = False
+) -> None:
     """The run's record in `.hydra/`: the config (as composed, interpolations kept), the command line's overrides
     and, in a Hydra run, Hydra's own config. A resumed run continues the run as recorded: a setting it changes is
     refused with the keys named (only `CHANGEABLE_ON_RESUME` may change), and the record is left as it was."""
     record = output_dir / RECORD_DIR
-    config = OmegaConf.to_container(cfg, resolve=False)
+    config = OmegaConf.to_container(config, resolve=False)
     if resuming and (record / "config.yaml").is_file():
         recorded = _flat(OmegaConf.to_container(OmegaConf.load(record / "config.yaml"), resolve=False))
         now = _flat(config)
         # A setting that an earlier lightbert did not have (e.g. speed.fp8) is not in that run's record: at its
         # default, it changes nothing, so the run resumes; set on this command line, it is a change like any other.
-        overridden = {_override_key(o) for o in cfg.get("overrides") or []}
+        overridden = {_override_key(o) for o in overrides}
         changed = [
             key
             for key in sorted(set(recorded) | set(now))
@@ -272,7 +275,7 @@ def record_run(cfg: DictConfig, output_dir: Path, resuming: bool, resized: bool 
         return
     record_slurm_job(output_dir)
     write_atomically(record / "config.yaml", OmegaConf.to_yaml(config))
-    write_atomically(record / "overrides.yaml", OmegaConf.to_yaml(list(cfg.get("overrides") or [])))
+    write_atomically(record / "overrides.yaml", OmegaConf.to_yaml(list(overrides)))
     if HydraConfig.initialized():
         write_atomically(record / "hydra.yaml", OmegaConf.to_yaml({"hydra": HydraConfig.get()}))
 
@@ -317,12 +320,18 @@ def refused_leaves_nothing(output_dir: Path) -> Iterator[None]:
         raise
 
 
-def check_not_running(output_dir: Path) -> None:
-    """Refuses at once a directory another run holds (`locked`), before its files are judged: a running run's
-    metrics.csv or last.ckpt are not a finished or abandoned one's."""
-    if output_dir.is_dir() and is_global_zero():
-        with locked(output_dir):
-            pass
+@contextmanager
+def held(settings: RunSettings, evaluation: bool = False) -> Iterator[RunSettings]:
+    """The run directory held for this run (`locked`), what a refused command wrote there taken back
+    (`refused_leaves_nothing`), and the job's DDP processes ended with it. Yields the settings with how the run
+    starts (`Start`), decided here once, under the lock: from the beginning, or from the checkpoint that resume=true
+    (or a requeued SLURM job) continues. An evaluation starts a new directory."""
+    output_dir = settings.output_dir
+    with locked(output_dir), refused_leaves_nothing(output_dir), processes.ddp_children_of_this_job():
+        again = not evaluation and requeued(output_dir)
+        resume_from = check_output_dir(output_dir, (settings.resume and not evaluation) or again)
+        step = checkpoint_step(resume_from) if resume_from is not None else 0
+        yield settings.starting(Start(resume_from, step, again))
 
 
 @contextmanager

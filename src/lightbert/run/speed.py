@@ -7,37 +7,13 @@ import logging
 
 import lightning as L
 import torch
-from omegaconf import DictConfig
 
-from lightbert.distributed import runs_on_cuda
-from lightbert.errors import ConfigError
 from lightbert.model import BertModel
 from lightbert.model.fp8 import convert_to_fp8
 from lightbert.model.varlen import flash_varlen_device
+from lightbert.run.settings import UNPAD_SETTINGS, SpeedSettings, TrainerSettings
 
 log = logging.getLogger(__name__)
-
-# torch.compile's modes: reduce-overhead captures CUDA graphs (a launch-bound step, e.g. the paper's per-device
-# batch), one per input shape: `fix_batch_shapes` gives its batches a few shapes, and the config checks refuse what
-# changes them every batch (run/config_checks.py).
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-# speed.unpad -> BertModel.unpad; true picks by the device (`unpadding_for`).
-UNPAD_SETTINGS = {False: "off", "groups": "groups", "varlen": "varlen"}
-
-
-def compile_mode(speed: DictConfig | dict) -> str:
-    mode = str(speed.get("compile_mode", "default"))
-    if mode not in COMPILE_MODES:
-        raise ConfigError(f"speed.compile_mode={mode} is not known; valid: {', '.join(COMPILE_MODES)}")
-    return mode
-
-
-def unpad_setting(speed: DictConfig | dict) -> bool | str:
-    setting = speed.get("unpad", True)
-    if setting is not True and setting not in UNPAD_SETTINGS:
-        raise ConfigError(f"speed.unpad={setting} is not known; valid: true (by the device), false, groups, varlen")
-    return setting
 
 
 def unpadding_for(
@@ -69,11 +45,11 @@ def unpadding_for(
     return how, f"padding: {what} (speed.unpad={str(setting).lower()} on {device}, {precision}: {why})"
 
 
-def fix_batch_shapes(datamodule: L.LightningDataModule, speed: DictConfig | dict) -> str | None:
+def fix_batch_shapes(datamodule: L.LightningDataModule, speed: SpeedSettings) -> str | None:
     """Under CUDA graphs (speed.compile=true, compile_mode=reduce-overhead), which record one graph per input shape:
     packed rows padded up to a few row counts (`fixed_row_counts`), other batches padded to the full
     max_seq_length. Returns what the run line says, or None where shapes may change."""
-    if not (speed.get("compile", False) and compile_mode(speed) == "reduce-overhead"):
+    if not speed.cuda_graphs:
         return None
     if getattr(datamodule, "packing", False):
         datamodule.fixed_rows = True
@@ -83,23 +59,18 @@ def fix_batch_shapes(datamodule: L.LightningDataModule, speed: DictConfig | dict
 
 
 def apply_speed_switches(
-    module: L.LightningModule,
-    speed: DictConfig | dict,
-    trainer: DictConfig | dict,
-    packing: bool = False,
-    training: bool = True,
+    module: L.LightningModule, speed: SpeedSettings, trainer: TrainerSettings, packing: bool, training: bool = True
 ) -> None:
     """The switches on a built module, before Lightning moves it: unpadding (said on the console), fp8, compile."""
-    on_cuda = runs_on_cuda(str(trainer.get("accelerator", "auto")))
+    on_cuda = trainer.on_cuda
     flash = on_cuda and flash_varlen_device(torch.cuda.current_device())
-    how, line = unpadding_for(unpad_setting(speed), on_cuda, str(trainer.get("precision", "32")), packing, flash)
+    how, line = unpadding_for(speed.unpad, on_cuda, trainer.precision, packing, flash)
     log.info(line)
     for submodule in module.modules():
         if isinstance(submodule, BertModel):
             submodule.unpad = how
-    if speed.get("fp8", False) and training:  # before compiling, which then fuses the float8 casts
+    if speed.fp8 and training:  # before compiling, which then fuses the float8 casts
         converted = convert_to_fp8(module.model)
         log.debug(f"speed.fp8: {converted} Linear layers run their matmuls in float8 (torchao Float8Linear)")
-    mode = compile_mode(speed)
-    if speed.get("compile", False):
-        module.compile_step(mode=None if mode == "default" else mode)
+    if speed.compile:
+        module.compile_step(mode=None if speed.compile_mode == "default" else speed.compile_mode)

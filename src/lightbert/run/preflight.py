@@ -1,0 +1,158 @@
+"""What every run does before it trains: the checks that refuse a command on this machine (devices, init_from and
+the architecture, a resume on another job shape), then the run's record (`.hydra/`, `.hydra/data.json`, train.log)
+and the run line. A command refused here leaves its run directory as it found it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from datasets.utils import logging as datasets_logging
+
+from lightbert.data.local_files import file_identity
+from lightbert.errors import ConfigError, UserError
+from lightbert.interop.hf import Pretrained, load_pretrained
+from lightbert.model.fp8 import check_fp8_device
+from lightbert.pretraining.corpus import TextCorpus
+from lightbert.run.architecture import checked_model_config, size_name
+from lightbert.run.checkpointing import saved_job_shape
+from lightbert.run.console import RunLogFile, describe_run, tidy_lightning_console
+from lightbert.run.instantiation import instantiate_config
+from lightbert.run.run_dir import check_data_unchanged, record_run, remove_stale_temporaries
+from lightbert.run.settings import MATMUL_PRECISIONS, RunSettings
+
+log = logging.getLogger(__name__)
+
+
+def prepare(
+    settings: RunSettings, check: Callable[[Pretrained], None] | None = None, evaluation: bool = False
+) -> tuple[RunSettings, Pretrained | None, dict]:
+    """The checks, then the record. `check` refuses an init_from the command cannot use (evaluation: one without
+    the task's head). Returns the settings (naming init_from's model), its checkpoint, and the architecture."""
+    _quiet_known_warnings()
+    check_devices(settings)
+    settings.batches  # noqa: B018  (a global batch these devices cannot make is refused here)
+    matmuls = set_fp32_matmuls(settings)
+    if settings.speed.fp8 and not evaluation:  # evaluation runs no fp8: it trains nothing
+        check_fp8_device(settings.trainer.accelerator)
+    tidy_lightning_console()
+    datasets_logging.disable_progress_bar()  # on only around maps worth watching (data.local_files.progress_bars_for)
+    # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    L.seed_everything(settings.seed, workers=True)
+    pretrained = load_pretrained(settings.init_from) if settings.init_from else None
+    if pretrained is not None and pretrained.tokenizer is None and not settings.task.tokenizer_path:
+        raise UserError(
+            f"init_from={settings.init_from} comes without its tokenizer (tokenizer.json or vocab.txt beside the "
+            "weights); copy the tokenizer it was trained with there, or give it with task.datamodule.tokenizer_path=..."
+        )
+    if check is not None and pretrained is not None:
+        check(pretrained)
+    model_config = checked_model_config(settings, pretrained)
+    if pretrained is not None:
+        settings = settings.with_model(model_config, size_name(model_config))
+    start, output_dir = settings.start, settings.output_dir
+    resized = _resized(settings) if start.resuming else False
+    # A resume that changes a setting is refused here (the devices and nodes may change where the global batch stays).
+    record_run(settings.config, settings.overrides, output_dir, resuming=start.resuming, resized=resized)
+    check_data_unchanged(output_dir, data_sources(settings), resuming=start.resuming)  # or its data: here
+    RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
+    remove_stale_temporaries(output_dir)
+    log.info(describe_run(settings, model_config, evaluation=evaluation, matmuls=matmuls))
+    return settings, pretrained, model_config
+
+
+def _quiet_known_warnings() -> None:
+    # The run directory holds .hydra/ when the CSV logger starts writing there: not a problem.
+    warnings.filterwarnings("ignore", message=".*exists and is not empty.*")
+    warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")  # Lightning internals vs newer torch
+    # DDP's gradient hooks run on the default stream and torch notes at the first backward that AccumulateGrad's
+    # stream differs (seen on an H100): nothing a user can change, and no synchronisation DDP does not do anyway.
+    warnings.filterwarnings("ignore", message=".*AccumulateGrad node's stream.*")
+    # Loader workers are lightbert's choice, said on the console (task.datamodule.num_workers=auto): Lightning's
+    # advice to raise them, on every run of a many-core machine, is not the user's to act on.
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    # A short epoch logs once per epoch instead (callbacks.ShortEpochLogging): nothing left for the user to do.
+    warnings.filterwarnings("ignore", message=".*is smaller than the logging interval.*")
+    # The feature-based tasks keep their frozen encoder in eval mode on purpose (no dropout in the features).
+    warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode at the start of training.*")
+
+
+def check_devices(settings: RunSettings) -> None:
+    """Refuses, before anything is written, a trainer that cannot run on this machine's devices."""
+    trainer = settings.trainer
+    if trainer.wants_cuda and not torch.cuda.is_available():
+        raise UserError(
+            f"trainer={trainer.option or trainer.accelerator} needs a CUDA GPU and none is visible here; use "
+            "trainer=cpu, or check the command on CPU first with trainer.accelerator=cpu trainer.devices=2 "
+            "trainer.max_steps=3"
+        )
+    if trainer.strategy == "fsdp" and not trainer.wants_cuda:
+        # Lightning refuses FSDP without a GPU accelerator, and torch's FSDP needs an accelerator device.
+        raise UserError(
+            f"trainer={trainer.option or 'fsdp'} runs FSDP, which needs CUDA GPUs: FSDP cannot run on CPU processes "
+            f"(trainer.accelerator={trainer.accelerator}). To check the rest of the command without a GPU, use "
+            "trainer=ddp trainer.accelerator=cpu trainer.devices=2 trainer.max_steps=3"
+        )
+
+
+def set_fp32_matmuls(settings: RunSettings) -> str | None:
+    """On CUDA, fp32 matrix multiplications on TF32 tensor cores by default (`speed.matmul_precision: high`, the
+    advice torch and Lightning give for Ampere and later GPUs; bf16-mixed runs most matmuls in bf16 anyway, TF32
+    covers what stays fp32). Returns what the run line says, or None where no CUDA device runs the job."""
+    if not settings.trainer.on_cuda:
+        return None
+    torch.set_float32_matmul_precision(settings.speed.matmul_precision)
+    return MATMUL_PRECISIONS[settings.speed.matmul_precision]
+
+
+def _resized(settings: RunSettings) -> bool:
+    """Whether a resume runs on another number of devices with the checkpoint's global batch: the data continues
+    exactly (its position is the step, each step the same examples), said once. Another global batch would re-train
+    or skip examples: refused with the key that keeps it. A checkpoint from before lightbert recorded its job's
+    shape resumes only as it was recorded."""
+    resume_from = settings.start.resume_from
+    shape = saved_job_shape(resume_from)
+    if not shape or shape.get("global_batch") is None:
+        return False
+    batches = settings.batches
+    world = batches.devices * batches.nodes
+    then = f"{shape['batch_size']} per device x {shape['world_size']} device(s) x {shape['accumulate']} accumulated"
+    now = f"{batches.per_device} per device x {world} device(s) x {batches.accumulate} accumulated"
+    if batches.global_batch != shape["global_batch"]:
+        raise ConfigError(
+            f"{resume_from} was trained with {shape['global_batch']} sequences per step ({then}), and this job makes "
+            f"{batches.global_batch} ({now}): resumed so, it would train some examples twice or skip some. Keep the "
+            f"global batch with task.global_batch_size={shape['global_batch']} (the accumulation adapts), or start a "
+            "new run from its weights with init_from=..."
+        )
+    if world != shape["world_size"]:
+        log.info(
+            f"resuming on {world} device(s), the checkpoint's job had {shape['world_size']}: the global batch stays "
+            f"{batches.global_batch} ({now}), and the data continues at step {settings.start.step}"
+        )
+    return world != shape["world_size"] or batches.accumulate != shape["accumulate"]
+
+
+def data_sources(settings: RunSettings) -> dict[str, Any]:
+    """What the run's data is read from, each with its identity (lightbert.data.local_files.file_identity): the
+    fine-tuning files, or the pre-training corpus's files (its fingerprint for the hub's or the demo)."""
+    task = settings.task
+    if task.fine_tuning:
+        from pathlib import Path
+
+        given = {split: Path(path).expanduser() for split, path in task.data_files.items()}
+        if not given:
+            return {"task.datamodule.hub_dataset": task.datamodule.get("hub_dataset")}
+        return {f"task.data_files.{s}": file_identity(p) if p.is_file() else str(p) for s, p in given.items()}
+    if settings.corpus is None:
+        return {}
+    corpus = instantiate_config(settings.corpus)
+    if isinstance(corpus, TextCorpus):
+        return {str(path): file_identity(path) for path in corpus.paths}
+    return {"corpus": corpus.fingerprint}

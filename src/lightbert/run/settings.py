@@ -1,0 +1,507 @@
+"""A run's settings: built once from the composed Hydra config (`RunSettings.from_config`), then read by every stage
+of the run as typed, frozen fields. Each part checks its own values in `__post_init__` (litgpt's `args.py` way), so a
+command with a bad value is refused with one message naming the key the command line accepts, before anything is
+read or written; no stage below this module reads the config by its string keys.
+
+Torch-free at import, so that a refused command is refused before torch loads; the devices a trainer resolves to
+(`-1`, `auto`) are worked out on first use (`TrainerSettings.devices_per_node`), by Lightning's own parsing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import GrammarParseError, InterpolationResolutionError
+
+from lightbert.errors import ConfigError, ParameterError
+from lightbert.pretraining.objectives import OBJECTIVES, MaskingShares
+from lightbert.run.phases import Phase, phases_of
+
+# Lightning's precisions (lightning.fabric.connector._PRECISION_INPUT), here so that a refusal needs no torch.
+PRECISIONS = ("16-true", "16-mixed", "bf16-true", "bf16-mixed", "32-true", "64-true", "16", "bf16", "32", "64",
+              "transformer-engine", "transformer-engine-float16")  # fmt: skip
+# torch.compile's modes: reduce-overhead captures CUDA graphs (a launch-bound step, e.g. the paper's per-device
+# batch), one per input shape: `speed.fix_batch_shapes` gives its batches a few shapes, and `SpeedSettings` and
+# `RunSettings` refuse what changes them every batch.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# speed.unpad -> BertModel.unpad; true picks by the device (`run.speed.unpadding_for`).
+UNPAD_SETTINGS = {False: "off", "groups": "groups", "varlen": "varlen"}
+MATMUL_PRECISIONS = {"highest": "full fp32 matmuls", "high": "TF32 matmuls", "medium": "bf16 matmuls for fp32"}
+
+
+def checked_number(
+    key: str,
+    value: Any,
+    kind: type = int,
+    minimum: float = 0,
+    nullable: bool = False,
+    positive: bool = False,
+    largest: float | None = None,
+    or_auto: bool = False,
+) -> Any:
+    """`value` as a `kind`, or one message naming `key`: a value of the wrong kind or out of range fails here, not in
+    a traceback from deep in Lightning or the data code (`trainer.max_steps=abc`, `task.batch_size=0`)."""
+    if (value is None and nullable) or (or_auto and value == "auto"):
+        return value
+    number = _as_number(value, kind)
+    if number is None:
+        what = ("an integer" if kind is int else "a number") + (" or auto" if or_auto else "")
+        raise ConfigError(f"{key} must be {what}, got {value!r}")
+    if number < minimum or (positive and number <= 0) or (largest is not None and number > largest):
+        bound = "> 0" if positive else f">= {minimum:g}"
+        if largest is not None:
+            bound = f"from {minimum:g} to {largest:g}" if largest != 1 else f"{bound} and <= 1"
+        raise ConfigError(f"{key} must be {bound}, got {value!r}")
+    return kind(number)
+
+
+def _as_number(value: Any, kind: type) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    if kind is int and value != int(value):
+        return None
+    return value
+
+
+def _choice(group: str) -> str | None:
+    """The option the command line (or the defaults) chose for a config group, e.g. `glue/mrpc` for task."""
+    return HydraConfig.get().runtime.choices.get(group) if HydraConfig.initialized() else None
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+@dataclass(frozen=True)
+class SpeedSettings:
+    """`speed.*` (conf/train.yaml): switches that change how fast a run goes, never its numbers."""
+
+    unpad: bool | str = True
+    compile: bool = False
+    compile_mode: str = "default"
+    matmul_precision: str = "high"
+    fp8: bool = False
+
+    def __post_init__(self) -> None:
+        if self.unpad is not True and self.unpad not in UNPAD_SETTINGS:
+            raise ConfigError(
+                f"speed.unpad={self.unpad} is not known; valid: true (by the device), false, groups, varlen"
+            )
+        if self.compile_mode not in COMPILE_MODES:
+            raise ConfigError(f"speed.compile_mode={self.compile_mode} is not known; valid: {', '.join(COMPILE_MODES)}")
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ConfigError(
+                f"speed.matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)}, got {self.matmul_precision}"
+            )
+
+    @property
+    def cuda_graphs(self) -> bool:
+        return self.compile and self.compile_mode == "reduce-overhead"
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """`trainer.*`: where and how the run goes. `config` is the node Lightning's Trainer is built from."""
+
+    config: DictConfig = field(repr=False)
+    option: str | None  # the trainer= choice, for messages
+    accelerator: str
+    devices: Any  # as given: a count, -1 or auto for all, or device indices
+    num_nodes: int
+    precision: str
+    strategy: str  # its name on the run line: auto, ddp, fsdp, ...
+    max_steps: int
+    max_epochs: int | None
+    accumulate_grad_batches: int
+    progress_bar: bool
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"trainer.precision={self.precision!r} is not a precision; valid: {', '.join(PRECISIONS)}"
+            )
+        if self.precision == "16-true":
+            # Lightning's 16-true scales no loss: small fp16 gradients underflow to zero.
+            raise ConfigError(
+                "trainer.precision=16-true holds the model in fp16 with no loss scaling, and small gradients underflow "
+                "to zero: use trainer.precision=16-mixed (scaled loss), or bf16-true on a GPU that has bf16"
+            )
+        if self.precision == "bf16-true" and self.accumulate_grad_batches > 1:
+            # The micro-batches' gradients add up in the bf16 .grad of the model (about 1% error over 128 of them).
+            raise ConfigError(
+                f"trainer.precision=bf16-true adds up gradients in bf16, which loses precision over "
+                f"trainer.accumulate_grad_batches={self.accumulate_grad_batches}: set "
+                "trainer.accumulate_grad_batches=1 (a larger task.batch_size instead) or trainer.precision=bf16-mixed"
+            )
+        if self.max_steps == -1 and self.max_epochs in (-1, None):
+            raise ConfigError(
+                "trainer.max_steps=-1 and trainer.max_epochs=-1 leave the run without an end: set one of them, "
+                "e.g. trainer.max_steps=1000"
+            )
+        self._check_devices_text()
+
+    def _check_devices_text(self) -> None:
+        if self.devices is None or isinstance(self.devices, list):
+            return
+        text = str(self.devices).strip()
+        counts = [part.strip() for part in text.split(",") if part.strip()]
+        numbers = counts and all(part.lstrip("-").isdigit() for part in counts)
+        if text == "auto" or (numbers and (len(counts) > 1 or int(counts[0]) != 0)):  # "0,1" are device indices
+            return
+        raise ConfigError(
+            f"trainer.devices={self.devices!r} is not a number of devices: give a count (1, 2, ...), -1 or auto for "
+            "all, or a list of device indices such as [0,1]"
+        )
+
+    @property
+    def wants_cuda(self) -> bool:
+        return self.accelerator in ("gpu", "cuda")
+
+    @cached_property
+    def on_cuda(self) -> bool:
+        """Whether the run goes on CUDA GPUs here (accelerator auto: when there is one)."""
+        from lightbert.distributed import runs_on_cuda
+
+        return runs_on_cuda(self.accelerator)
+
+    @cached_property
+    def devices_per_node(self) -> int:
+        """The devices per node the trainer will use (`-1` and `auto` resolved as Lightning resolves them)."""
+        from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+
+        if self.on_cuda:
+            return len(CUDAAccelerator.parse_devices(self.devices) or [])
+        if self.devices in ("auto", -1, "-1"):
+            return 1  # Lightning's CPU accelerator: one process
+        return int(CPUAccelerator.parse_devices(self.devices))
+
+    @property
+    def world_size(self) -> int:
+        return self.devices_per_node * self.num_nodes
+
+    @classmethod
+    def from_config(cls, trainer: DictConfig) -> TrainerSettings:
+        numbers = {
+            "max_steps": (int, -1, False),
+            "max_epochs": (int, -1, True),
+            "accumulate_grad_batches": (int, 1, False),
+            "log_every_n_steps": (int, 1, False),
+            "num_nodes": (int, 1, False),
+            "gradient_clip_val": (float, 0, True),
+            "val_check_interval": (float, 0, True),
+        }
+        checked = {}
+        for key, (kind, minimum, nullable) in numbers.items():
+            if key in trainer:
+                positive = key == "val_check_interval"
+                checked[key] = checked_number(f"trainer.{key}", trainer[key], kind, minimum, nullable, positive)
+        strategy = trainer.get("strategy", "auto")
+        if OmegaConf.is_dict(strategy):
+            target = str(strategy.get("_target_", ""))
+            strategy = "fsdp" if "fsdp" in target.lower() else target.rsplit(".", 1)[-1]
+        return cls(
+            config=trainer,
+            option=_choice("trainer"),
+            accelerator=str(trainer.get("accelerator", "auto")),
+            devices=_plain(trainer.get("devices", "auto")),
+            num_nodes=checked.get("num_nodes", 1),
+            precision=str(trainer.get("precision", "32-true")),
+            strategy=str(strategy),
+            max_steps=checked.get("max_steps", -1),
+            max_epochs=checked.get("max_epochs"),
+            accumulate_grad_batches=checked.get("accumulate_grad_batches", 1),
+            progress_bar=bool(trainer.get("enable_progress_bar", True)),
+        )
+
+
+# task.datamodule's numbers: key -> (kind, smallest value allowed, whether null is allowed, "auto" allowed).
+DATAMODULE_NUMBERS = {
+    "eval_batch_size": (int, 1, True, False),
+    "dupe_factor": (int, 1, False, False),
+    "max_predictions_per_seq": (int, 1, False, False),
+    "num_workers": (int, 0, False, True),  # "auto": fine-tuning's loaders pick by the machine
+    "vocab_size": (int, 1, False, False),
+}
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """`task.*`: the objective, its data and the paper's defaults. `datamodule` and `module` are the nodes the task's
+    LightningDataModule and LightningModule are built from."""
+
+    name: str
+    option: str | None  # the task= choice, for messages
+    datamodule: DictConfig = field(repr=False)
+    module: DictConfig = field(repr=False)
+    batch_size: int
+    global_batch_size: int | None
+    max_seq_length: int | None
+    data_files: dict[str, str] | None  # fine-tuning: the given files by split (None for pre-training)
+    objective: str | None  # pre-training's
+    packing: bool
+    sparse_mlm_head: bool
+
+    def __post_init__(self) -> None:
+        if self.objective is not None and self.objective not in OBJECTIVES:
+            raise ConfigError(f"task.objective={self.objective!r} is not known; valid: {list(OBJECTIVES)}")
+        for key, (kind, minimum, nullable, or_auto) in DATAMODULE_NUMBERS.items():
+            if key in self.datamodule:
+                value = self.datamodule[key]
+                checked_number(f"task.datamodule.{key}", value, kind, minimum, nullable, or_auto=or_auto)
+        masking = self.datamodule.get("masking")
+        if masking is not None:
+            try:
+                MaskingShares(**masking)
+            except ParameterError as error:
+                raise error.naming({"masking": "task.datamodule.masking"}) from None
+
+    @property
+    def fine_tuning(self) -> bool:
+        return self.data_files is not None
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        return self.datamodule.get("tokenizer_path")
+
+    @property
+    def token_types(self) -> int:
+        """How many segments the task's inputs use (its DataModule class says)."""
+        from hydra.utils import get_class
+
+        return get_class(str(self.datamodule._target_)).token_types(self.datamodule)
+
+    @classmethod
+    def from_config(cls, task: DictConfig) -> TaskSettings:
+        files = task.get("data_files")
+        for key in ("checkpoint_every_n_steps", "cpu_val_check_interval"):
+            checked_number(f"task.{key}", task.get(key), int, 1, nullable=True)
+        return cls(
+            name=str(task.name),
+            option=_choice("task"),
+            datamodule=task.datamodule,
+            module=task.module,
+            batch_size=checked_number("task.batch_size", task.get("batch_size"), int, 1),
+            global_batch_size=checked_number("task.global_batch_size", task.get("global_batch_size"), int, 1, True),
+            max_seq_length=checked_number("task.max_seq_length", task.get("max_seq_length"), int, 1, True),
+            data_files=None if files is None else {split: str(path) for split, path in files.items() if path},
+            objective=task.get("objective"),
+            packing=task.datamodule.get("packing") is True,
+            sparse_mlm_head=task.module.get("sparse_mlm_head") is True,
+        )
+
+
+@dataclass(frozen=True)
+class Batches:
+    """The global batch: task.batch_size x devices x nodes x accumulation. `task.global_batch_size` keeps it whatever
+    the devices and nodes by deriving the accumulation (a resize of the job, a requeue onto other nodes)."""
+
+    per_device: int
+    devices: int  # per node
+    nodes: int
+    accumulate: int
+    global_batch: int
+
+
+@dataclass(frozen=True)
+class Start:
+    """How the run starts, decided under the run directory's lock (`run_dir.held`): from the beginning, or from
+    the step of the checkpoint it resumes (asked with resume=true, or a requeued SLURM job)."""
+
+    resume_from: Path | None = None
+    step: int = 0
+    requeued: bool = False
+
+    @property
+    def resuming(self) -> bool:
+        return self.resume_from is not None
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything a run reads, checked: see the module's docstring. `config` is the composed config as a whole, for
+    the record in `.hydra/` and the loggers' hyperparameters."""
+
+    config: DictConfig = field(repr=False)
+    output_dir: Path
+    seed: int
+    init_from: str | None
+    resume: bool  # resume=true: continue from checkpoints/last.ckpt
+    overrides: tuple[str, ...]  # the command line's
+    model: dict  # the sizes and regularisation asked for (init_from's checkpoint decides its own sizes)
+    model_option: str | None  # the model= choice
+    model_overrides: tuple[str, ...]  # the command line's model=... and model.<key>=... (asking for sizes)
+    task: TaskSettings
+    trainer: TrainerSettings
+    speed: SpeedSettings
+    optim: dict
+    phases: tuple[Phase, ...]
+    callbacks: tuple[DictConfig, ...] = field(repr=False)
+    loggers: tuple[DictConfig, ...] = field(repr=False)
+    corpus: DictConfig | None = field(repr=False)  # pre-training's corpus= group
+    start: Start = Start()
+
+    def __post_init__(self) -> None:
+        checked_number("seed", self.seed, int, 0, largest=2**32 - 1)  # numpy's and Python's seeds
+        checked_number("optim.lr", self.optim.get("lr"), float, positive=True)
+        checked_number("optim.warmup_ratio", self.optim.get("warmup_ratio"), float, 0, largest=1)
+        checked_number("optim.weight_decay", self.optim.get("weight_decay", 0.0), float, 0)
+        if self.task.fine_tuning and not self.init_from and not self.task.tokenizer_path:
+            raise ConfigError(
+                f"task={self.task.option or self.task.name} fine-tunes a pre-trained model: set init_from=<checkpoint> "
+                "(a lightbert .ckpt or run directory, a Hugging Face directory, or a hub id); its tokenizer comes "
+                "with it"
+            )
+        if self.trainer.precision == "bf16-true" and self.trainer.strategy == "fsdp":
+            # lightbert.optim.MasterWeights keeps the fp32 weights in its own state, which FSDP's sharded optimizer
+            # state does not know; FSDP with bf16-mixed keeps fp32 shards and computes in bf16 already.
+            raise ConfigError(
+                "trainer.precision=bf16-true (a bf16 model with fp32 master weights in the optimizer) does not run "
+                "under trainer=fsdp; use trainer.precision=bf16-mixed with FSDP"
+            )
+        self._check_cuda_graphs()
+
+    def _check_cuda_graphs(self) -> None:
+        """speed.compile_mode=reduce-overhead records CUDA graphs, which torch cannot combine with gradient
+        accumulation (a replay overwrites the gradients being accumulated: "accessing gradient tensor output of
+        CUDAGraphs that has been overwritten", pytorch#169545), and which record one graph per input shape."""
+        if not (self.speed.compile and self.speed.compile_mode == "reduce-overhead"):
+            return
+        if self.trainer.accumulate_grad_batches > 1:
+            raise ConfigError(
+                f"speed.compile_mode=reduce-overhead (CUDA graphs) cannot run with trainer.accumulate_grad_batches="
+                f"{self.trainer.accumulate_grad_batches}: a graph's replay overwrites the gradients being accumulated; "
+                "set trainer.accumulate_grad_batches=1 (a larger task.batch_size instead) or speed.compile_mode=default"
+            )
+        unpad = self.speed.unpad
+        if unpad == "groups" or (unpad == "varlen" and not self.task.packing):
+            raise ConfigError(
+                f"speed.compile_mode=reduce-overhead records one CUDA graph per input shape, and speed.unpad={unpad} "
+                "changes the token count every batch: use speed.unpad=true (padded on a GPU) or speed.unpad=false"
+            )
+        unpacked = self.task.datamodule.get("packing") is False
+        if unpacked and self.task.sparse_mlm_head and self.task.objective != "ltr":
+            raise ConfigError(
+                "speed.compile_mode=reduce-overhead records one CUDA graph per input shape, and unpacked "
+                "pre-training's MLM head runs on a number of masked tokens that changes every batch: set "
+                "task.datamodule.packing=true"
+            )
+
+    @cached_property
+    def batches(self) -> Batches:
+        """The job's batches, its devices resolved; a global batch the devices cannot make is refused here."""
+        trainer, wanted = self.trainer, self.task.global_batch_size
+        devices, nodes, per_device = trainer.devices_per_node, trainer.num_nodes, self.task.batch_size
+        accumulate = trainer.accumulate_grad_batches
+        if wanted is None:
+            return Batches(per_device, devices, nodes, accumulate, per_device * devices * nodes * accumulate)
+        one_pass = per_device * devices * nodes
+        if wanted % one_pass:
+            raise ConfigError(
+                f"task.global_batch_size={wanted} is not a multiple of task.batch_size ({per_device}) x {devices} "
+                f"device(s) x {nodes} node(s) = {one_pass}; set task.batch_size so that it divides, or another "
+                "task.global_batch_size"
+            )
+        if accumulate != 1 and accumulate != wanted // one_pass:
+            raise ConfigError(
+                f"task.global_batch_size={wanted} sets the accumulation ({wanted // one_pass} on {devices} device(s) "
+                f"x {nodes} node(s)), and trainer.accumulate_grad_batches={accumulate} asks for another; set one of "
+                "the two"
+            )
+        accumulate = wanted // one_pass
+        # What cannot accumulate (refused above for trainer.accumulate_grad_batches) is refused for a derived one too.
+        cannot = "trainer.precision=bf16-true (bf16 gradients)" if trainer.precision == "bf16-true" else None
+        if self.speed.cuda_graphs:
+            cannot = "speed.compile_mode=reduce-overhead (CUDA graphs)"
+        if accumulate > 1 and cannot:
+            raise ConfigError(
+                f"task.global_batch_size={wanted} needs {accumulate} accumulated batches per step on these devices, "
+                f"and {cannot} cannot accumulate; raise task.batch_size so that one pass makes the global batch, or "
+                "unset task.global_batch_size"
+            )
+        return Batches(per_device, devices, nodes, accumulate, wanted)
+
+    def starting(self, start: Start) -> RunSettings:
+        return replace(self, start=start)
+
+    def with_model(self, model: dict, name: str) -> RunSettings:
+        """Under init_from the checkpoint decides the model: the recorded config, the run's name and its W&B tags
+        say the model that runs (`name`, e.g. bert_tiny), not the `model=` default (a fine-tune of a bert_tiny
+        checkpoint is not "sst2-bert_mini")."""
+        config = self.config.copy()
+        default_name = f"{self.task.name}-{self.model_option}"
+        with open_dict(config):
+            config.model = {k: v for k, v in model.items() if k != "vocab_size"}
+            if config.get("run_name") == default_name:
+                config.run_name = f"{self.task.name}-{name}"
+            wandb = (config.get("logger") or {}).get("wandb")
+            if wandb is not None and self.model_option in (wandb.get("tags") or []):
+                wandb.tags = [name if tag == self.model_option else tag for tag in wandb.tags]
+        loggers = tuple(config.logger.values()) if config.get("logger") else ()
+        return replace(self, config=config, model=model, loggers=loggers)
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> RunSettings:
+        _check_whole(cfg)
+        trainer = TrainerSettings.from_config(cfg.trainer)
+        task = TaskSettings.from_config(cfg.task)
+        overrides = tuple(str(o) for o in cfg.get("overrides") or [])
+        speed = cfg.get("speed") or {}
+        return cls(
+            config=cfg,
+            output_dir=Path(cfg.paths.output_dir),
+            seed=cfg.seed,
+            init_from=str(cfg.init_from) if cfg.get("init_from") else None,
+            resume=bool(cfg.get("resume", False)),
+            overrides=overrides,
+            model=OmegaConf.to_container(cfg.model, resolve=True),
+            model_option=_choice("model"),
+            model_overrides=tuple(o for o in overrides if o.lstrip("+~").startswith(("model=", "model."))),
+            task=task,
+            trainer=trainer,
+            speed=SpeedSettings(**{k: _plain(v) for k, v in speed.items()}),
+            optim=OmegaConf.to_container(cfg.optim, resolve=True),
+            phases=tuple(phases_of(cfg.task.get("phases"), trainer.max_steps)),
+            callbacks=tuple((cfg.get("callbacks") or {}).values()),
+            loggers=tuple((cfg.get("logger") or {}).values()),
+            corpus=cfg.get("corpus"),
+        )
+
+
+# The parts every run reads, each with a key it cannot be without: removing one (`~trainer`) leaves nothing to run.
+REQUIRED = {
+    "model": "model.hidden_size",
+    "task": "task.name",
+    "task.datamodule": "task.datamodule._target_",
+    "task.module": "task.module._target_",
+    "trainer": "trainer._target_",
+    "optim": "optim.lr",
+    "paths": "paths.output_dir",
+}
+
+
+def _check_whole(cfg: DictConfig) -> None:
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except (InterpolationResolutionError, GrammarParseError) as error:
+        key = getattr(error, "full_key", None) or "a value"
+        reason = str(error).splitlines()[0]
+        raise ConfigError(
+            f"{key} cannot be resolved ({reason}); an interpolation ${{...}} there refers to itself or to a key "
+            "that does not exist: give the value itself"
+        ) from None
+    for key, inner in REQUIRED.items():
+        if OmegaConf.select(cfg, inner, default=None) is None:
+            raise ConfigError(f"the config has no {key} (an override ~{key}?); every run needs it: drop that override")
