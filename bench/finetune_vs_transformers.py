@@ -25,7 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from lightbert.interop.hf import export_hf, load_pretrained
+from lightbert.checkpoints.reading import load_pretrained
+from lightbert.interop.hf import export_hf
 from lightbert.pretraining.corpus import DemoCorpus
 
 REPO = Path(__file__).resolve().parents[1]

@@ -33,10 +33,11 @@ import torch
 import transformers
 import yaml
 
+from lightbert.checkpoints.finetuned import FineTuned, load_finetuned
+from lightbert.checkpoints.reading import Pretrained
 from lightbert.data.tokenizer import train_wordpiece
-from lightbert.inference.finetuned import FineTuned, hf_head_config, load_finetuned
 from lightbert.inference.predict import predict_records
-from lightbert.interop.hf import Pretrained, export_hf
+from lightbert.interop.hf import export_hf, hf_head_config
 from lightbert.model import BertConfig, BertForSequenceClassification
 from lightbert.pretraining.corpus import DemoCorpus
 

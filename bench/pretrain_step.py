@@ -43,7 +43,7 @@ import yaml
 from omegaconf import open_dict
 
 from lightbert.data.batches import PaddingCollator
-from lightbert.interop.hf import lightbert_config_to_hf, lightbert_state_dict_to_hf
+from lightbert.interop.hf_format import lightbert_config_to_hf, lightbert_state_dict_to_hf
 from lightbert.model import BertConfig, BertForSequenceClassification
 from lightbert.model.fp8 import convert_to_fp8
 from lightbert.optim import MasterWeights, parameter_groups

@@ -287,7 +287,7 @@ def test_what_the_data_loses_is_said_on_the_console_counted(inputs, tmp_path):
 def test_a_fine_tune_without_a_pooler_starts_a_classifier_with_a_fresh_pooler(inputs):
     """A SQuAD or NER fine-tune has no pooler: used as init_from for GLUE, it no longer says "not a BERT checkpoint
     lightbert can start from"; the pooler starts fresh with the head, and the console says so."""
-    from lightbert.interop.hf import load_into, load_pretrained
+    from lightbert.checkpoints.reading import load_into, load_pretrained
     from lightbert.model import BertConfig, BertForSequenceClassification
 
     pretrained = load_pretrained(str(inputs["bert"]))

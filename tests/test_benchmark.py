@@ -16,9 +16,9 @@ from helpers.squad_files import squad_articles, write_official
 
 from lightbert.analysis.benchmark import AVERAGED, COLUMNS, PAPER_ROWS, build, glue_average, main, write_tables
 from lightbert.analysis.benchmark import write_submissions as submissions
+from lightbert.analysis.benchmark_plan import PLAN_FILE, BenchmarkJob, checkpoint_key, plan
 from lightbert.errors import UserError
 from lightbert.glue.data import TASKS
-from lightbert.run.benchmark import PLAN_FILE, BenchmarkJob, checkpoint_key, plan
 
 GLUE_SPLITS = {name: ["train", *spec.validation_splits, *spec.test_splits] for name, spec in TASKS.items()}
 SERVER_FILES = {"CoLA.tsv", "SST-2.tsv", "MRPC.tsv", "STS-B.tsv", "QQP.tsv", "MNLI-m.tsv", "MNLI-mm.tsv", "QNLI.tsv",
@@ -120,7 +120,7 @@ def test_a_bad_benchmark_setting_is_one_message_naming_it(tmp_path, overrides, c
 
 
 def test_a_directory_holds_one_family_of_benchmark(tmp_path):
-    from lightbert.run.benchmark import record_plan
+    from lightbert.analysis.benchmark_plan import record_plan
 
     squad_job = BenchmarkJob("c-squad_v1-s1", "squad", "squad_v1", "c", {}, 1, [])
     write_plan(tmp_path, "squad", [squad_job])

@@ -16,14 +16,14 @@ from helpers.models import random_batch, write_hf_model
 from helpers.ner_files import read_conlleval
 from helpers.runs import compose_config
 
+from lightbert.checkpoints.finetuned import carry_head, label_rows, load_finetuned
+from lightbert.checkpoints.reading import load_encoder, load_into, load_pretrained
 from lightbert.errors import UserError
 from lightbert.glue.data import glue_task
 from lightbert.glue.module import SequenceClassificationModule
 from lightbert.heads import HEADS
-from lightbert.inference.finetuned import carry_head, label_rows, load_finetuned
 from lightbert.inference.predict import predict_records
 from lightbert.interop.convert import to_hf
-from lightbert.interop.hf import load_encoder, load_into, load_pretrained
 from lightbert.model import BertConfig, BertForPreTraining
 from lightbert.ner.data import CONLL2003_LABELS
 from lightbert.run.jobs import evaluate, train

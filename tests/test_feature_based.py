@@ -16,11 +16,11 @@ from helpers.ner_files import ner_data_files, read_conlleval
 from helpers.runs import REPO, run_train_script
 from omegaconf import OmegaConf
 
+from lightbert.checkpoints.finetuned import load_finetuned
+from lightbert.checkpoints.reading import load_into, load_pretrained
 from lightbert.errors import ConfigError, UserError
 from lightbert.inference.embeddings import extract_to_file
-from lightbert.inference.finetuned import load_finetuned
 from lightbert.inference.predict import predict_records
-from lightbert.interop.hf import load_into, load_pretrained
 from lightbert.model import BertConfig
 from lightbert.model.feature_based import FeatureBasedTagger, layer_combinations
 from lightbert.ner.data import CONLL2003_LABELS, ConllDataModule

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
+from lightbert.checkpoints.reading import load_pretrained
 from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.encoding import truncate_pair
 from lightbert.data.tokenizer import load_tokenizer
@@ -22,7 +23,6 @@ from lightbert.errors import ConfigError, UserError
 from lightbert.glue.data import TASKS, GlueDataModule, encode_examples
 from lightbert.glue.metrics import glue_metrics
 from lightbert.glue.module import SequenceClassificationModule
-from lightbert.interop.hf import load_pretrained
 from lightbert.run.architecture import size_name
 from lightbert.run.jobs import train
 

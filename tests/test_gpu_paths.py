@@ -9,10 +9,10 @@ import lightning as L
 import pytest
 import torch
 
+from lightbert.checkpoints.saving import rng_states, set_rng_states
 from lightbert.model import BertConfig, BertForPreTraining
 from lightbert.model.bert import BertLayer
 from lightbert.pretraining.resumable import StepSampler
-from lightbert.run.checkpointing import rng_states, set_rng_states
 
 
 def test_fsdp_wraps_each_block_and_keeps_tied_weights_in_the_root():

@@ -13,12 +13,12 @@ from helpers.models import write_hf_bert
 from helpers.runs import compose_config
 from torch import nn
 
+from lightbert.checkpoints.finetuned import load_finetuned
 from lightbert.data.encoding import encode_pair
 from lightbert.errors import UserError
 from lightbert.glue.module import SequenceClassificationModule
 from lightbert.glue.predictor import SequenceClassification
 from lightbert.heads import HEADS, Head, HeadArguments, register
-from lightbert.inference.finetuned import load_finetuned
 from lightbert.inference.predict import predict_records
 from lightbert.interop.convert import to_hf
 from lightbert.model import BertConfig, BertModel

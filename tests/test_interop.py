@@ -9,9 +9,9 @@ import transformers
 from helpers.models import random_batch, write_hf_bert
 from helpers.runs import compose_config
 
+from lightbert.checkpoints.reading import load_into, load_pretrained
 from lightbert.errors import ConfigError, UserError
 from lightbert.interop.convert import main as convert
-from lightbert.interop.hf import load_into, load_pretrained
 from lightbert.model import BertConfig, BertForPreTraining
 from lightbert.pretraining.module import PreTrainingModule
 from lightbert.run.jobs import train

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from helpers.models import random_batch
 from helpers.runs import TINY_PRETRAIN, compose_config, write_bert_corpus
 
+from lightbert.checkpoints.reading import load_pretrained
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.errors import ConfigError
-from lightbert.interop.hf import load_pretrained
 from lightbert.model import BertConfig, BertModel
 from lightbert.model.bert import RealTokens, attention_mask_for, explicit_attention_mask
 from lightbert.pretraining.masking import NextTokenCollator
@@ -261,7 +261,7 @@ def test_the_bilstm_on_top_reads_real_tokens_only():
 
 @pytest.mark.slow
 def test_a_left_to_right_checkpoint_fine_tunes_with_a_bilstm_on_top(objective_runs, tmp_path):
-    from lightbert.inference.finetuned import load_finetuned
+    from lightbert.checkpoints.finetuned import load_finetuned
 
     run_dir, _ = objective_runs["ltr"]
     results = fine_tune_sst2(run_dir, tmp_path, "task.module.bilstm=true")

@@ -14,9 +14,9 @@ from helpers.models import write_hf_bert
 from helpers.runs import compose_config
 from helpers.swag_files import ACTIONS, SUBJECTS, swag_data_files, swag_rows, write_swag_file
 
+from lightbert.checkpoints.reading import load_into, load_pretrained
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError
-from lightbert.interop.hf import load_into, load_pretrained
 from lightbert.model import BertConfig, BertForMultipleChoice
 from lightbert.run.jobs import train
 from lightbert.swag.data import ChoiceCollator, encode_choices

@@ -24,9 +24,9 @@ _PUBLIC = {
     "compose_config": "lightbert.run.cli",
     "train": "lightbert.run.jobs",
     "evaluate": "lightbert.run.jobs",
-    "load_finetuned": "lightbert.inference.finetuned",
+    "load_finetuned": "lightbert.checkpoints.finetuned",
     "predict_records": "lightbert.inference.predict",
-    "load_pretrained": "lightbert.interop.hf",
+    "load_pretrained": "lightbert.checkpoints.reading",
 }
 __all__ = [*_PUBLIC, "__version__"]
 

@@ -19,7 +19,7 @@ from typing import IO
 from lightbert.errors import UserError
 
 # What a finished run leaves in its directory: written by lightbert.run.jobs, read by init_from=<run dir>
-# (lightbert.interop.hf) and by the sweep summary.
+# (lightbert.checkpoints.reading) and by the sweep summary.
 RESULTS_FILE = "results.json"
 
 

@@ -7,36 +7,28 @@ run of it used when its own record does not say. A checkpoint records its head's
 saved by `TaskModule.on_save_checkpoint`); a Hugging Face directory its `architectures`. Nothing guesses a head from
 parameter names.
 
-A new head is one `register(Head(...))` call, in the family's own code or here; see README's "Adding a task".
+Each task family registers its head in its own folder, in `<family>/head.py` (`register(Head(...))`); the registry
+imports those modules on its first lookup, so a new family is its folder and its YAML, and nothing here. A head may
+also be registered from anywhere else (a user's own code) before it is looked up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import importlib.util
+import pkgutil
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-
-from torch import nn
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from lightbert.errors import UserError
-from lightbert.finetuning.module import TaskModule
-from lightbert.finetuning.predictor import Predictor
-from lightbert.glue.data import glue_task
-from lightbert.glue.module import SequenceClassificationModule
-from lightbert.glue.predictor import SequenceClassification
-from lightbert.model import (
-    BertConfig,
-    BertForMultipleChoice,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-)
-from lightbert.model.feature_based import FeatureBasedTagger
-from lightbert.ner.module import TokenClassificationModule
-from lightbert.ner.predictor import TokenClassification
-from lightbert.squad.module import QuestionAnsweringModule
-from lightbert.squad.predictor import QuestionAnswering
-from lightbert.swag.module import MultipleChoiceModule
-from lightbert.swag.predictor import MultipleChoice
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from lightbert.model import BertConfig
+    from lightbert.task_module import TaskModule
 
 
 @dataclass(frozen=True)
@@ -55,26 +47,83 @@ class Head:
     module: type[TaskModule]  # the LightningModule that trains it; its `head` is this name
     build: Callable[[BertConfig, HeadArguments], nn.Module]  # the network, fresh
     hf_class: str  # the Hugging Face class with the same parameter names
-    predictor: type[Predictor]
+    predictor: type  # its Predictor subclass (lightbert.finetuning.predictor), which runs it on new records
     onnx_outputs: tuple[str, ...] = ("logits",)
-    defaults: dict = field(default_factory=lambda: {"max_seq_length": 128})  # the task files' defaults
+    # The settings a run of it uses beyond the encoder (the task files' values): a fine-tuned model's run records
+    # its own (`recorded_settings`), these stand in where it does not (a Hugging Face directory from elsewhere).
+    defaults: dict = field(default_factory=lambda: {"max_seq_length": 128})
     # The module's saved arguments -> what the network was built with (labels, task, ...).
     arguments: Callable[[dict], HeadArguments] = lambda hp: HeadArguments(bilstm=bool(hp.get("bilstm", False)))
     labelled: bool = False  # has named labels (a Hugging Face config's id2label)
     reads_cls: bool = False  # reads the [CLS] vector (a left-to-right model reads its last token instead)
     choices: int = 0  # the choices in an example batch (ONNX export); 0 for a plain (B, T) batch
+    # What a run recorded beyond its task.* values of `defaults`' keys (its task config, its run directory), e.g. a
+    # threshold it tuned on its dev set.
+    recorded_extra: Callable[[Mapping[str, Any], Path], dict] = lambda task, run_dir: {}
+
+    def recorded_settings(self, task: Mapping[str, Any], run_dir: Path) -> dict:
+        """The settings a run of this head used, from its task config (`task`) and its run directory."""
+        return {**recorded_defaults(task, self.defaults), **self.recorded_extra(task, run_dir)}
 
 
-HEADS: dict[str, Head] = {}
+class HeadRegistry(dict):
+    """name -> Head; every family's head is registered (its `<family>/head.py` imported) before the first lookup."""
+
+    _found = False
+
+    def _find_families(self) -> None:
+        if HeadRegistry._found:
+            return
+        HeadRegistry._found = True
+        import lightbert
+
+        for package in pkgutil.iter_modules(lightbert.__path__):
+            if package.ispkg and importlib.util.find_spec(f"lightbert.{package.name}.head") is not None:
+                importlib.import_module(f"lightbert.{package.name}.head")
+
+    def __getitem__(self, name: str) -> Head:
+        self._find_families()
+        return super().__getitem__(name)
+
+    def __contains__(self, name: object) -> bool:
+        self._find_families()
+        return super().__contains__(name)
+
+    def __iter__(self) -> Iterator[str]:
+        self._find_families()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._find_families()
+        return super().__len__()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self._find_families()
+        return super().get(name, default)
+
+    def keys(self):
+        self._find_families()
+        return super().keys()
+
+    def values(self):
+        self._find_families()
+        return super().values()
+
+    def items(self):
+        self._find_families()
+        return super().items()
+
+
+HEADS: HeadRegistry = HeadRegistry()
 
 
 def register(head: Head) -> Head:
     """Adds a head; its module must name it (`head = "<name>"`), so that its checkpoints record it."""
     if head.module.head != head.name:
         raise TypeError(f"{head.module.__name__}.head is {head.module.head!r}, and its record is named {head.name!r}")
-    if head.name in HEADS and HEADS[head.name] != head:
+    if dict.__contains__(HEADS, head.name) and dict.__getitem__(HEADS, head.name) != head:
         raise ValueError(f"a head named {head.name!r} is registered already")
-    HEADS[head.name] = head
+    dict.__setitem__(HEADS, head.name, head)
     return head
 
 
@@ -98,80 +147,11 @@ def head_of_hf_class(architecture: str) -> Head | None:
     return next((h for h in HEADS.values() if h.hf_class == architecture), None)
 
 
-def _glue_arguments(hp: dict) -> HeadArguments:
-    spec = glue_task(hp["task"])
-    return HeadArguments(spec.label_names, spec.name, bilstm=bool(hp.get("bilstm", False)))
-
-
-def _ner_arguments(hp: dict) -> HeadArguments:
-    combination = hp.get("layer_combination")
-    feature_based = None
-    if combination:
-        feature_based = {
-            "combination": combination,
-            "lstm_hidden_size": hp.get("lstm_hidden_size", 768),
-            "lstm_layers": hp.get("lstm_layers", 2),
-        }
-    return HeadArguments(tuple(hp["label_names"]), feature_based=feature_based)
-
-
-def _tagger(config: BertConfig, a: HeadArguments) -> nn.Module:
-    if a.feature_based is not None:
-        return FeatureBasedTagger(config, len(a.labels), **a.feature_based)
-    return BertForTokenClassification(config, len(a.labels))
-
-
-register(
-    Head(
-        "sequence_classification",
-        SequenceClassificationModule,
-        lambda config, a: BertForSequenceClassification(config, len(a.labels) or 1, bilstm=a.bilstm),
-        "BertForSequenceClassification",
-        SequenceClassification,
-        arguments=_glue_arguments,
-        labelled=True,
-        reads_cls=True,
-    )
-)
-register(
-    Head(
-        "question_answering",
-        QuestionAnsweringModule,
-        lambda config, a: BertForQuestionAnswering(config, bilstm=a.bilstm),
-        "BertForQuestionAnswering",
-        QuestionAnswering,
-        onnx_outputs=("start_logits", "end_logits"),
-        defaults={
-            "max_seq_length": 384,
-            "doc_stride": 128,
-            "max_query_length": 64,
-            "n_best_size": 20,
-            "max_answer_length": 30,
-            "version": "1.1",
-            "null_threshold": 0.0,  # the reference's null_score_diff_threshold default
-        },
-    )
-)
-register(
-    Head(
-        "token_classification",
-        TokenClassificationModule,
-        _tagger,
-        "BertForTokenClassification",
-        TokenClassification,
-        arguments=_ner_arguments,
-        labelled=True,
-    )
-)
-register(
-    Head(
-        "multiple_choice",
-        MultipleChoiceModule,
-        lambda config, a: BertForMultipleChoice(config),
-        "BertForMultipleChoice",
-        MultipleChoice,
-        arguments=lambda hp: HeadArguments(),
-        reads_cls=True,
-        choices=2,
-    )
-)
+def recorded_defaults(task: Mapping[str, Any], defaults: dict) -> dict:
+    """The values of `defaults`' keys that a run's task config (`task`) holds, each of its default's type."""
+    settings = {}
+    for key, default in defaults.items():
+        value = task.get(key)
+        if value is not None:
+            settings[key] = type(default)(value) if default is not None else value
+    return settings

@@ -1,9 +1,9 @@
 """The sweeper of `experiment=glue_benchmark` and `experiment=squad_benchmark` (`hydra/sweeper=lightbert_benchmark`).
 
-It launches the jobs `lightbert.run.benchmark.plan` lists through whichever launcher the config names (in this process,
-`cluster=submitit_local`, `cluster=slurm`), each in the sweep directory under its own name, and skips the jobs whose
-directory holds a `results.json`: the same command run again finishes an interrupted benchmark. A failed job is
-recorded (the sweep summary lists it) and the others go on.
+It launches the jobs `lightbert.analysis.benchmark_plan.plan` lists through whichever launcher the config names (in
+this process, `cluster=submitit_local`, `cluster=slurm`), each in the sweep directory under its own name, and skips the
+jobs whose directory holds a `results.json`: the same command run again finishes an interrupted benchmark. A failed
+job is recorded (the sweep summary lists it) and the others go on.
 """
 
 import logging
@@ -24,9 +24,9 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from lightbert.analysis.benchmark_plan import BenchmarkJob, plan, record_plan, settings, task_option
 from lightbert.errors import UserError
 from lightbert.files import RESULTS_FILE
-from lightbert.run.benchmark import BenchmarkJob, plan, record_plan, settings, task_option
 
 log = logging.getLogger(__name__)
 

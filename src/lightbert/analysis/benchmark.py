@@ -24,9 +24,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from lightbert.analysis.benchmark_plan import checkpoint_key, read_plan
 from lightbert.errors import UserError, exits_on_user_error
 from lightbert.files import RESULTS_FILE, replace_atomically, write_atomically
-from lightbert.run.benchmark import checkpoint_key, read_plan
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from lightbert.analysis.benchmark_plan import PLAN_FILE
 from lightbert.files import RESULTS_FILE, open_atomically, write_atomically
-from lightbert.run.benchmark import PLAN_FILE
 
 log = logging.getLogger(__name__)
 

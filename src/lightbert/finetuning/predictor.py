@@ -12,7 +12,7 @@ import torch
 from lightbert.errors import UserError
 
 if TYPE_CHECKING:
-    from lightbert.inference.finetuned import FineTuned
+    from lightbert.checkpoints.finetuned import FineTuned
 
 Record = tuple[int, dict]  # (line number, the record)
 
@@ -42,9 +42,10 @@ class Predictor:
     reads = ""  # what a record holds, for messages
     plain_text = False  # reads plain text lines too
     per_token = False  # an output row per token (cut to each sequence's own length), not one per sequence
+    options: tuple[str, ...] = ()  # the keys of src/predict.py's config (conf/predict.yaml) this predictor reads
 
-    def __init__(self, finetuned: FineTuned, max_seq_length: int, null_threshold: float | None = None):
-        """`null_threshold`: SQuAD v2.0's, when the command line gives one; other predictors ignore it."""
+    def __init__(self, finetuned: FineTuned, max_seq_length: int, options: dict | None = None):
+        """`options`: the values of the command's keys that `options` names, where given (not null)."""
         self.finetuned, self.tokenizer, self.max_seq_length = finetuned, finetuned.tokenizer, max_seq_length
         self.notes: list[str] = []  # said on the console, once
 

@@ -16,7 +16,6 @@ import os
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import datasets
 import torch
@@ -26,9 +25,7 @@ from lightbert.data.encoding import encode_truncated
 from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
 from lightbert.finetuning.datamodule import FineTuningDataModule
-
-if TYPE_CHECKING:
-    from lightbert.glue.metrics import GlueSubmission
+from lightbert.finetuning.predictions import PredictionWriter
 
 HUB_DATASET = "nyu-mll/glue"
 
@@ -274,7 +271,7 @@ class GlueDataModule(FineTuningDataModule):
         fields = {"label": ("labels", label_dtype), "idx": ("idx", torch.long)}
         return PaddingCollator(self.tokenizer.pad_id, fields, self.pad_to_multiple_of)
 
-    def prediction_writer(self) -> GlueSubmission:
+    def prediction_writer(self) -> PredictionWriter:
         from lightbert.glue.metrics import GlueSubmission  # eval/glue.py reads this module's GlueTask
 
         return GlueSubmission(self.spec)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lightbert.finetuning.module import TaskModule
 from lightbert.glue.data import glue_task
 from lightbert.glue.metrics import glue_metrics
 from lightbert.model import BertForSequenceClassification
+from lightbert.task_module import TaskModule
 
 
 class SequenceClassificationModule(TaskModule):

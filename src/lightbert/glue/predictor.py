@@ -10,14 +10,14 @@ from lightbert.finetuning.predictor import Predictor, Record, Unit, softmax
 from lightbert.glue.data import encode_examples, glue_task
 
 if TYPE_CHECKING:
-    from lightbert.inference.finetuned import FineTuned
+    from lightbert.checkpoints.finetuned import FineTuned
 
 
 class SequenceClassification(Predictor):
     plain_text = True
 
-    def __init__(self, finetuned: FineTuned, max_seq_length: int, null_threshold: float | None = None):
-        super().__init__(finetuned, max_seq_length, null_threshold)
+    def __init__(self, finetuned: FineTuned, max_seq_length: int, options: dict | None = None):
+        super().__init__(finetuned, max_seq_length, options)
         self.task_columns = glue_task(finetuned.task).text_columns if finetuned.task else ()
         own = f" or its task's columns {list(self.task_columns)}" if self.task_columns else ""
         self.reads = '{"text": ..., "text_pair": ... (optional)}' + own + ", or plain text lines"

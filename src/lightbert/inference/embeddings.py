@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lightbert.checkpoints.reading import load_encoder, load_pretrained
 from lightbert.data.batches import pad_batch
 from lightbert.data.encoding import encode_truncated
 from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
 from lightbert.files import open_atomically, read_input_text
-from lightbert.interop.hf import load_encoder, load_pretrained
 from lightbert.model import BertModel
 
 PAIR_SEPARATOR = " ||| "

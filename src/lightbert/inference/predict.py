@@ -33,13 +33,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from lightbert.checkpoints.finetuned import FineTuned, load_finetuned
 from lightbert.data.batches import GPU_EVAL_BATCH_SIZE, pad_batch
 from lightbert.data.encoding import check_max_seq_length
 from lightbert.errors import UserError
 from lightbert.files import open_atomically, read_input_text
 from lightbert.finetuning.predictor import Predictor, Record, Unit
 from lightbert.heads import HEADS
-from lightbert.inference.finetuned import FineTuned, load_finetuned
 
 
 def say(message: str) -> None:
@@ -173,18 +173,19 @@ def predict_records(
     batch_size: int = 64,
     max_seq_length: int | None = None,
     device: torch.device | str = "cpu",
-    null_threshold: float | None = None,
+    options: dict | None = None,
     progress: bool = False,
     dtype: str = "fp32",
 ) -> tuple[Predicted, Predictor]:
-    """Every record's prediction, in order; `dtype` fp32 or bf16 (autocast)."""
+    """Every record's prediction, in order; `dtype` fp32 or bf16 (autocast). `options`: the values of the command's
+    keys the head's predictor reads (`Predictor.options`)."""
     started = time.perf_counter()
     max_seq_length = max_seq_length or finetuned.settings["max_seq_length"]
     positions = finetuned.config.max_position_embeddings
     check_max_seq_length(max_seq_length, positions=positions)  # names max_seq_length, predict.yaml's own key
     if batch_size < 1:
         raise UserError(f"batch_size={batch_size} must be at least 1")
-    head = HEADS[finetuned.head].predictor(finetuned, max_seq_length, null_threshold)
+    head = HEADS[finetuned.head].predictor(finetuned, max_seq_length, options)
     units = head.encode(records)
     outputs = run(head, units, batch_size, torch.device(device), progress, dtype_for(dtype, torch.device(device)))
     # Units come in the records' order (QA: the windows of each question in turn), whatever order they ran in.
@@ -229,7 +230,7 @@ def predict_to_file(cfg: DictConfig) -> Predicted:
         batch_size=batch_size,
         max_seq_length=cfg.max_seq_length,
         device=device,
-        null_threshold=cfg.null_score_diff_threshold,
+        options={key: cfg.get(key) for key in head_class.options},
         progress=True,
         dtype=dtype,
     )

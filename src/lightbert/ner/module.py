@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from lightbert.data.encoding import IGNORE_INDEX
-from lightbert.finetuning.module import TaskModule
 from lightbert.model import BertForTokenClassification
 from lightbert.model.feature_based import FeatureBasedTagger
 from lightbert.ner.metrics import EntityF1
+from lightbert.task_module import TaskModule
 
 
 class TokenClassificationModule(TaskModule):

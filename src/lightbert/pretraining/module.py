@@ -7,10 +7,10 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
 from lightbert.data.encoding import IGNORE_INDEX
-from lightbert.finetuning.module import TaskModule
 from lightbert.model import BertForPreTraining
 from lightbert.pretraining.objectives import check_objective
 from lightbert.pretraining.packing import PACKED_KEYS, examples_in, packed_rows
+from lightbert.task_module import TaskModule
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -10,10 +10,10 @@ import lightning as L
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
+from lightbert.checkpoints.finetuned import carry_head, head_of
+from lightbert.checkpoints.reading import Pretrained, load_into
 from lightbert.errors import ConfigError, UserError
 from lightbert.heads import Head, HeadArguments, head_of_module
-from lightbert.inference.finetuned import carry_head, head_of
-from lightbert.interop.hf import Pretrained, load_into
 from lightbert.model import BertConfig
 from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
 from lightbert.run.cli import CONF_DIR
@@ -67,7 +67,7 @@ def _check_token_types(settings: RunSettings, type_vocab_size: int, pretrained: 
     has = f"init_from={settings.init_from} has" if pretrained is not None else "model.type_vocab_size is"
     raise ConfigError(
         f"{has} type_vocab_size {type_vocab_size}, and task={settings.task.option or '...'} feeds {segments} segments "
-        "(a sentence pair); fine-tune it on a single-sentence task (glue/sst2, glue/cola, conll2003) or start from a "
+        "(a sentence pair); fine-tune it on a task of single sentences, or start from a "
         f"model with type_vocab_size {segments}"
     )
 

@@ -48,7 +48,7 @@ def _train(cfg: DictConfig) -> float | None:
     with held(settings) as settings, processes.stops_cleanly(settings.output_dir):
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-        from lightbert.run import checkpointing
+        from lightbert.checkpoints import saving
         from lightbert.run.jobs import fit
 
         try:
@@ -56,7 +56,7 @@ def _train(cfg: DictConfig) -> float | None:
         except SIGTERMException:
             # Lightning stopped after the current batch and LatestCheckpoint saved it; exit as a process killed by
             # the signal does (SIGTERM, or SIGINT for Ctrl-C).
-            stopped_by = checkpointing.stopped_by
+            stopped_by = saving.stopped_by
             print(
                 f"lightbert: stopped by {stopped_by.name}; the latest state is in "
                 f"{settings.output_dir}/checkpoints/last.ckpt. To continue, rerun the same command with "

@@ -20,15 +20,15 @@ import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
+from lightbert.checkpoints.reading import Pretrained
+from lightbert.checkpoints.saving import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError
 from lightbert.finetuning.predictions import write_test_predictions
-from lightbert.interop.hf import Pretrained
 from lightbert.run import processes
 from lightbert.run.agreement import SameResumeOnEveryNode
 from lightbert.run.architecture import check_head, load_pretrained_weights, with_vocabulary
 from lightbert.run.callbacks import RunProgressBar
-from lightbert.run.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
 from lightbert.run.instantiation import instantiate_config, parameters_named_by
 from lightbert.run.loggers import RunCSVLogger, finish_wandb, summarise_in_wandb
 from lightbert.run.preflight import prepare

@@ -11,7 +11,7 @@ stops the children itself).
 
 SIGTERM or Ctrl-C outside training (while the tokenizer, the examples or a cache are being built, or the predictions
 written) ends the run with one line that names its directory; during training Lightning's own handler takes SIGTERM
-and `lightbert.run.checkpointing.LatestCheckpoint` takes Ctrl-C (a checkpoint first): `training_started()` and
+and `lightbert.checkpoints.saving.LatestCheckpoint` takes Ctrl-C (a checkpoint first): `training_started()` and
 `training_ended()` hand them over and back.
 """
 

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from lightbert.distributed import gather_dict
-from lightbert.finetuning.module import TaskModule
 from lightbert.model import BertForQuestionAnswering
+from lightbert.task_module import TaskModule
 
 
 def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:

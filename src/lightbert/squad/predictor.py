@@ -13,7 +13,7 @@ from lightbert.squad.answers import SquadAnswers
 from lightbert.squad.data import Windowing, make_windows
 
 if TYPE_CHECKING:
-    from lightbert.inference.finetuned import FineTuned
+    from lightbert.checkpoints.finetuned import FineTuned
 
 
 NO_ANSWERS = {"text": [], "answer_start": []}  # a new question has no gold answers
@@ -21,12 +21,13 @@ NO_ANSWERS = {"text": [], "answer_start": []}  # a new question has no gold answ
 
 class QuestionAnswering(Predictor):
     reads = '{"question": ..., "context": ...}'
+    options = ("null_score_diff_threshold",)  # SQuAD v2.0's: null uses the run's threshold
 
-    def __init__(self, finetuned: FineTuned, max_seq_length: int, null_threshold: float | None = None):
-        super().__init__(finetuned, max_seq_length, null_threshold)
-        settings = finetuned.settings
+    def __init__(self, finetuned: FineTuned, max_seq_length: int, options: dict | None = None):
+        super().__init__(finetuned, max_seq_length, options)
+        settings, given = finetuned.settings, (options or {}).get("null_score_diff_threshold")
         self.version_2 = str(settings["version"]) == "2.0"
-        self.threshold = settings["null_threshold"] if null_threshold is None else null_threshold
+        self.threshold = settings["null_threshold"] if given is None else float(given)
         self.windowing = Windowing(max_seq_length, settings["doc_stride"], settings["max_query_length"])
 
     def encode(self, records: list[Record]) -> list[Unit]:

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import Accuracy
 
-from lightbert.finetuning.module import TaskModule
 from lightbert.model import BertForMultipleChoice
+from lightbert.task_module import TaskModule
 
 
 class MultipleChoiceModule(TaskModule):

@@ -9,20 +9,18 @@ writes). `predict.py` and `convert to-hf` / `to-onnx` start from it.
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from lightbert.checkpoints.reading import HeadCarry, Pretrained, load_into, load_pretrained
 from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
 from lightbert.heads import HEADS, Head, HeadArguments, head_named, head_of_hf_class
-from lightbert.interop.hf import HeadCarry, Pretrained, load_into, load_pretrained
 from lightbert.model import BertConfig
-
-RUN_SETTING_KEYS = ("max_seq_length", "doc_stride", "max_query_length", "n_best_size", "max_answer_length", "version")
 
 
 @dataclass
@@ -66,12 +64,12 @@ def finetuned_from(pretrained: Pretrained, init_from: str) -> FineTuned:
     if found is None:
         raise UserError(
             f"init_from={init_from} has no fine-tuned head: it is a pre-trained model (masked LM and next-sentence "
-            "prediction, or a bare encoder). Fine-tune it first, e.g. python src/train.py task=glue/sst2 "
+            "prediction, or a bare encoder). Fine-tune it first, python src/train.py task=<a fine-tuning task> "
             f"init_from={init_from}, and use that run"
         )
     head, arguments = found
     config = BertConfig.from_dict(pretrained.config)
-    recorded_task, recorded = _recorded(pretrained)
+    recorded_task, recorded = _recorded(pretrained, HEADS[head])
     settings = {**HEADS[head].defaults, **recorded}
     task = arguments.task or recorded_task
     model = HEADS[head].build(config, arguments)
@@ -173,73 +171,36 @@ def carry_head(pretrained: Pretrained, wanted: Head, wanted_arguments: HeadArgum
     return HeadCarry(True, keep, line=f"the {what} head is carried from {pretrained.source}, its labels matched {how}")
 
 
-def hf_head_config(finetuned: FineTuned) -> dict:
-    """config.json's entries that make a Hugging Face directory of this head: what `AutoModelFor...` and
-    `pipeline` read (architectures, labels), and lightbert's own (the task and the run's settings) for predict.py."""
-    if finetuned.feature_based is not None:
-        raise UserError(
-            f"{finetuned.source} is a feature-based tagger (a frozen BERT feeding a BiLSTM), which no Hugging Face "
-            "class holds; run it with src/predict.py, or export it with to-onnx"
-        )
-    if finetuned.bilstm:
-        raise UserError(
-            f"{finetuned.source} has a BiLSTM between its encoder and its head, which no Hugging Face class holds; "
-            "run it with src/predict.py"
-        )
-    head = HEADS[finetuned.head]
-    config: dict = {"architectures": [head.hf_class]}
-    if finetuned.config.causal:
-        if head.reads_cls:
-            raise UserError(
-                f"{finetuned.source} is a left-to-right model (task.objective=ltr): its classifier reads each "
-                "sequence's last token, and Hugging Face's reads [CLS]; run it with src/predict.py or export it with "
-                "to-onnx"
-            )
-        config["is_decoder"] = True  # transformers' BertModel then attends left to right, as this model does
-    if head.labelled:
-        names = finetuned.labels or ("LABEL_0",)
-        config["id2label"] = dict(enumerate(names))
-        config["label2id"] = {name: i for i, name in enumerate(names)}
-        # transformers reads a single unnamed output as a regression only when told so
-        config["problem_type"] = "regression" if finetuned.is_regression else "single_label_classification"
-    config["lightbert"] = {"task": finetuned.task, "settings": finetuned.settings}
-    return config
-
-
-def pretraining_head_config(pretrained: Pretrained) -> dict:
-    """config.json's architecture for a pre-trained model of each objective (lightbert.pretraining.objectives):
-    MLM + NSP is `BertForPreTraining`, MLM alone `BertForMaskedLM`, the left-to-right LM `BertLMHeadModel` as a
-    decoder (its causal self-attention is this model's)."""
-    if BertConfig.from_dict(pretrained.config).causal:
-        return {"architectures": ["BertLMHeadModel"], "is_decoder": True}
-    if "cls.seq_relationship.weight" not in pretrained.state_dict:
-        return {"architectures": ["BertForMaskedLM"]}
-    return {}
-
-
-def _recorded(pretrained: Pretrained) -> tuple[str | None, dict]:
-    """The task and settings of the run that trained it: from its .hydra/config.yaml and, for SQuAD v2.0, the null
-    threshold its dev predictions used (predictions/eval.json); from a Hugging Face directory, config.json's
-    `lightbert` entry (which `convert to-hf` writes)."""
+def _recorded(pretrained: Pretrained, head: Head) -> tuple[str | None, dict]:
+    """The task and settings of the run that trained it: from its .hydra/config.yaml and run directory, as its head
+    reads them (`Head.recorded_settings`); from a Hugging Face directory, config.json's `lightbert` entry (which
+    `convert to-hf` writes)."""
     if pretrained.hf_config:
         recorded = pretrained.hf_config.get("lightbert") or {}
         return recorded.get("task"), dict(recorded.get("settings") or {})
     run = pretrained.run_dir
     if run is None or not (run / ".hydra" / "config.yaml").is_file():
         return None, {}
-    recorded = OmegaConf.load(run / ".hydra" / "config.yaml")
-    settings = {}
-    for key in RUN_SETTING_KEYS:
-        value = OmegaConf.select(recorded, f"task.{key}", default=None, throw_on_resolution_failure=False)
-        if value is not None:
-            settings[key] = str(value) if key == "version" else int(value)
-    threshold = OmegaConf.select(
-        recorded, "task.null_score_diff_threshold", default=None, throw_on_resolution_failure=False
-    )
-    scores = run / "predictions" / "eval.json"
-    if scores.is_file():  # the threshold the run tuned on its dev set (or was given), as its predictions used
-        threshold = json.loads(scores.read_text()).get("null_threshold", threshold)
-    if threshold is not None:
-        settings["null_threshold"] = float(threshold)
-    task = OmegaConf.select(recorded, "task.name", default=None, throw_on_resolution_failure=False)
-    return (str(task) if task is not None else None), settings
+    task = RecordedTask(OmegaConf.load(run / ".hydra" / "config.yaml"))
+    name = task.get("name")
+    return (str(name) if name is not None else None), head.recorded_settings(task, run)
+
+
+class RecordedTask(Mapping):
+    """A run's recorded `task.*` values: the config as it was composed, whose interpolations of Hydra's runtime no
+    longer resolve; a value that does not resolve reads as absent."""
+
+    def __init__(self, config: DictConfig):
+        self.config = config
+
+    def __getitem__(self, key: str):
+        value = OmegaConf.select(self.config, f"task.{key}", default=None, throw_on_resolution_failure=False)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __iter__(self):
+        return iter(self.config.get("task") or {})
+
+    def __len__(self) -> int:
+        return len(self.config.get("task") or {})

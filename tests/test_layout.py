@@ -1,0 +1,113 @@
+"""The code's shape, held: imports flow one way (no cycle between modules, at import time or for type checkers), the
+run's stages read typed settings rather than the config's string keys, and the task families stay in their folders."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from helpers.runs import REPO
+
+PACKAGE = REPO / "src" / "lightbert"
+FAMILIES = sorted(p.parent.name for p in PACKAGE.glob("*/head.py"))
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_level_imports(path: Path) -> set[str]:
+    """The lightbert modules `path` imports outside functions (`if TYPE_CHECKING:` blocks included)."""
+    found: set[str] = set()
+
+    def visit(statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name.startswith("lightbert"))
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lightbert"):
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)  # `from package import module`
+            elif isinstance(node, ast.If | ast.Try):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+
+    visit(ast.parse(path.read_text()).body)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = {m for m in module_level_imports(path) if m in modules and m != name}
+    return graph
+
+
+def test_no_module_imports_itself_through_others():
+    graph, cycles = import_graph(), []
+
+    def walk(node: str, path: list[str], state: dict[str, int]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                walk(nxt, [*path, nxt], state)
+        state[node] = 2
+
+    state: dict[str, int] = {}
+    for start in sorted(graph):
+        if start not in state:
+            walk(start, [start], state)
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_below_the_settings_builder_no_stage_reads_the_config_by_its_keys():
+    pattern = re.compile(r"cfg\.get\(|cfg\.trainer\.|OmegaConf\.select\(cfg")
+    readers = [
+        f"{path.name}:{number}"
+        for path in sorted((PACKAGE / "run").glob("*.py"))
+        if path.name != "settings.py"
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if pattern.search(line)
+    ]
+    assert not readers, readers
+    assert len((PACKAGE / "run" / "jobs.py").read_text().splitlines()) < 250
+
+
+def code_words(path: Path) -> list[tuple[int, str]]:
+    """The names and strings of `path`'s code, without its docstrings (which may name a family as an example)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    words = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            words.append((node.lineno, node.value))
+        elif isinstance(node, ast.Name | ast.Attribute):
+            words.append((node.lineno, node.id if isinstance(node, ast.Name) else node.attr))
+    return words
+
+
+def test_the_task_families_stay_in_their_folders():
+    """A family is its folder and its YAML: run/, inference/, checkpoints/ and the registry name none of them."""
+    assert {"glue", "ner", "squad", "swag"} <= set(FAMILIES)
+    mention = re.compile(r"\b(" + "|".join(FAMILIES) + r")\b|squad_|conll", re.IGNORECASE)
+    found = [
+        f"{path.relative_to(PACKAGE)}:{number}: {text}"
+        for folder in ("run", "inference", "checkpoints")
+        for path in sorted((PACKAGE / folder).glob("*.py"))
+        for number, text in code_words(path)
+        if mention.search(text)
+    ]
+    heads = (PACKAGE / "heads.py").read_text()
+    found += [f"heads.py mentions {family}" for family in FAMILIES if f"lightbert.{family}" in heads]
+    assert not found, "\n".join(found)
