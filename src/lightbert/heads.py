@@ -7,7 +7,7 @@ run of it used when its own record does not say. A checkpoint records its head's
 saved by `TaskModule.on_save_checkpoint`); a Hugging Face directory its `architectures`. Nothing guesses a head from
 parameter names.
 
-A new head is one `register(Head(...))` call, in the family's own code or here; see README's "Adding a task".
+A new head is one `register(Head(...))` call, in the family's own code or here; see docs/adding-a-task.md.
 """
 
 from __future__ import annotations
