@@ -3,7 +3,7 @@
     python bench/ablation_study.py --model bert_mini --steps 200 --seeds 1,2,3 --out outputs/ablation_study \
         --report bench/ABLATION_STUDY.md
 
-It runs the recipe of README "Reproducing the paper's ablations" as a user would, four commands:
+It runs the recipe of docs/sweeps.md, "Reproducing the paper's ablations", as a user would, four commands:
 
 1. `src/train.py task=pretrain sweep=objectives` on the demo corpus (Python's documentation, shipped with Python):
    mlm_nsp, mlm and ltr, each with every seed, `--steps` steps of batch 32, sequences of 128, at a learning rate

@@ -6,7 +6,7 @@ one markdown table.
     python bench/switch_table.py --hf-compile --out switches.md    # every case also against transformers compiled
     python bench/switch_table.py --cases defaults compile packing+compile --model bert_large --batch-size 32
 
-On a GPU the pre-training cases are bert_base, 128 tokens, batch 256 (issue 28's case) in bf16; on a CPU
+On a GPU the pre-training cases are bert_base, 128 tokens, batch 256 (RESULTS.md's GPU rows) in bf16; on a CPU
 bert_small at pretrain_step.py's batch of 8, in fp32 ("bf16 weights" in bf16, slow on a CPU without a bf16 unit).
 A case that fails (out of memory, a missing extra) gets its error in its row, and the others still run. `--quick` is
 the tests' size: bert_tiny, one repeat, graphs checked with aot_eager.

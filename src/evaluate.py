@@ -1,4 +1,5 @@
-"""Evaluate a fine-tuned model without training: `python src/evaluate.py task=... init_from=...` (see README).
+"""Evaluate a fine-tuned model without training: `python src/evaluate.py task=... init_from=...`
+(see docs/using-a-model.md).
 
 Thin on purpose: `lightbert.run.commands` composes the config from conf/ and runs the job; an installed lightbert
 runs the same as `lightbert-evaluate`.

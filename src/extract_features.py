@@ -1,4 +1,5 @@
-"""Contextual embeddings: `python src/extract_features.py init_from=... input_file=... output_file=...` (see README).
+"""Contextual embeddings: `python src/extract_features.py init_from=... input_file=... output_file=...`
+(see docs/using-a-model.md).
 
 Thin on purpose: `lightbert.run.commands` composes the config from conf/ and runs the job; an installed lightbert
 runs the same as `lightbert-extract-features`.

@@ -1,4 +1,5 @@
-"""Predictions of a fine-tuned model: `python src/predict.py init_from=... input_file=... output_file=...` (README).
+"""Predictions of a fine-tuned model: `python src/predict.py init_from=... input_file=... output_file=...`
+(docs/using-a-model.md).
 
 Thin on purpose: `lightbert.run.commands` composes the config from conf/ and runs the job; an installed lightbert
 runs the same as `lightbert-predict`.

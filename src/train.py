@@ -1,4 +1,4 @@
-"""Train with lightbert: `python src/train.py [group=option ...] [key=value ...]` (see README).
+"""Train with lightbert: `python src/train.py [group=option ...] [key=value ...]` (see docs/).
 
 Thin on purpose: `lightbert.run.commands` composes the config from conf/ and runs the job; an installed lightbert
 runs the same as `lightbert-train`.

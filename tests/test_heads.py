@@ -1,5 +1,6 @@
 """The head registry: every head's record agrees with its module, checkpoints name their head, and a new head
-registered from outside the package (here, this file alone) trains, evaluates, predicts and exports to Hugging Face."""
+registered from outside the package (here, this file alone), with a setting of its own, trains, evaluates, predicts
+and exports to Hugging Face."""
 
 from __future__ import annotations
 
@@ -82,6 +83,8 @@ NEXT_SENTENCE = Head(
     arguments=_arguments,
     labelled=True,
     reads_cls=True,
+    # A setting of its own, which its runs record (task.pair_weight) and a fine-tuned model of it reads back.
+    defaults={"max_seq_length": 128, "pair_weight": 1.0},
 )
 
 
@@ -100,6 +103,7 @@ def test_a_head_registered_from_outside_trains_evaluates_predicts_and_exports(tm
         "task.max_seq_length=32",
         "task.datamodule.num_workers=0",
         "trainer.max_epochs=1",
+        "+task.pair_weight=0.5",
         *(f"task.data_files.{split}={path}" for split, path in files.items()),
     ]
     results = train(compose_config(overrides, tmp_path / "run"))
@@ -109,10 +113,11 @@ def test_a_head_registered_from_outside_trains_evaluates_predicts_and_exports(tm
     finetuned = load_finetuned(str(tmp_path / "run"))
     assert finetuned.head == "next_sentence" and isinstance(finetuned.model, BertForNextSentence)
     assert finetuned.labels == ("not_equivalent", "equivalent") and finetuned.task == "mrpc"
+    assert finetuned.settings == {"max_seq_length": 32, "pair_weight": 0.5}  # as its run recorded them
 
     scored = evaluate(
         compose_config(
-            [o for o in overrides if not o.startswith(("init_from=", "trainer.max_epochs"))]
+            [o for o in overrides if not o.startswith(("init_from=", "trainer.max_epochs", "+task."))]
             + [f"init_from={tmp_path / 'run'}"],
             tmp_path / "eval",
             config_name="evaluate",

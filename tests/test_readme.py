@@ -1,6 +1,7 @@
-"""README's runnable command blocks, run as written: the blocks are read from README.md itself, so the file and the
-test cannot drift apart. A block is runnable when its first line is `RUNNABLE`; every line of it runs in a fresh
-directory that has the checkout's src/ and conf/, with the test's venv first on PATH (`python`, `lightbert-train`)."""
+"""The runnable command blocks of README.md and of every page of docs/, run as written: the blocks are read from the
+pages themselves, so the pages and the test cannot drift apart. A block is runnable when its first line is
+`RUNNABLE`; every line of it runs in a fresh directory that has the checkout's src/ and conf/, with the test's venv
+first on PATH (`python`, `lightbert-train`)."""
 
 from __future__ import annotations
 
@@ -11,26 +12,67 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.runs import REPO
+from helpers.runs import CONF_DIR, REPO
 
 RUNNABLE = "# runs as written on a CPU, no network (tests/test_readme.py)"
 
 
-def runnable_blocks(readme: Path = REPO / "README.md") -> list[str]:
-    blocks = re.findall(r"^```bash\n(.*?)^```", readme.read_text(encoding="utf-8"), flags=re.MULTILINE | re.DOTALL)
+def pages() -> list[Path]:
+    """README.md and every page of the docs site, in a stable order."""
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def runnable_blocks_of(page: Path) -> list[str]:
+    blocks = re.findall(r"^```bash\n(.*?)^```", page.read_text(encoding="utf-8"), flags=re.MULTILINE | re.DOTALL)
     return [block.split("\n", 1)[1] for block in blocks if block.startswith(RUNNABLE + "\n")]
 
 
-def test_readme_marks_its_runnable_blocks():
-    blocks = runnable_blocks()
+def runnable_blocks() -> list[tuple[str, str]]:
+    """(page, block) for every runnable block of every page."""
+    return [(str(page.relative_to(REPO)), block) for page in pages() for block in runnable_blocks_of(page)]
+
+
+def test_the_pages_mark_their_runnable_blocks():
+    found = runnable_blocks()
+    assert any(page.startswith("docs/") for page, _ in found)  # docs/ is read, not only README.md
+    blocks = [block for _, block in found]
     assert len(blocks) >= 3
     assert any("trainer=ddp8" in b for b in blocks)  # the laptop check of a GPU command
     assert any("lightbert-train" in b for b in blocks)  # the installed command
+    assert any("--cfg job" in b for b in blocks)  # what a command would run, without running it
+
+
+GROUPS = ("model", "task", "corpus", "optim", "trainer", "cluster", "logger", "sweep", "experiment", "debug")
+OPTION = re.compile(rf"(?<![\w.+~/-])({'|'.join(GROUPS)})=([a-z][\w/]*)")
+
+
+def test_every_option_the_pages_name_is_in_conf():
+    """`group=option` anywhere on a page (commands and prose) names a file under conf/<group>/, so a renamed or
+    removed option cannot live on in the docs. An option that the page's own diff adds (Adding a task) counts."""
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        added = set(re.findall(r"^\+\+\+ b/conf/(\S+)\.yaml$", text, flags=re.MULTILINE))
+        for group, option in set(OPTION.findall(text)):
+            if option == "null":  # `logger=null`: unsetting a group is Hydra's, not an option
+                continue
+            exists = (CONF_DIR / group / f"{option}.yaml").is_file() or f"{group}/{option}" in added
+            assert exists, f"{page.relative_to(REPO)} names {group}={option}, which conf/{group}/ does not hold"
+
+
+def test_a_marker_is_never_lost_to_another_fence():
+    """A runnable marker in a block that is not a ```bash fence would silently not run: every marker is counted."""
+    for page in pages():
+        markers = re.findall(rf"^{re.escape(RUNNABLE)}$", page.read_text(encoding="utf-8"), flags=re.MULTILINE)
+        assert len(markers) == len(runnable_blocks_of(page)), page
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", runnable_blocks(), ids=lambda b: b.splitlines()[0][:70])
-def test_a_runnable_readme_block_runs_as_written(block: str, tmp_path: Path):
+@pytest.mark.parametrize(
+    ("page", "block"),
+    runnable_blocks(),
+    ids=[f"{page}: {block.splitlines()[0][:60]}" for page, block in runnable_blocks()],
+)
+def test_a_runnable_block_runs_as_written(page: str, block: str, tmp_path: Path):
     for name in ("src", "conf"):
         (tmp_path / name).symlink_to(REPO / name)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}

@@ -164,7 +164,7 @@ def dry_run(trainer: str, corpus: Path, run_dir: Path) -> list[str]:
 
 
 def test_readme_dry_run_works_for_ddp(corpus, tmp_path):
-    """The README's check of a cluster command on a laptop, as written there."""
+    """The docs' check of a cluster command on a laptop (docs/scale.md), as written there."""
     result = run_train_forked(*dry_run("ddp8", corpus, tmp_path / "run"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["global_step"] == 3

@@ -8,8 +8,9 @@ saved by `TaskModule.on_save_checkpoint`); a Hugging Face directory its `archite
 parameter names.
 
 Each task family registers its head in its own folder, in `<family>/head.py` (`register(Head(...))`); the registry
-imports those modules on its first lookup, so a new family is its folder and its YAML, and nothing here. A head may
-also be registered from anywhere else (a user's own code) before it is looked up.
+imports those modules on its first lookup, so a new family is its folder and its YAML, and nothing here
+(docs/adding-a-task.md). A head may also be registered from anywhere else (a user's own code) before it is
+looked up.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def run_script_forked(script: str, *args: str, **kwargs) -> subprocess.Completed
 
 
 def cpu_twin(trainer: str) -> list[str]:
-    """The README's dry run: the trainer config as it is, on CPU processes instead of GPUs."""
+    """The docs' dry run (docs/scale.md): the trainer config as it is, on CPU processes instead of GPUs."""
     return [f"trainer={trainer}", "trainer.accelerator=cpu", f"trainer.devices={DEVICES[trainer]}"]
 
 

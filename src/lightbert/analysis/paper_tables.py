@@ -2,8 +2,8 @@
 `python -m lightbert.analysis.paper_tables PRETRAIN FINETUNE [...]`.
 
 PRETRAIN is the sweep directory of the pre-training jobs (or one pre-training run), FINETUNE one or more sweep
-directories of fine-tuning jobs whose `init_from` is one of those jobs or a checkpoint of one (README "Reproducing
-the paper's ablations"). What the pre-training jobs differ in picks the table:
+directories of fine-tuning jobs whose `init_from` is one of those jobs or a checkpoint of one (docs/sweeps.md,
+"Reproducing the paper's ablations"). What the pre-training jobs differ in picks the table:
 
 - `task.objective`: Table 5 (pre-training tasks: BERT, No NSP, LTR & No NSP);
 - `task.datamodule.masking`: Table 8 (masking procedures);

@@ -1,1 +1,2 @@
-"""Data: tokenizer, corpora, pre-training examples, masking and DataModules."""
+"""Plumbing every task shares: the WordPiece tokenizer, BERT's input format (encoding), batching and padding, and
+task data from local files or the hub. Pre-training's corpus, examples and masking live in `lightbert.pretraining`."""

@@ -5,7 +5,7 @@ supplies hooks: `required_columns` and `check` (what a split must hold), `encode
 `collator` (rows to a batch), `cache_settings` (what else the cached encoding depends on) and, where it has
 them, `read_file` (a format of its own), `hub_source`, `prediction_writer` and `evaluator`. This class does the
 rest: local files or the hub, the checks every task makes, a cache of the encoded splits keyed by everything that
-made them, and the loaders. `README.md` ("Adding a task") shows a whole task.
+made them, and the loaders. `docs/adding-a-task.md` shows a whole task.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Evaluation, in one place: the GLUE metrics and submission files, the official SQuAD scorer and the
-post-processing from logits to answers, entity-level F1 for NER.
+"""What a fine-tuning family's prediction files are written from: `Predictions` (split -> example -> prediction) and the
+`PredictionWriter` protocol.
 
-The task modules score validation with these; after training, a task's `PredictionWriter` (which the task's
-DataModule declares) turns the predictions of its prediction splits into the files a run leaves in
-`predictions/`: GLUE submission TSVs, SQuAD's official JSON files, conlleval's format, each with `eval.json` where
-the split has gold labels.
+After training, the best checkpoint predicts the task's prediction splits, and its `PredictionWriter` (which the
+task's DataModule declares) turns those predictions into the files a run leaves in `predictions/`. The writers and
+the metrics live in each family's folder: GLUE's submission TSVs in `glue/metrics.py`, SQuAD's official JSON files in
+`squad/answers.py`, conlleval's format in `ner/metrics.py`, each with `eval.json` where the split has gold labels.
 """
 
 from __future__ import annotations

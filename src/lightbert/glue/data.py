@@ -272,6 +272,6 @@ class GlueDataModule(FineTuningDataModule):
         return PaddingCollator(self.tokenizer.pad_id, fields, self.pad_to_multiple_of)
 
     def prediction_writer(self) -> PredictionWriter:
-        from lightbert.glue.metrics import GlueSubmission  # eval/glue.py reads this module's GlueTask
+        from lightbert.glue.metrics import GlueSubmission  # glue/metrics.py imports this module's GlueTask
 
         return GlueSubmission(self.spec)

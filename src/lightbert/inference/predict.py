@@ -1,4 +1,5 @@
-"""A fine-tuned model on new text: `python src/predict.py init_from=... input_file=... output_file=...` (see README).
+"""A fine-tuned model on new text: `python src/predict.py init_from=... input_file=... output_file=...`
+(see docs/using-a-model.md).
 
 One record per input line, one prediction per output line, in the input's order (an input `id` is copied over):
 
