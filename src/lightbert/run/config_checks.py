@@ -143,6 +143,13 @@ def _check_trainer_choices(cfg: DictConfig) -> None:
             f"trainer.precision={precision} (a bf16 model with fp32 master weights in the optimizer) does not run "
             "under trainer=fsdp; use trainer.precision=bf16-mixed with FSDP"
         )
+    if str(precision) == "16-mixed" and "fsdp" in str(target).lower():
+        # Lightning's ModelParallelStrategy (FSDP2) refuses it: a loss scaler would judge each device's gradient
+        # shard alone, and one device could skip a step that another takes.
+        raise ConfigError(
+            "trainer.precision=16-mixed (fp16 with a loss scaler) does not run under trainer=fsdp; use "
+            "trainer.precision=bf16-mixed (Ampere GPUs and later) or 32-true"
+        )
     if str(precision) == "16-true":
         # Lightning's 16-true scales no loss: small fp16 gradients underflow to zero.
         raise ConfigError(

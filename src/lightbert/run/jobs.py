@@ -68,15 +68,6 @@ def _check_devices(cfg: DictConfig) -> None:
             f"trainer={choice or accelerator} needs a CUDA GPU and none is visible here; use trainer=cpu, or check "
             "the command on CPU first with trainer.accelerator=cpu trainer.devices=2 trainer.max_steps=3"
         )
-    strategy = cfg.trainer.get("strategy")
-    fsdp = isinstance(strategy, DictConfig) and str(strategy.get("_target_", "")).endswith("fsdp_strategy")
-    if fsdp and accelerator not in ("gpu", "cuda"):
-        # Lightning refuses FSDP without a GPU accelerator, and torch's FSDP needs an accelerator device.
-        raise UserError(
-            f"trainer={choice or 'fsdp'} runs FSDP, which needs CUDA GPUs: FSDP cannot run on CPU processes "
-            f"(trainer.accelerator={accelerator}). To check the rest of the command without a GPU, use "
-            "trainer=ddp trainer.accelerator=cpu trainer.devices=2 trainer.max_steps=3"
-        )
 
 
 MATMUL_PRECISIONS = {"highest": "full fp32 matmuls", "high": "TF32 matmuls", "medium": "bf16 matmuls for fp32"}
@@ -611,7 +602,7 @@ def _describe_run(
     trainer = cfg.trainer
     per_node, accumulate, global_batch = _batches(cfg)
     devices = f"{per_node} x {trainer.accelerator}" + (f" x {trainer.num_nodes} nodes" if trainer.num_nodes > 1 else "")
-    strategy = trainer.strategy if isinstance(trainer.strategy, str) else "fsdp"
+    strategy = trainer.strategy if isinstance(trainer.strategy, str) else "fsdp (FSDP2, fully_shard)"
     steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
     epochs = trainer.get("max_epochs")
     epochs = epochs if epochs is not None and epochs >= 0 else None
