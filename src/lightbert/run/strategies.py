@@ -12,6 +12,7 @@ import itertools
 import lightning as L
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 
 from lightbert.errors import ConfigError
 from lightbert.model.bert import BertLayer
@@ -47,6 +48,17 @@ class FullyShardedStrategy(ModelParallelStrategy):
         # One dimension, data parallel over every process (Lightning's default would make the devices of a node a
         # tensor-parallel group, which lightbert's model does not define).
         self._data_parallel_size, self._tensor_parallel_size = self.world_size, 1
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict:
+        # Validation and prediction read the weights alone (a best-*.ckpt holds nothing else), whatever optimizers
+        # an earlier fit of this trainer left (Lightning's strategy would look for their states in the file).
+        if self.lightning_module.trainer.state.fn == TrainerFn.FITTING:
+            return super().load_checkpoint(checkpoint_path, weights_only)
+        optimizers, self.optimizers = self.optimizers, []
+        try:
+            return super().load_checkpoint(checkpoint_path, weights_only)
+        finally:
+            self.optimizers = optimizers
 
     def shard(self, module: L.LightningModule) -> None:
         """`fully_shard` on each `BertLayer` of `module.model`, then on `module.model` itself (the root unit).
