@@ -69,17 +69,20 @@ def test_fp16_clipping_unscales_the_fused_adamw_gradients_first():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
-def test_fsdp_clips_the_global_norm_of_the_shards(optimizer):
+@pytest.mark.parametrize(("optimizer", "checkpointing"), [("adamw", False), ("lamb", True)])
+def test_fsdp_clips_the_global_norm_of_the_shards(optimizer, checkpointing):
     """Under FSDP each of 2 processes holds half of every weight and gradient (DTensors): the step, clipped by the
     global norm (reduced across the processes, not each shard's own) and taken by AdamW or LAMB (whose trust ratio
-    needs each whole weight's norm), ends on the weights of the unsharded step on the whole batch."""
+    needs each whole weight's norm), ends on the weights of the unsharded step on the whole batch; so it does with
+    activation checkpointing (trainer.strategy.activation_checkpointing=true), and from another initialisation on
+    the second process (every process starts from the first one's weights)."""
     with multiprocessing.Manager() as manager:
         results = manager.dict()
-        torch.multiprocessing.spawn(step, args=(2, free_port(), optimizer, 0.01, results), nprocs=2)
+        torch.multiprocessing.spawn(step, args=(2, free_port(), optimizer, 0.01, checkpointing, results), nprocs=2)
         results = dict(results)
     assert results["norm"] > 0.01  # the clipping changes this step
     assert results["keys"] and results["tied"]  # the decoder still shares the word embeddings' weight
+    assert results["checkpointed"] == (2 if checkpointing else 0)  # each block recomputed in the backward
     assert results["difference"] < 1e-6, results
 
 

@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 from lightbert.model import BertConfig, BertForPreTraining
-from lightbert.model.bert import BertLayer
 from lightbert.optim import OptimConfig, build_optimizer, clip_gradients
+from lightbert.run.strategies import shard_bert
 
 CONFIG = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
@@ -27,25 +27,24 @@ class Stub:
     precision_plugin = None
 
 
-def step(rank: int, world_size: int, port: int, optimizer: str, max_norm: float, results: dict) -> None:
-    """Rank `rank`'s part: the sharded step on its half of the batch, clipped to `max_norm`; rank 0 puts the largest
-    difference from the unsharded step, the norm before clipping and the tied weight's state in `results`."""
+def step(
+    rank: int, world_size: int, port: int, optimizer: str, max_norm: float, checkpointing: bool, results: dict
+) -> None:
+    """Rank `rank`'s part: the model sharded by `shard_bert` (with activation checkpointing where `checkpointing`),
+    its step on this rank's share of the batch, clipped to `max_norm`; rank 0 puts the largest difference from the
+    unsharded step, the norm before clipping and whether the decoder is still tied in `results`."""
+    from torch.distributed._composable.contract import _get_registry
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         torch.manual_seed(0)
         reference = BertForPreTraining(CONFIG)
+        torch.manual_seed(rank)  # another initialisation on each rank: shard_bert starts every rank from rank 0's
         model = BertForPreTraining(CONFIG)
-        model.load_state_dict(reference.state_dict())
-        mesh = init_device_mesh("cpu", (world_size,))
-        for layer in model.modules():
-            if isinstance(layer, BertLayer):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        shard_bert(model, init_device_mesh("cpu", (world_size,)), "32-true", activation_checkpointing=checkpointing)
         input_ids = torch.randint(0, CONFIG.vocab_size, (2 * world_size, 8), generator=torch.Generator().manual_seed(1))
         settings = OptimConfig(name=optimizer, warmup_ratio=0, lr=1e-2)
         expected = build_optimizer(reference, settings, 10)["optimizer"]
@@ -64,5 +63,7 @@ def step(rank: int, world_size: int, port: int, optimizer: str, max_norm: float,
             results["difference"] = max((full[k] - want[k]).abs().max().item() for k in want)
             results["norm"] = float(norm)
             results["tied"] = model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+            layers = model.bert.encoder.layer
+            results["checkpointed"] = sum("checkpoint" in (_get_registry(layer) or {}) for layer in layers)
     finally:
         dist.destroy_process_group()

@@ -61,35 +61,52 @@ class FullyShardedStrategy(ModelParallelStrategy):
             self.optimizers = optimizers
 
     def shard(self, module: L.LightningModule) -> None:
-        """`fully_shard` on each `BertLayer` of `module.model`, then on `module.model` itself (the root unit).
-
-        Every process starts from rank 0's weights (as DDP does): FSDP2 shards what each process holds, and a
-        model initialised differently on two processes would be trained as a mix of the two."""
-        from torch.distributed._composable import checkpoint
-        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+        """`shard_bert` on `module.model`, on this process's device, with the trainer's precision."""
+        from torch.distributed.fsdp import FSDPModule
         from torch.distributed.tensor import DTensor
 
-        model = module.model
-        if isinstance(model, FSDPModule):
+        if isinstance(module.model, FSDPModule):
             return  # sharded by an earlier fit, validate or predict of this module
-        mesh = self.device_mesh["data_parallel"]
-        model.to(self.root_device)
-        for tensor in {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}.values():
-            torch.distributed.broadcast(tensor.data, src=0, group=mesh.get_group())
-        policy = MixedPrecisionPolicy()
-        if self.precision_plugin.precision == "bf16-mixed":
-            # Weights gathered in bf16 (half the traffic; autocast computes in bf16 anyway), gradients reduced in
-            # fp32 into the fp32 shards the optimizer steps.
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for layer in model.modules():
-            if isinstance(layer, BertLayer):
-                if self.activation_checkpointing:
-                    checkpoint(layer)  # recomputed in the backward: its activations are not kept
-                fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
-        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward)
+        module.model.to(self.root_device)
+        shard_bert(
+            module.model,
+            self.device_mesh["data_parallel"],
+            self.precision_plugin.precision,
+            self.reshard_after_forward,
+            self.activation_checkpointing,
+        )
         unsharded = [name for name, p in module.named_parameters() if not isinstance(p, DTensor)]
         if unsharded:  # their gradients would never be reduced across processes
             raise RuntimeError(f"{type(module).__name__} has parameters outside its model, not sharded: {unsharded}")
+
+
+def shard_bert(
+    model: torch.nn.Module,
+    mesh,
+    precision: str,
+    reshard_after_forward: bool = True,
+    activation_checkpointing: bool = False,
+) -> None:
+    """`fully_shard` on each `BertLayer` of `model`, then on `model` itself (the root unit), over the 1-D device mesh.
+
+    Every process starts from rank 0's weights (as DDP does): FSDP2 shards what each process holds, and a model
+    initialised differently on two processes would be trained as a mix of the two."""
+    from torch.distributed._composable import checkpoint
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    for tensor in {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}.values():
+        torch.distributed.broadcast(tensor.data, src=mesh.mesh[0].item(), group=mesh.get_group())
+    policy = MixedPrecisionPolicy()
+    if precision == "bf16-mixed":
+        # Weights gathered in bf16 (half the traffic; autocast computes in bf16 anyway), gradients reduced in fp32
+        # into the fp32 shards the optimizer steps.
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.modules():
+        if isinstance(layer, BertLayer):
+            if activation_checkpointing:
+                checkpoint(layer)  # its activations are recomputed in the backward, not kept
+            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
 
 
 def fsdp_strategy(
