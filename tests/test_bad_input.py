@@ -180,6 +180,10 @@ REFUSED = [
                                         "trainer.precision=bf16-true"],
      "trainer.precision=bf16-true (a bf16 model with fp32 master weights in the optimizer) does not run under "
      "trainer=fsdp; use trainer.precision=bf16-mixed with FSDP"),
+    ("16-mixed under FSDP", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "trainer=fsdp",
+                                       "trainer.precision=16-mixed"],
+     "trainer.precision=16-mixed (fp16 with a loss scaler) does not run under trainer=fsdp; use "
+     "trainer.precision=bf16-mixed"),
     ("unknown compile mode", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "speed.compile_mode=fast"],
      "speed.compile_mode=fast is not known; valid: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"),
     ("CUDA graphs with accumulation", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "speed.compile=true",

@@ -113,10 +113,12 @@ def test_a_multirun_jobs_ddp_process_runs_that_job_alone(monkeypatch):
     assert processes.ddp_child_argv(["seed=2"]) == ["seed=2"]
 
 
-def test_fsdp_without_a_gpu_says_so():
+def test_fsdp_without_a_gpu_says_how_to_run_it_on_cpu():
+    """trainer=fsdp asks for GPUs; FSDP2 also runs on CPU processes (gloo), which the message offers."""
     result = run_train_script("trainer=fsdp", "logger=csv", "trainer.max_steps=1")
     assert result.returncode == 2
-    assert "trainer=fsdp needs a CUDA GPU" in result.stderr and "trainer=cpu" in result.stderr
+    assert "trainer=fsdp needs a CUDA GPU" in result.stderr
+    assert "trainer.accelerator=cpu trainer.devices=2" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_step_sampler_gives_every_device_its_own_batches_and_resumes_at_the_step():

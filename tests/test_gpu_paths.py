@@ -1,5 +1,6 @@
-"""What the GPU-only paths do that a CPU can check: FSDP's wrapping and checkpoints, CUDA RNG states in
-checkpoints, several nodes' world size. (Clipping under FSDP and fp16: tests/test_precision.py.)"""
+"""What the GPU-only paths do that a CPU can check: the FSDP strategy trainer=fsdp builds, CUDA RNG states in
+checkpoints, several nodes' world size. (Clipping under FSDP and fp16: tests/test_precision.py; FSDP on real
+processes: tests/test_fsdp.py.)"""
 
 from __future__ import annotations
 
@@ -10,25 +11,23 @@ import pytest
 import torch
 
 from lightbert.checkpoints.saving import rng_states, set_rng_states
-from lightbert.model import BertConfig, BertForPreTraining
-from lightbert.model.bert import BertLayer
+from lightbert.errors import ConfigError
+from lightbert.model import BertConfig
 from lightbert.pretraining.resumable import StepSampler
 
 
-def test_fsdp_wraps_each_block_and_keeps_tied_weights_in_the_root():
-    with mock.patch("torch.cuda.is_available", return_value=True):  # fsdp_strategy refuses a machine without CUDA
-        from lightbert.run.strategies import fsdp_strategy
+def test_fsdp_is_fsdp2_with_full_state_checkpoints_and_refuses_what_it_does_not_shard():
+    """trainer=fsdp builds torch's FSDP2 through Lightning's ModelParallelStrategy, on a machine without CUDA too
+    (gloo); its sharding on real processes: tests/test_fsdp.py."""
+    from lightbert.run.strategies import FullyShardedStrategy, fsdp_strategy
 
-        strategy = fsdp_strategy()
-    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=32)
-    model = BertForPreTraining(config)
-    units = strategy.kwargs["auto_wrap_policy"]._run_policy(model, set(), {})
-    assert [type(unit) for unit in units] == [BertLayer] * 3
-    word_embeddings = model.bert.embeddings.word_embeddings.weight
-    assert model.cls.predictions.decoder.weight is word_embeddings  # tied ...
-    assert not any(p is word_embeddings for unit in units for p in unit.parameters())  # ... and in the root unit
+    strategy = fsdp_strategy()
+    assert isinstance(strategy, FullyShardedStrategy) and strategy.reshard_after_forward
     # One full checkpoint file, written through the trainer's checkpoint IO (AtomicCheckpointIO) by rank 0.
-    assert strategy._state_dict_type == "full"
+    assert strategy._save_distributed_checkpoint is False
+    assert not fsdp_strategy("SHARD_GRAD_OP", activation_checkpointing=True).reshard_after_forward
+    with pytest.raises(ConfigError, match=r"sharding_strategy=NO_SHARD is not one of FULL_SHARD, SHARD_GRAD_OP; .*ddp"):
+        fsdp_strategy("NO_SHARD")
 
 
 def test_cuda_rng_states_go_into_checkpoints_and_back(monkeypatch, tmp_path):

@@ -1,7 +1,8 @@
 """Several nodes as real processes on one machine, launched as clusters launch them: Lightning's documented variables
-(`MASTER_ADDR`, `MASTER_PORT`, `NODE_RANK`, `WORLD_SIZE`), one `python src/train.py` per node, each node with a cache
-of its own. Exactly one process of the whole job takes the run directory and writes its record; a job whose nodes
-see different run directories stops with one line naming the node, instead of training two models as one."""
+(`MASTER_ADDR`, `MASTER_PORT`, `NODE_RANK`, `WORLD_SIZE`) with one `python src/train.py` per node, or torchrun on
+each node; each node with a cache of its own. Exactly one process of the whole job takes the run directory and writes
+its record; a job whose nodes see different run directories stops with one line naming the node, instead of training
+two models as one."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from helpers.runs import REPO, TINY_PRETRAIN, default_sigint, free_port, write_bert_corpus
 
 pytestmark = pytest.mark.slow
@@ -25,26 +27,37 @@ PATIENCE = int(os.environ.get("LIGHTBERT_TEST_PATIENCE", 240))
 
 
 def start_nodes(
-    args: list[str], nodes: int, devices: int, root: Path, cwds: list[Path] | None = None, **env: str
+    args: list[str],
+    nodes: int,
+    devices: int,
+    root: Path,
+    cwds: list[Path] | None = None,
+    torchrun: bool = False,
+    base: list[str] = TINY,
+    **env: str,
 ) -> list[subprocess.Popen]:
-    """One `python src/train.py` per node; `cwds`: each node's working directory (a relative hydra.run.dir is then
-    another directory on each node, as a run directory on a node's local disk is)."""
+    """One `python src/train.py` per node, or with `torchrun` one `torchrun --nnodes=... src/train.py` (which starts
+    the node's processes, as a cluster's torchrun line does); `cwds`: each node's working directory (a relative
+    hydra.run.dir is then another directory on each node, as a run directory on a node's local disk is)."""
     port = str(free_port())
     started = []
     for node in range(nodes):
         node_env = {
             **os.environ,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "NODE_RANK": str(node),
-            "WORLD_SIZE": str(nodes * devices),
             "LIGHTBERT_CACHE": str(root / f"cache-node{node}"),  # a node's local disk
             "OMP_NUM_THREADS": "1",
             **env,
         }
+        if not torchrun:  # Lightning's documented variables
+            node_env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(node)}
+            node_env["WORLD_SIZE"] = str(nodes * devices)
         for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "SLURM_NTASKS", "SLURM_PROCID", "TORCHELASTIC_RUN_ID"):
             node_env.pop(name, None)
-        command = [sys.executable, str(REPO / "src" / "train.py"), *TINY, *args]
+        command = [sys.executable, str(REPO / "src" / "train.py"), *base, *args]
+        if torchrun:
+            launcher = [f"--nnodes={nodes}", f"--node-rank={node}", f"--nproc-per-node={devices}"]
+            launcher += ["--master-addr=127.0.0.1", f"--master-port={port}"]
+            command[1:1] = ["-m", "torch.distributed.run", *launcher]
         command += [f"trainer.num_nodes={nodes}", f"trainer.devices={devices}"]
         started.append(
             subprocess.Popen(
@@ -104,6 +117,27 @@ def test_two_nodes_launched_with_lightnings_variables_train_one_run(tmp_path, co
     assert console.count("lightbert: run directory:") == 1  # one process of the job speaks, and records
     assert console.count("lightbert: finished 4 steps") == 1
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "tokenizer.json").is_file()
+
+
+# trainer=fsdp on CPU processes, in place of TINY's trainer=cpu with DDP.
+FSDP = [o for o in TINY_PRETRAIN if o != "trainer=cpu"] + ["trainer=fsdp", "trainer.accelerator=cpu"]
+
+
+@pytest.mark.parametrize(("devices", "base"), [(1, TINY), (2, FSDP)], ids=["2x1-ddp", "2x2-fsdp"])
+def test_two_nodes_launched_with_torchrun_train_one_run(tmp_path, corpus, devices, base):
+    """`torchrun --nnodes=2 --node-rank=i --nproc-per-node=k` on each node: torchelastic's variables name the ranks;
+    FSDP shards over the 4 processes of 2 nodes as DDP replicates over 2."""
+    run = tmp_path / "run"
+    args = [f"corpus.paths=[{corpus}]", "trainer.max_steps=4", "trainer.val_check_interval=2", f"hydra.run.dir={run}"]
+    results = finish_nodes(start_nodes(args, nodes=2, devices=devices, root=tmp_path, torchrun=True, base=base))
+    for result in results:
+        assert result.returncode == 0, "\n".join(f"node {n}: {r.stderr[-2500:]}" for n, r in enumerate(results))
+    assert json.loads((run / "results.json").read_text())["global_step"] == 4
+    console = "".join(r.stdout + r.stderr for r in results)
+    assert console.count("lightbert: run directory:") == 1 and console.count("lightbert: finished 4 steps") == 1
+    strategy = "fsdp (FSDP2, fully_shard)" if base == FSDP else "ddp"
+    assert f"{devices} x cpu x 2 nodes, strategy {strategy}" in console
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["job_shape"]["world_size"] == 2 * devices
 
 
 def test_nodes_that_see_different_run_directories_stop_naming_the_node(tmp_path, corpus):

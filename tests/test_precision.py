@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import copy
 import csv
+import multiprocessing
 from pathlib import Path
 from types import SimpleNamespace
-from unittest import mock
 
 import pytest
 import torch
+import torch.multiprocessing
 import torch.nn.functional as F
 from helpers.loss_recorder import global_norm
-from helpers.runs import compose_config, cpu_twin, pretrain_overrides
-from torch.distributed.fsdp import FullyShardedDataParallel
+from helpers.runs import compose_config, cpu_twin, free_port, pretrain_overrides
+from helpers.sharded_step import step
 
 from lightbert.optim import MasterWeights, clip_gradients
 from lightbert.pretraining.module import PreTrainingModule
@@ -67,16 +68,22 @@ def test_fp16_clipping_unscales_the_fused_adamw_gradients_first():
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
 
 
-def test_fsdp_clips_the_global_norm_of_the_shards():
-    """Under FSDP each device holds a shard: the norm is the FSDP root's clip_grad_norm_ (it reduces across
-    devices), never torch.nn.utils.clip_grad_norm_ on the local shard. FSDP cannot run on CPU: a stand-in root."""
-    root = mock.create_autospec(FullyShardedDataParallel, instance=True)
-    trainer = SimpleNamespace(precision_plugin=SimpleNamespace(scaler=None), strategy=SimpleNamespace(model=root))
-    optimizer = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
-    with mock.patch("torch.nn.utils.clip_grad_norm_") as local_clip:
-        clip_gradients(trainer, optimizer, 1.0, "norm")
-    root.clip_grad_norm_.assert_called_once_with(1.0)
-    local_clip.assert_not_called()
+@pytest.mark.slow
+@pytest.mark.parametrize(("optimizer", "checkpointing"), [("adamw", False), ("lamb", True)])
+def test_fsdp_clips_the_global_norm_of_the_shards(optimizer, checkpointing):
+    """Under FSDP each of 2 processes holds half of every weight and gradient (DTensors): the step, clipped by the
+    global norm (reduced across the processes, not each shard's own) and taken by AdamW or LAMB (whose trust ratio
+    needs each whole weight's norm), ends on the weights of the unsharded step on the whole batch; so it does with
+    activation checkpointing (trainer.strategy.activation_checkpointing=true), and from another initialisation on
+    the second process (every process starts from the first one's weights)."""
+    with multiprocessing.Manager() as manager:
+        results = manager.dict()
+        torch.multiprocessing.spawn(step, args=(2, free_port(), optimizer, 0.01, checkpointing, results), nprocs=2)
+        results = dict(results)
+    assert results["norm"] > 0.01  # the clipping changes this step
+    assert results["keys"] and results["tied"]  # the decoder still shares the word embeddings' weight
+    assert results["checkpointed"] == (2 if checkpointing else 0)  # each block recomputed in the backward
+    assert results["difference"] < 1e-6, results
 
 
 def final_weights(tmp_path: Path, corpus: Path, extra: list[str], name: str) -> dict[str, torch.Tensor]:

@@ -83,6 +83,7 @@ PRETRAINING = [
     ("gpu", "lamb", 2),
     ("ddp", "lamb", 2),
     ("ddp8", "adamw", 1),
+    ("fsdp", "lamb", 2),
 ]
 
 
@@ -119,7 +120,12 @@ def test_pretraining_runs_on_every_trainer_config(pretrained, trainer, optimizer
 # Fine-tuning: each family from the pre-training run of the same trainer (on CPU ddp8's twin composes to the same
 # Trainer as ddp's, asserted below, but from its own pre-trained checkpoint).
 FINETUNING = [(trainer, family) for trainer in DEVICES for family in FAMILIES]
-BASE_OF = {"gpu": ("gpu", "adamw", 1), "ddp": ("ddp", "lamb", 2), "ddp8": ("ddp8", "adamw", 1)}
+BASE_OF = {
+    "gpu": ("gpu", "adamw", 1),
+    "ddp": ("ddp", "lamb", 2),
+    "ddp8": ("ddp8", "adamw", 1),
+    "fsdp": ("fsdp", "lamb", 2),
+}
 
 
 @pytest.mark.parametrize(("trainer", "family"), FINETUNING)
@@ -176,12 +182,14 @@ def test_readme_dry_run_works_for_ddp(corpus, tmp_path):
     assert console_noise(result) == []  # no device inventory, tips, worker or precision advice
 
 
-def test_readme_dry_run_of_fsdp_says_what_it_needs(corpus, tmp_path):
-    """FSDP cannot run on CPU (Lightning and torch refuse it): the dry run stops at once, with one message."""
+def test_readme_dry_run_works_for_fsdp(corpus, tmp_path):
+    """FSDP2 runs on CPU processes over gloo: the README's dry run of trainer=fsdp8 trains, sharded over 2 processes."""
     result = run_train_forked(*dry_run("fsdp8", corpus, tmp_path / "run"))
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "FSDP" in result.stderr and "Traceback" not in result.stderr
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["global_step"] == 3
+    summary = [line for line in result.stdout.splitlines() if line.startswith("lightbert: pretrain: L2/H128/A2")]
+    assert len(summary) == 1 and "2 x cpu, strategy fsdp (FSDP2, fully_shard), bf16-mixed, 3 steps" in summary[0]
+    assert console_noise(result) == []
 
 
 def test_the_console_says_what_a_user_must_know(corpus, tmp_path):

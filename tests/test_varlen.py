@@ -131,6 +131,15 @@ def test_unpadded_batches_run_padded_on_a_gpu_by_default():
     assert unpadding_for(True, False, "32-true", False)[0] == "groups"
 
 
+@pytest.mark.parametrize(("setting", "on_cuda"), [(True, False), ("groups", False), ("groups", True)])
+def test_fsdp_runs_padded_batches_in_place_of_length_groups_and_says_why(setting, on_cuda):
+    """Under FSDP every device must run each block's all-gathers in step with the others: no length groups."""
+    picked, line = unpadding_for(setting, on_cuda, "bf16-mixed", False, sharded=True)
+    assert picked == "off" and "padded under trainer=fsdp" in line, line
+    assert unpadding_for("varlen", on_cuda, "bf16-mixed", False, sharded=True)[0] == "varlen"  # one call per block
+    assert unpadding_for(False, on_cuda, "bf16-mixed", False, sharded=True)[0] == "off"
+
+
 def test_a_gpu_without_flash_runs_varlen_one_sequence_at_a_time_and_says_so_once(caplog):
     """Flash attention needs compute capability 8.0 and a torch built with it: on a V100 (7.0), or a build without
     flash, `flash_varlen_supported` says no for a bf16 CUDA tensor (checked on a fake CUDA tensor), with one warning

@@ -148,25 +148,36 @@ def clip_gradients(trainer: L.Trainer, optimizer: torch.optim.Optimizer, max_val
       unscales inside its step (the fused AdamW); for that one they are unscaled here, and `GradScaler.step` then
       knows not to unscale again (it still skips the step on inf/NaN).
     - bf16-true (a bf16 model, `MasterWeights`): bf16 gradients, whose global norm is summed in fp32 here.
-    - FSDP: each device holds a shard, so the global norm is the FSDP module's `clip_grad_norm_`, which reduces the
-      shards' norms across devices (`torch.nn.utils.clip_grad_norm_` would clip each shard by its own norm).
+    - FSDP (trainer=fsdp): each device holds a shard of every weight and its gradient (DTensors); the global norm is
+      reduced across the devices before any gradient is scaled (`_clip_sharded`), never a shard's own norm.
     """
     if not max_value:
         return
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
         scaler.unscale_(optimizer)
-    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
 
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
     if algorithm == "value":  # Lightning's GradClipAlgorithmType is a str enum
         torch.nn.utils.clip_grad_value_(parameters, max_value)
-    elif isinstance(trainer.strategy.model, FullyShardedDataParallel):
-        trainer.strategy.model.clip_grad_norm_(max_value)
+    elif any(isinstance(p, DTensor) for p in parameters):
+        _clip_sharded(parameters, max_value)
     elif isinstance(optimizer, MasterWeights):
         _clip_half_gradients(parameters, max_value)
     else:
         torch.nn.utils.clip_grad_norm_(parameters, max_value)
+
+
+def _clip_sharded(parameters: list[torch.Tensor], max_norm: float) -> None:
+    """Clips sharded gradients (DTensors) by their global L2 norm: each shard's norm is a partial result, and
+    `full_tensor()` reduces them across the devices (one all-reduce), so every device scales by the same factor."""
+    from torch.distributed.tensor import DTensor
+
+    norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
 
 
 class MasterWeights(torch.optim.Optimizer):

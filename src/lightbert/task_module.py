@@ -15,8 +15,10 @@ import torch
 from torch.optim import Optimizer
 from torchmetrics import MeanMetric, Metric
 
+from lightbert.data.batches import is_padding
 from lightbert.model import BertConfig
 from lightbert.optim import MasterWeights, OptimConfig, build_optimizer, clip_gradients
+from lightbert.run.strategies import FullyShardedStrategy
 
 
 class TaskModule(L.LightningModule):
@@ -78,10 +80,14 @@ class TaskModule(L.LightningModule):
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        outputs = self(batch)
+        outputs = self(batch)  # a padding batch too: under FSDP every device's forward gathers with the others'
         name, metric = self.metric_name("loss", dataloader_idx), self.val_losses[dataloader_idx]
-        self.log_mean(name, metric, self.loss(outputs, batch), batch["input_ids"].shape[0])
-        self.update_metrics(outputs, batch, dataloader_idx)
+        # Logged with weight 0 from a padding batch: a device whose share is only that still computes (and so
+        # gathers) every metric at the end, as the others do.
+        weight = 0 if is_padding(batch) else batch["input_ids"].shape[0]
+        self.log_mean(name, metric, self.loss(outputs, batch), weight)
+        if not is_padding(batch):
+            self.update_metrics(outputs, batch, dataloader_idx)
 
     def log_mean(self, name: str, metric: MeanMetric, value: torch.Tensor, weight: torch.Tensor | int) -> None:
         """Adds `value` (weighted) to `metric`, logged as `name` at the end of validation: Lightning computes it over
@@ -106,12 +112,19 @@ class TaskModule(L.LightningModule):
                 metric.to(torch.float32)  # its floating states only (set_dtype would turn counts into floats)
 
     def predict_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
-        return {"idx": batch["idx"], "prediction": self.prediction(self(batch), batch)}
+        rows = 0 if is_padding(batch) else len(batch["idx"])  # a padding batch predicts nothing
+        return {"idx": batch["idx"][:rows], "prediction": self.prediction(self(batch), batch)[:rows]}
 
     def compile_step(self, mode: str | None = None, backend: str = "inductor") -> None:
         """torch.compile what a step runs (`speed.compile`): the model, in place, so that parameter names and
         checkpoints stay those of the plain model. Pre-training compiles its losses too."""
         self.model.compile(mode=mode, backend=backend)
+
+    def configure_model(self) -> None:
+        # trainer=fsdp shards the model here: Lightning calls this hook once the processes and their device mesh
+        # exist, before the optimizer is built on the shards. Other strategies have nothing to do.
+        if self._trainer is not None and isinstance(self.trainer.strategy, FullyShardedStrategy):
+            self.trainer.strategy.shard(self)
 
     # -- optimisation ------------------------------------------------------------------------------------------
 

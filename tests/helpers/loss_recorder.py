@@ -150,3 +150,26 @@ class RecordExamples(L.Callback):
             for row in batch["input_ids"].tolist():
                 digest = hashlib.sha1(str([t for t in row if t]).encode()).hexdigest()[:16]
                 f.write(f"{trainer.global_step + 1} {trainer.global_rank} {digest}\n")
+
+
+class RecordShards(L.Callback):
+    """Appends "rank name local_shape global_shape" to `path` at the start of training for a Transformer block's weight
+    and the word embeddings (tied to the MLM decoder): what each process of an FSDP run holds."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_train_start(self, trainer, module):
+        from torch.distributed.tensor import DTensor
+
+        bert = module.model.bert
+        weights = {
+            "query": bert.encoder.layer[0].attention.self.query.weight,
+            "word_embeddings": bert.embeddings.word_embeddings.weight,
+        }
+        tied = module.model.cls.predictions.decoder.weight is weights["word_embeddings"]
+        with open(self.path, "a") as f:
+            for name, weight in weights.items():
+                local = weight.to_local() if isinstance(weight, DTensor) else weight
+                shape = "x".join(map(str, local.shape)), "x".join(map(str, weight.shape))
+                f.write(f"{trainer.global_rank} {name} {shape[0]} {shape[1]} {type(weight).__name__} {tied}\n")

@@ -44,7 +44,7 @@ def console_noise(result: subprocess.CompletedProcess) -> list[str]:
     return [line for line in lines if any(noise in line for noise in CONSOLE_NOISE)]
 
 
-DEVICES = {"gpu": 1, "ddp": 2, "ddp8": 2}  # the CPU twin's device count per trainer config
+DEVICES = {"gpu": 1, "ddp": 2, "ddp8": 2, "fsdp": 2}  # the CPU twin's device count per trainer config
 
 TWO_PHASES = "task.phases=[{until:0.5,datamodule:{max_seq_length:32}},{until:1.0,datamodule:{max_seq_length:64}}]"
 

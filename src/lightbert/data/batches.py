@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -12,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from lightbert.distributed import is_distributed
 from lightbert.errors import ParameterError
@@ -59,21 +60,89 @@ def pad_batch(
     return batch
 
 
+# A batch key: true for a batch that every device runs only to stay in step with the others, counted nowhere.
+PADDING = "padding"
+
+
 class UnpaddedDistributedSampler(DistributedSampler):
     """Rank r gets examples r, r + W, r + 2W, ...: every example exactly once, none repeated.
 
     `DistributedSampler` pads the split to a multiple of the world size by repeating examples, which would count
     them twice in validation metrics. Subclassing it keeps Lightning from replacing this sampler with its own.
+
+    With `batch_size`, every rank makes the same number of batches: under FSDP each forward gathers the weights from
+    every device, so a rank with a batch fewer (or, with fewer examples than devices, none) would leave the others
+    waiting for ever. The shares differ by one example at most, so a rank short of a batch holds a whole number of
+    batches and ends with one index more, `len(dataset)`, alone in its batch: `PaddedSplit` reads it as padding.
     """
 
-    def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None):
+    def __init__(
+        self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None, batch_size: int | None = None
+    ):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+        self.batch_size = batch_size
+
+    def _indices(self) -> list[int]:
+        mine = list(range(self.rank, len(self.dataset), self.num_replicas))
+        if self.batch_size is not None:
+            most = len(range(0, len(self.dataset), self.num_replicas))  # rank 0's share is the largest
+            if math.ceil(len(mine) / self.batch_size) < math.ceil(most / self.batch_size):
+                mine.append(len(self.dataset))
+        return mine
 
     def __iter__(self):
-        return iter(range(self.rank, len(self.dataset), self.num_replicas))
+        return iter(self._indices())
 
     def __len__(self) -> int:
-        return len(range(self.rank, len(self.dataset), self.num_replicas))
+        return len(self._indices())
+
+
+class PaddedSplit(Dataset):
+    """`dataset` as it is, and one index past its end: its first example again, marked as padding (`PADDING`)."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict:
+        if index == len(self.dataset):
+            return {**self.dataset[0], PADDING: True}
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        if len(self.dataset) in indices or not hasattr(self.dataset, "__getitems__"):
+            return [self[i] for i in indices]
+        return self.dataset.__getitems__(indices)  # one read for the batch (a datasets.Dataset, SeededExamples)
+
+
+@dataclass
+class PaddingAwareCollator:
+    """`collate`, and `PADDING: True` in a batch of padding rows (which `UnpaddedDistributedSampler` never mixes with
+    real ones)."""
+
+    collate: Callable[[list[dict]], dict]
+
+    def __call__(self, rows: list[dict]) -> dict:
+        if rows and PADDING in rows[0]:
+            return {**self.collate([{k: v for k, v in r.items() if k != PADDING} for r in rows]), PADDING: True}
+        return self.collate(rows)
+
+
+def is_padding(batch: dict) -> bool:
+    return bool(batch.get(PADDING, False))
+
+
+def evaluation_shares(
+    dataset: Dataset, collate_fn: Callable, batch_size: int
+) -> tuple[Dataset, Sampler | None, Callable]:
+    """(dataset, sampler, collate_fn) of an evaluation loader: on several devices each its own share of `dataset`,
+    every device the same number of batches (some ending with a padding batch, `is_padding`)."""
+    if not is_distributed():
+        return dataset, None, collate_fn
+    split = PaddedSplit(dataset)
+    return split, UnpaddedDistributedSampler(split, batch_size=batch_size), PaddingAwareCollator(collate_fn)
 
 
 def longest_first(dataset):
@@ -129,12 +198,15 @@ def loader_workers(num_workers: int | str, device: torch.device, num_batches: in
 
 
 def make_loader(dataset: Dataset, collate_fn, batch_size: int, train: bool, num_workers: int) -> DataLoader:
-    """Shuffled for training; for evaluation in order, each device its own share (`UnpaddedDistributedSampler`)."""
+    """Shuffled for training; for evaluation in order, each device its own share (`evaluation_shares`)."""
+    sampler = None
+    if not train:
+        dataset, sampler, collate_fn = evaluation_shares(dataset, collate_fn, batch_size)
     return DataLoader(
         dataset,
         batch_size=batch_size,
         shuffle=train,
-        sampler=UnpaddedDistributedSampler(dataset) if not train and is_distributed() else None,
+        sampler=sampler,
         collate_fn=collate_fn,
         num_workers=num_workers,
         persistent_workers=num_workers > 0 and train,

@@ -39,11 +39,10 @@ import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from lightbert.data.batches import UnpaddedDistributedSampler
+from lightbert.data.batches import evaluation_shares
 from lightbert.data.encoding import check_max_seq_length
 from lightbert.data.local_files import cache_writes, digest, progress_bars_for
 from lightbert.data.tokenizer import BertTokenizer, load_tokenizer, train_wordpiece_once
-from lightbert.distributed import is_distributed
 from lightbert.errors import ParameterError, UserError
 from lightbert.files import publish_directory, publish_file_once
 from lightbert.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus
@@ -544,12 +543,12 @@ class PretrainDataModule(L.LightningDataModule):
             shares=self.masking,
         )
 
-    def _loader(self, dataset, sampler) -> DataLoader:
+    def _loader(self, dataset, sampler, collate_fn=None) -> DataLoader:
         return StepResumedLoader(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
-            collate_fn=self.collator(),
+            collate_fn=collate_fn or self.collator(),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
@@ -607,5 +606,4 @@ class PretrainDataModule(L.LightningDataModule):
                 f"between validations x batch {self.batch_size})"
             )
         validation = SeededExamples(examples, self.seed, epoch="validation")
-        sampler = UnpaddedDistributedSampler(validation) if is_distributed() else None
-        return self._loader(validation, sampler)
+        return self._loader(*evaluation_shares(validation, self.collator(), self.batch_size))

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
+from lightbert.data.batches import is_padding
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.model import BertForPreTraining
 from lightbert.pretraining.objectives import check_objective
@@ -115,9 +116,11 @@ class PreTrainingModule(TaskModule):
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         out = self._step(batch)
-        batch_size = int(examples_in(batch))  # packed: read on the host, in validation only
+        # packed: read on the host, in validation only. A padding batch (devices kept in step) weighs nothing.
+        batch_size = 0 if is_padding(batch) else int(examples_in(batch))
         self.log_mean("val/loss", self.val_losses[0], out["loss"], batch_size)
         # MLM numbers are per predicted token, NSP numbers per sequence: weight each accordingly.
-        weights = {"mlm_loss": out["num_predictions"], "mlm_accuracy": out["num_predictions"]}
+        predictions = out["num_predictions"] * (batch_size > 0)
+        weights = {"mlm_loss": predictions, "mlm_accuracy": predictions}
         for name, metric in self.val_sums.items():
             self.log_mean(f"val/{name}", metric, out[name], weights.get(name, batch_size))

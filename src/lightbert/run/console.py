@@ -117,7 +117,8 @@ def describe_run(settings: RunSettings, model: dict, evaluation: bool = False, m
     if settings.speed.fp8 and not evaluation:
         precision += ", fp8 matmuls" + (" (emulated on CPU: slower than fp32)" if matmuls is None else "")
     accumulated = f" x {batches.accumulate} accumulated" if batches.accumulate > 1 else ""
+    strategy = "fsdp (FSDP2, fully_shard)" if trainer.strategy == "fsdp" else trainer.strategy
     return (
-        f"{task.name}: {sizes} ({source}) on {data}; {devices}, strategy {trainer.strategy}, {precision}, {length}, "
+        f"{task.name}: {sizes} ({source}) on {data}; {devices}, strategy {strategy}, {precision}, {length}, "
         f"batch {batches.per_device} per device{accumulated} = {batches.global_batch} per step"
     )

@@ -92,13 +92,6 @@ def check_devices(settings: RunSettings) -> None:
             "trainer=cpu, or check the command on CPU first with trainer.accelerator=cpu trainer.devices=2 "
             "trainer.max_steps=3"
         )
-    if trainer.strategy == "fsdp" and not trainer.wants_cuda:
-        # Lightning refuses FSDP without a GPU accelerator, and torch's FSDP needs an accelerator device.
-        raise UserError(
-            f"trainer={trainer.option or 'fsdp'} runs FSDP, which needs CUDA GPUs: FSDP cannot run on CPU processes "
-            f"(trainer.accelerator={trainer.accelerator}). To check the rest of the command without a GPU, use "
-            "trainer=ddp trainer.accelerator=cpu trainer.devices=2 trainer.max_steps=3"
-        )
 
 
 def set_fp32_matmuls(settings: RunSettings) -> str | None:

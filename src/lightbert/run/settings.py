@@ -364,6 +364,13 @@ class RunSettings:
                 "(a lightbert .ckpt or run directory, a Hugging Face directory, or a hub id); its tokenizer comes "
                 "with it"
             )
+        if self.trainer.precision == "16-mixed" and self.trainer.strategy == "fsdp":
+            # Lightning's ModelParallelStrategy (FSDP2) refuses it: a loss scaler would judge each device's gradient
+            # shard alone, and one device could skip a step that another takes.
+            raise ConfigError(
+                "trainer.precision=16-mixed (fp16 with a loss scaler) does not run under trainer=fsdp; use "
+                "trainer.precision=bf16-mixed (Ampere GPUs and later) or 32-true"
+            )
         if self.trainer.precision == "bf16-true" and self.trainer.strategy == "fsdp":
             # lightbert.optim.MasterWeights keeps the fp32 weights in its own state, which FSDP's sharded optimizer
             # state does not know; FSDP with bf16-mixed keeps fp32 shards and computes in bf16 already.

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def unpadding_for(
-    setting: bool | str, on_cuda: bool, precision: str, packing: bool, flash: bool = True
+    setting: bool | str, on_cuda: bool, precision: str, packing: bool, flash: bool = True, sharded: bool = False
 ) -> tuple[str, str]:
     """speed.unpad -> (BertModel.unpad, the console's line saying what runs, on what, and why).
 
@@ -25,13 +25,17 @@ def unpadding_for(
     beat length groups (0.59x for a fine-tuning step on an H100, no gain for pre-training at 128 tokens), whose host
     syncs also split a compiled step into pieces; packed rows keep the (T, T) mask until `pytest -m gpu` has held
     flash's variable-length kernel to it on a GPU. On a CPU, length groups (2.5-3x transformers, bench/RESULTS.md).
-    `flash`: the GPU has flash's kernel (`lightbert.model.varlen.flash_varlen_device`)."""
+    `flash`: the GPU has flash's kernel (`lightbert.model.varlen.flash_varlen_device`). `sharded` (trainer=fsdp):
+    padded batches in place of length groups: FSDP needs every device to run each block's gathers in step with the
+    others, and an earlier FSDP2 attempt deadlocked under length groups."""
     kernel = on_cuda and flash and precision.startswith(("bf16", "16"))
     if setting is True:
         how = "off" if on_cuda else "groups"
         why = "padded on a GPU, as measured fastest there" if on_cuda else "length groups pay on a CPU"
     else:
         how, why = UNPAD_SETTINGS[setting], "as set"
+    if sharded and how == "groups":
+        how, why = "off", "padded under trainer=fsdp, where every device must run each block in step"
     varlen = "through flash attention's variable-length kernel"
     if not kernel:
         varlen = "one sequence at a time (the variable-length kernel needs a CUDA GPU in bf16, Ampere or later)"
@@ -64,7 +68,7 @@ def apply_speed_switches(
     """The switches on a built module, before Lightning moves it: unpadding (said on the console), fp8, compile."""
     on_cuda = trainer.on_cuda
     flash = on_cuda and flash_varlen_device(torch.cuda.current_device())
-    how, line = unpadding_for(speed.unpad, on_cuda, trainer.precision, packing, flash)
+    how, line = unpadding_for(speed.unpad, on_cuda, trainer.precision, packing, flash, trainer.strategy == "fsdp")
     log.info(line)
     for submodule in module.modules():
         if isinstance(submodule, BertModel):

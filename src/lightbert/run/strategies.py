@@ -1,34 +1,129 @@
-"""Distributed strategies built from config (`trainer=fsdp`), with the wrapping BERT needs."""
+"""Distributed strategies built from config (`trainer=fsdp`), with the sharding BERT needs.
+
+FSDP here is torch's FSDP2 (`fully_shard`, parameters as DTensors) through Lightning's `ModelParallelStrategy`:
+it runs on CUDA GPUs over NCCL and on CPU processes over gloo, which is how the tests run it. torch's FSDP1
+(Lightning's `FSDPStrategy`) is not used: nothing in lightbert needs it, torch deprecates it, and it runs on GPUs only.
+"""
 
 from __future__ import annotations
 
-import torch
-from lightning.pytorch.strategies import FSDPStrategy
+import itertools
 
-from lightbert.errors import UserError
+import lightning as L
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+
+from lightbert.errors import ConfigError
 from lightbert.model.bert import BertLayer
 
+# trainer.strategy.sharding_strategy -> fully_shard's reshard_after_forward. FULL_SHARD frees each block's gathered
+# weights after its forward and gathers them again for its backward; SHARD_GRAD_OP keeps them until the backward
+# (more memory, one all-gather fewer per block and step). FSDP1's other choices are other strategies here.
+RESHARD_AFTER_FORWARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
+ELSEWHERE = {"NO_SHARD": "trainer=ddp (every device holds the whole model)"}
 
-def fsdp_strategy(sharding_strategy: str = "FULL_SHARD", activation_checkpointing: bool = False) -> FSDPStrategy:
-    """FSDP with one unit per Transformer block.
 
-    Only `BertLayer`s are wrapped, so the word embeddings and the MLM decoder that shares their weight
-    stay in the root unit: a tied parameter must live in one FSDP unit.
+class FullyShardedStrategy(ModelParallelStrategy):
+    """FSDP2 over every process of the job: each process holds 1/world of each Transformer block and of the root
+    unit (the embeddings, the pooler and the heads, the MLM decoder whose weight is the word embeddings': a tied
+    parameter must live in one unit).
 
     Checkpoints are full state dicts, gathered and written by rank 0 through the trainer's checkpoint IO
-    (`AtomicCheckpointIO`): one `last.ckpt` file like every other trainer's, which resumes on any device count
-    and converts to Hugging Face as it is. (Sharded checkpoints would be directories written by
+    (`AtomicCheckpointIO`): one `last.ckpt` file like every other trainer's, which resumes on any device count, loads
+    with init_from and converts to Hugging Face as it is. (Sharded checkpoints would be directories written by
     torch.distributed.checkpoint, outside the checkpoint IO, so neither atomic nor loadable by `init_from`.)
+
+    The task modules call `shard` from `configure_model`, the hook Lightning runs once the processes and their
+    device mesh exist.
     """
-    if not torch.cuda.is_available():
-        raise UserError(
-            "trainer=fsdp needs CUDA GPUs (FSDP shards over NCCL) and none is visible here; "
-            "use trainer=cpu, or trainer=gpu / trainer=ddp on a GPU machine"
+
+    def __init__(self, reshard_after_forward: bool = True, activation_checkpointing: bool = False) -> None:
+        super().__init__(save_distributed_checkpoint=False)
+        self.reshard_after_forward = reshard_after_forward
+        self.activation_checkpointing = activation_checkpointing
+
+    def _setup_distributed(self) -> None:
+        super()._setup_distributed()
+        # One dimension, data parallel over every process (Lightning's default would make the devices of a node a
+        # tensor-parallel group, which lightbert's model does not define).
+        self._data_parallel_size, self._tensor_parallel_size = self.world_size, 1
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict:
+        # Validation and prediction read the weights alone (a best-*.ckpt holds nothing else), whatever optimizers
+        # an earlier fit of this trainer left (Lightning's strategy would look for their states in the file).
+        if self.lightning_module.trainer.state.fn == TrainerFn.FITTING:
+            return super().load_checkpoint(checkpoint_path, weights_only)
+        optimizers, self.optimizers = self.optimizers, []
+        try:
+            return super().load_checkpoint(checkpoint_path, weights_only)
+        finally:
+            self.optimizers = optimizers
+
+    def shard(self, module: L.LightningModule) -> None:
+        """`shard_bert` on `module.model`, on this process's device, with the trainer's precision."""
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(module.model, FSDPModule):
+            return  # sharded by an earlier fit, validate or predict of this module
+        module.model.to(self.root_device)
+        shard_bert(
+            module.model,
+            self.device_mesh["data_parallel"],
+            self.precision_plugin.precision,
+            self.reshard_after_forward,
+            self.activation_checkpointing,
         )
-    layers = {BertLayer}
-    return FSDPStrategy(
-        auto_wrap_policy=layers,
-        activation_checkpointing_policy=layers if activation_checkpointing else None,
-        sharding_strategy=sharding_strategy,
-        state_dict_type="full",
-    )
+        unsharded = [name for name, p in module.named_parameters() if not isinstance(p, DTensor)]
+        if unsharded:  # their gradients would never be reduced across processes
+            raise RuntimeError(f"{type(module).__name__} has parameters outside its model, not sharded: {unsharded}")
+
+
+def shard_bert(
+    model: torch.nn.Module,
+    mesh,
+    precision: str,
+    reshard_after_forward: bool = True,
+    activation_checkpointing: bool = False,
+) -> None:
+    """`fully_shard` on each `BertLayer` of `model`, then on `model` itself (the root unit), over the 1-D device mesh.
+
+    Every process starts from rank 0's weights (as DDP does): FSDP2 shards what each process holds, and a model
+    initialised differently on two processes would be trained as a mix of the two."""
+    from torch.distributed._composable import checkpoint
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    for tensor in {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}.values():
+        torch.distributed.broadcast(tensor.data, src=mesh.mesh[0].item(), group=mesh.get_group())
+    policy = MixedPrecisionPolicy()
+    if precision == "bf16-mixed":
+        # Weights gathered in bf16 (half the traffic; autocast computes in bf16 anyway), gradients reduced in fp32
+        # into the fp32 shards the optimizer steps.
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.modules():
+        if isinstance(layer, BertLayer):
+            if activation_checkpointing:
+                checkpoint(layer)  # its activations are recomputed in the backward, not kept
+            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+
+
+def fsdp_strategy(
+    sharding_strategy: str = "FULL_SHARD", activation_checkpointing: bool = False
+) -> FullyShardedStrategy:
+    """`trainer.strategy` of trainer=fsdp / fsdp8."""
+    if sharding_strategy not in RESHARD_AFTER_FORWARD:
+        instead = ELSEWHERE.get(sharding_strategy)
+        raise ConfigError(
+            f"trainer.strategy.sharding_strategy={sharding_strategy} is not one of "
+            f"{', '.join(RESHARD_AFTER_FORWARD)}" + (f"; for it use {instead}" if instead else "")
+        )
+    return FullyShardedStrategy(RESHARD_AFTER_FORWARD[sharding_strategy], activation_checkpointing)
+
+
+def is_fsdp(trainer_config) -> bool:
+    """Whether a trainer config (`cfg.trainer`) runs `fsdp_strategy`."""
+    strategy = trainer_config.get("strategy")
+    target = strategy.get("_target_", "") if hasattr(strategy, "get") else ""
+    return str(target).endswith("fsdp_strategy")

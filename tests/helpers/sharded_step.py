@@ -1,0 +1,69 @@
+"""One optimizer step of BERT sharded with fully_shard over 2 CPU processes (gloo), against the same step of the
+unsharded model on the whole batch: what `tests/test_precision.py` holds the FSDP clipping and optimizers to."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from lightbert.model import BertConfig, BertForPreTraining
+from lightbert.optim import OptimConfig, build_optimizer, clip_gradients
+from lightbert.run.strategies import shard_bert
+
+CONFIG = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+
+
+def loss_of(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    mlm, nsp = model(input_ids, None, torch.ones_like(input_ids))
+    return mlm.pow(2).mean() + nsp.pow(2).mean()
+
+
+class Stub:
+    """What `clip_gradients` reads of a trainer."""
+
+    precision_plugin = None
+
+
+def step(
+    rank: int, world_size: int, port: int, optimizer: str, max_norm: float, checkpointing: bool, results: dict
+) -> None:
+    """Rank `rank`'s part: the model sharded by `shard_bert` (with activation checkpointing where `checkpointing`),
+    its step on this rank's share of the batch, clipped to `max_norm`; rank 0 puts the largest difference from the
+    unsharded step, the norm before clipping and whether the decoder is still tied in `results`."""
+    from torch.distributed._composable.contract import _get_registry
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)
+        reference = BertForPreTraining(CONFIG)
+        torch.manual_seed(rank)  # another initialisation on each rank: shard_bert starts every rank from rank 0's
+        model = BertForPreTraining(CONFIG)
+        shard_bert(model, init_device_mesh("cpu", (world_size,)), "32-true", activation_checkpointing=checkpointing)
+        input_ids = torch.randint(0, CONFIG.vocab_size, (2 * world_size, 8), generator=torch.Generator().manual_seed(1))
+        settings = OptimConfig(name=optimizer, warmup_ratio=0, lr=1e-2)
+        expected = build_optimizer(reference, settings, 10)["optimizer"]
+        sharded = build_optimizer(model, settings, 10)["optimizer"]
+        # The mean over devices of each device's mean loss: what FSDP's reduce-scatter averages.
+        sum(loss_of(reference, ids) for ids in input_ids.chunk(world_size)).div(world_size).backward()
+        norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
+        loss_of(model, input_ids.chunk(world_size)[rank]).backward()
+        clip_gradients(Stub(), sharded, max_norm, "norm")
+        expected.step()
+        sharded.step()
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            want = reference.state_dict()
+            results["keys"] = sorted(full) == sorted(want)
+            results["difference"] = max((full[k] - want[k]).abs().max().item() for k in want)
+            results["norm"] = float(norm)
+            results["tied"] = model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+            layers = model.bert.encoder.layer
+            results["checkpointed"] = sum("checkpoint" in (_get_registry(layer) or {}) for layer in layers)
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,145 @@
+"""trainer=fsdp (torch's FSDP2, fully_shard) on 2 CPU processes over gloo, as the README's dry run starts it: the
+weights sharded in halves, one full last.ckpt that a kill -9 resumes from bit for bit (and on one process), a
+fine-tune under FSDP from it with init_from, src/evaluate.py and `convert to-hf` of it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.glue_files import glue_data_files
+from helpers.runs import TINY_PRETRAIN, run_script_forked, run_train_recorded, write_bert_corpus
+
+from lightbert.interop.convert import main as convert
+
+pytestmark = pytest.mark.slow
+
+FSDP_ON_CPU = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"]  # bf16-mixed, as on GPUs
+
+
+def recorded(path: Path) -> dict[tuple[int, int], list[str]]:
+    """(global_step after the batch, rank) -> the losses of that step's batches, as exact hex floats."""
+    losses: dict[tuple[int, int], list[str]] = {}
+    for line in path.read_text().splitlines():
+        step, rank, loss, _ = line.split()
+        losses.setdefault((int(step), int(rank)), []).append(loss)
+    return losses
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """An uninterrupted FSDP pre-training run of 8 steps, and the same run killed (SIGKILL) after step 6, its last
+    checkpoint at step 4; losses recorded per step and rank."""
+    root = tmp_path_factory.mktemp("fsdp")
+    corpus = write_bert_corpus(root / "corpus.txt", num_documents=10)
+    args = [
+        *TINY_PRETRAIN,
+        *FSDP_ON_CPU,
+        f"corpus.paths=[{corpus}]",
+        "task.global_batch_size=8",  # kept on one process by accumulating 2 (test_resume_on_one_process)
+        "trainer.max_steps=8",
+        "trainer.val_check_interval=3",
+        "task.checkpoint_every_n_steps=4",
+        "+callbacks.record._target_=helpers.loss_recorder.RecordLosses",
+    ]
+    whole = run_train_recorded(
+        *args,
+        f"hydra.run.dir={root / 'whole'}",
+        f"+callbacks.record.path={root / 'whole.txt'}",
+        "+callbacks.shards._target_=helpers.loss_recorder.RecordShards",
+        f"+callbacks.shards.path={root / 'shards.txt'}",
+    )
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    killed = run_train_recorded(
+        *args,
+        f"hydra.run.dir={root / 'killed'}",
+        f"+callbacks.record.path={root / 'killed.txt'}",
+        "+callbacks.kill._target_=helpers.loss_recorder.KillAtStep",
+        "+callbacks.kill.step=6",
+        new_session=True,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    return {"root": root, "whole": root / "whole", "killed": root / "killed", "args": args, "console": whole.stdout}
+
+
+def test_each_process_holds_half_of_every_weight_and_the_checkpoint_the_whole(runs):
+    shards = [line.split() for line in (runs["root"] / "shards.txt").read_text().splitlines()]
+    held = {(int(rank), name): (local, full, kind, tied) for rank, name, local, full, kind, tied in shards}
+    assert held[(0, "query")] == held[(1, "query")] == ("64x128", "128x128", "DTensor", "True")
+    vocab = int(held[(0, "word_embeddings")][1].split("x")[0])
+    rows = [int(held[(rank, "word_embeddings")][0].split("x")[0]) for rank in (0, 1)]
+    assert rows == [(vocab + 1) // 2, vocab // 2]  # the tied embeddings and decoder: one weight, sharded once
+    console = runs["console"]
+    assert "2 x cpu, strategy fsdp (FSDP2, fully_shard), bf16-mixed" in console
+    assert "padded under trainer=fsdp" in console
+    checkpoint = torch.load(runs["whole"] / "checkpoints" / "last.ckpt", weights_only=True)
+    weights = checkpoint["state_dict"]
+    assert weights["model.bert.encoder.layer.0.attention.self.query.weight"].shape == (128, 128)  # gathered
+    assert weights["model.cls.predictions.decoder.weight"].shape == (vocab, 128)
+    assert all(tensor.dtype == torch.float32 for tensor in weights.values())  # fp32 shards, bf16 only gathered
+    assert checkpoint["global_step"] == 8
+
+
+def test_a_killed_fsdp_run_resumes_bit_for_bit(runs, tmp_path):
+    crashed = tmp_path / "crashed"
+    shutil.copytree(runs["killed"], crashed)
+    assert torch.load(crashed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+    resumed = run_train_recorded(
+        *runs["args"], f"hydra.run.dir={crashed}", f"+callbacks.record.path={tmp_path / 'after.txt'}", "resume=true"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference, after = recorded(runs["root"] / "whole.txt"), recorded(tmp_path / "after.txt")
+    assert sorted(after) == [(step, rank) for step in range(5, 9) for rank in range(2)]
+    for key, losses in after.items():
+        assert losses == reference[key], key  # bit for bit
+    assert recorded(runs["root"] / "killed.txt").items() <= reference.items()
+
+
+def test_a_killed_fsdp_run_resumes_on_one_process(runs, tmp_path):
+    """The full-state checkpoint loads into another sharding: one process, accumulating 2 batches of 4 per step."""
+    crashed = tmp_path / "crashed"
+    shutil.copytree(runs["killed"], crashed)
+    resumed = run_train_recorded(
+        *runs["args"], "trainer.devices=1", f"hydra.run.dir={crashed}",
+        f"+callbacks.record.path={tmp_path / 'after.txt'}", "resume=true",
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    out = resumed.stdout + resumed.stderr
+    assert "resuming on 1 device(s), the checkpoint's job had 2: the global batch stays 8" in out
+    # Steps 5-8, 2 micro-batches each (a step's first is recorded before the optimizer steps, at the step before).
+    batches = [int(line.split()[0]) for line in (tmp_path / "after.txt").read_text().splitlines()]
+    assert batches == [4, 5, 5, 6, 6, 7, 7, 8]
+    assert json.loads((crashed / "results.json").read_text())["global_step"] == 8
+
+
+def test_a_fine_tune_under_fsdp_from_the_fsdp_run_evaluates_and_converts(runs, tmp_path):
+    """sst2 under FSDP with init_from the FSDP run: 9 validation and 9 test sentences on 2 processes, batches of 4,
+    so one process has a batch fewer and runs a padding batch that counts nowhere. src/evaluate.py scores the
+    fine-tuned checkpoint on one process with the same numbers, and `convert to-hf` exports both checkpoints."""
+    files = glue_data_files(tmp_path / "data", "sst2", num_rows=18)
+    fine_tune = tmp_path / "sst2"
+    result = run_train_recorded(
+        "task=glue/sst2", f"init_from={runs['whole']}", *FSDP_ON_CPU, "trainer.precision=32-true", "logger=csv",
+        "task.batch_size=4", "task.max_seq_length=32", "task.datamodule.num_workers=0", "trainer.max_epochs=1",
+        *(f"task.data_files.{split}={path}" for split, path in files.items()), f"hydra.run.dir={fine_tune}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((fine_tune / "results.json").read_text())
+    predictions = Path(results["predictions"][0]).read_text().splitlines()
+    assert len(predictions) == 1 + 9  # a header, then every test sentence once (none from the padding batch)
+    evaluated = run_script_forked(
+        "evaluate", "task=glue/sst2", f"init_from={fine_tune}", "trainer=cpu", "logger=csv",
+        "task.batch_size=4", "task.max_seq_length=32", "task.datamodule.num_workers=0",
+        *(f"task.data_files.{split}={path}" for split, path in files.items()), f"hydra.run.dir={tmp_path / 'eval'}",
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    scored = json.loads((tmp_path / "eval" / "results.json").read_text())["metrics"]
+    assert scored["val/accuracy"] == results["metrics"]["val/accuracy"]  # the same 9 sentences, each once
+    assert scored["val/loss"] == pytest.approx(results["metrics"]["val/loss"], abs=1e-5)
+    for run, out in ((runs["whole"], tmp_path / "hf_pretrained"), (fine_tune, tmp_path / "hf_sst2")):
+        assert convert(["to-hf", str(run), str(out)]) == 0
+        assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
