@@ -86,7 +86,7 @@ def fp8_step_matmuls(batch_of_lengths: list[int], unpad: str) -> ScaledMatmuls:
     sequences of these lengths."""
     torch.manual_seed(0)
     net = BertForSequenceClassification(CONFIG, num_labels=3).train()
-    net.bert.unpad = unpad
+    net.bert.set_unpadding(unpad)
     convert_to_fp8(net)
     width = max(batch_of_lengths)
     attention_mask = (torch.arange(width)[None, :] < torch.tensor(batch_of_lengths)[:, None]).long()

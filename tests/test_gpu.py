@@ -62,9 +62,9 @@ def step(net: BertForPreTraining, batch: dict, packed: bool) -> tuple[torch.Tens
 def test_varlen_attention_matches_the_mask_path(packed):
     torch.manual_seed(0)
     masks = BertForPreTraining(CONFIG).cuda().bfloat16().train()
-    masks.bert.unpad = "off"  # the (T, T) document mask for packed rows; the padding mask otherwise
+    masks.bert.set_unpadding("off")  # the (T, T) document mask for packed rows; the padding mask otherwise
     varlen = copy.deepcopy(masks)
-    varlen.bert.unpad = "varlen"
+    varlen.bert.set_unpadding("varlen")
     examples = sentence_pairs(48)
     collate = PackingCollator(masking(), WIDTH, max_examples_per_row=4) if packed else masking()
     batch = {k: v.cuda() for k, v in collate(examples).items()}

@@ -83,7 +83,7 @@ def test_unpadding_gives_the_padded_outputs_and_gradients():
     outputs, grads = {}, {}
     for unpad in ("off", "groups", "varlen"):
         model.zero_grad()
-        model.bert.unpad = unpad
+        model.bert.set_unpadding(unpad)
         mlm, nsp = model(input_ids, token_type_ids, attention_mask)
         sequence, pooled, hidden = model.bert(input_ids, token_type_ids, attention_mask, output_hidden_states=True)
         loss = F.cross_entropy(mlm.flatten(0, 1), labels.flatten()) + nsp.sum()

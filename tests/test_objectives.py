@@ -14,7 +14,7 @@ from lightbert.checkpoints.reading import load_pretrained
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.errors import ConfigError
 from lightbert.model import BertConfig, BertModel
-from lightbert.model.bert import RealTokens, attention_mask_for, explicit_attention_mask
+from lightbert.model.layouts import Padded, attention_mask_for, explicit_attention_mask, length_groups
 from lightbert.pretraining.masking import NextTokenCollator
 from lightbert.pretraining.module import PreTrainingModule
 from lightbert.run.jobs import train
@@ -36,7 +36,7 @@ OPTIM = {"lr": 1e-3, "warmup_ratio": 0.0}
 def test_the_left_to_right_encoder_never_looks_right(unpad):
     torch.manual_seed(0)
     model = BertModel(BertConfig.from_dict({**TINY, "attention": "left_to_right"})).eval()
-    model.unpad = unpad
+    model.set_unpadding(unpad)
     input_ids, token_type_ids, attention_mask = random_batch(vocab=120)
     with torch.no_grad():
         before, _, _ = model(input_ids, token_type_ids, attention_mask)
@@ -57,11 +57,11 @@ def test_left_to_right_over_a_padded_batch_equals_each_sequence_alone(unpad):
     token's output equals the one of its sequence run alone, unpadded, under an explicit lower-triangular mask."""
     torch.manual_seed(0)
     model = BertModel(BertConfig.from_dict({**TINY, "attention": "left_to_right"})).eval()
-    model.unpad = unpad
+    model.set_unpadding(unpad)
     input_ids = torch.randint(5, 120, (8, 24))
     lengths = [24, 3, 17, 9, 24, 5, 12, 20]  # mixed enough that unpadding attends in length groups
     attention_mask = (torch.arange(24)[None] < torch.tensor(lengths)[:, None]).long()
-    assert unpad != "groups" or RealTokens(attention_mask).groups is not None
+    assert unpad != "groups" or length_groups(attention_mask) is not None
     with torch.no_grad():
         batched, pooled, _ = model(input_ids, None, attention_mask)
         for row, n in enumerate(lengths):
@@ -70,7 +70,7 @@ def test_left_to_right_over_a_padded_batch_equals_each_sequence_alone(unpad):
             mask = explicit_attention_mask(alone, n, causal=True, device=ids.device)
             x = model.embeddings(ids)
             for layer in model.encoder.layer:
-                x = layer(x, mask)
+                x = layer(x, Padded(mask))
             torch.testing.assert_close(batched[row, :n], x[0], atol=1e-5, rtol=0)
             torch.testing.assert_close(pooled[row], model.pooler(x, torch.tensor([n - 1]))[0], atol=1e-5, rtol=0)
 
@@ -81,12 +81,12 @@ def test_a_mask_that_is_not_padding_at_the_end_falls_back_to_the_full_mask(unpad
     never needs it: each sequence's real tokens, in order, attend left to right)."""
     torch.manual_seed(0)
     model = BertModel(BertConfig.from_dict({**TINY, "attention": "left_to_right"})).eval()
-    model.unpad = unpad
+    model.set_unpadding(unpad)
     input_ids = torch.randint(5, 120, (2, 12))
     attention_mask = torch.ones_like(input_ids)
     attention_mask[0, 4] = 0  # a hole
     attention_mask[1, :3] = 0  # left padding
-    assert attention_mask_for(attention_mask, 12, causal=True, device=input_ids.device)[1] is False
+    assert attention_mask_for(attention_mask, causal=True)[1] is False
     with torch.no_grad():
         before, _, _ = model(input_ids, None, attention_mask)
         changed = input_ids.clone()

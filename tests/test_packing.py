@@ -70,7 +70,7 @@ def test_every_example_in_a_packed_batch_has_the_losses_it_has_alone(unpad):
     assert packed["attention_mask"].float().mean() > 0.8  # almost no padding (plain: about half the batch)
 
     net = model()
-    net.bert.unpad = unpad
+    net.bert.set_unpadding(unpad)
     with torch.no_grad():
         mlm, nsp = net(
             packed["input_ids"], packed["token_type_ids"], packed["attention_mask"], packed["masked_positions"],

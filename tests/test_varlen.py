@@ -61,7 +61,7 @@ def packed_varlen_on_meta():
     """The bf16 model on the meta device, attending through varlen, and a packed batch of 12 sentence pairs there."""
     packed = PackingCollator(masking(), WIDTH, max_examples_per_row=4)(sentence_pairs(12))
     net = BertForPreTraining(CONFIG).to("meta", torch.bfloat16).train()
-    net.bert.unpad = "varlen"
+    net.bert.set_unpadding("varlen")
     return net, {k: v.to("meta") for k, v in packed.items()}
 
 
@@ -140,6 +140,25 @@ def test_fsdp_runs_padded_batches_in_place_of_length_groups_and_says_why(setting
     assert unpadding_for(False, on_cuda, "bf16-mixed", False, sharded=True)[0] == "off"
 
 
+def test_the_speed_switches_set_the_encoders_unpadding_and_it_takes_only_known_modes(tmp_path):
+    """apply_speed_switches hands speed.unpad to the head's encoder (`BertModel.set_unpadding`), which refuses a mode
+    it does not know and keeps the one it had."""
+    from helpers.runs import compose_config
+
+    from lightbert.glue.module import SequenceClassificationModule
+    from lightbert.run.settings import RunSettings, SpeedSettings
+    from lightbert.run.speed import apply_speed_switches
+
+    module = SequenceClassificationModule(CONFIG.to_dict(), {"lr": 1e-4}, task="sst2")
+    trainer = RunSettings.from_config(compose_config(["trainer=cpu"], tmp_path)).trainer
+    for setting, how in ((False, "off"), ("varlen", "varlen"), (True, "groups")):  # true: length groups on a CPU
+        apply_speed_switches(module, SpeedSettings(unpad=setting), trainer, packing=False, training=False)
+        assert module.model.bert.unpad == how, setting
+    with pytest.raises(ValueError, match="BertModel.set_unpadding takes one of off, groups, varlen, got 'auto'"):
+        module.model.bert.set_unpadding("auto")
+    assert module.model.bert.unpad == "groups"
+
+
 def test_a_gpu_without_flash_runs_varlen_one_sequence_at_a_time_and_says_so_once(caplog):
     """Flash attention needs compute capability 8.0 and a torch built with it: on a V100 (7.0), or a build without
     flash, `flash_varlen_supported` says no for a bf16 CUDA tensor (checked on a fake CUDA tensor), with one warning
@@ -175,7 +194,7 @@ def test_the_packed_varlen_model_compiles_to_one_graph_on_the_meta_device():
     torch._dynamo.reset()
     counters.clear()
     net = BertForPreTraining(CONFIG).to("meta", torch.bfloat16).train()
-    net.bert.unpad = "varlen"
+    net.bert.set_unpadding("varlen")
     net.compile(backend="aot_eager")
     collate = PackingCollator(masking(), WIDTH)
     rows = set()

@@ -51,7 +51,7 @@ def padded_model(model: nn.Module) -> nn.Module:
     the data (ONNX needs them static in the graph)."""
     for module in model.modules():
         if isinstance(module, BertModel):
-            module.unpad = "off"
+            module.set_unpadding("off")
     return model.eval()
 
 

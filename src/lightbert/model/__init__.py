@@ -8,9 +8,9 @@ from lightbert.model.bert import (
     BertForTokenClassification,
     BertLayer,
     BertModel,
-    PackedRows,
 )
 from lightbert.model.config import BertConfig
+from lightbert.model.layouts import PackedRows
 
 __all__ = [
     "BertConfig",

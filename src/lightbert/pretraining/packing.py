@@ -3,7 +3,7 @@ tokens, so a batch carries almost no padding and its width never changes.
 
 Each example is masked exactly as it would be alone (its own mask seed, `MaskingCollator`), then placed whole in a
 row (first fit, longest first). It keeps its own [CLS], segments, positions (from 0), MLM labels and NSP label;
-attention stays within it (`lightbert.model.bert.document_mask`), and the pooler and NSP head read its own [CLS].
+attention stays within it (`lightbert.model.layouts.document_mask`), and the pooler and NSP head read its own [CLS].
 Every tensor's shape but the row count is fixed in advance: `max_examples_per_row` slots per row for the [CLS]
 positions and NSP labels, and `prediction_slots` positions per row for the sparse MLM head, so the model runs with
 no host sync and compiles to one graph (the row count is marked dynamic).

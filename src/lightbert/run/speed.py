@@ -8,7 +8,6 @@ import logging
 import lightning as L
 import torch
 
-from lightbert.model import BertModel
 from lightbert.model.fp8 import convert_to_fp8
 from lightbert.model.varlen import flash_varlen_device
 from lightbert.run.settings import UNPAD_SETTINGS, SpeedSettings, TrainerSettings
@@ -70,9 +69,7 @@ def apply_speed_switches(
     flash = on_cuda and flash_varlen_device(torch.cuda.current_device())
     how, line = unpadding_for(speed.unpad, on_cuda, trainer.precision, packing, flash, trainer.strategy == "fsdp")
     log.info(line)
-    for submodule in module.modules():
-        if isinstance(submodule, BertModel):
-            submodule.unpad = how
+    module.model.bert.set_unpadding(how)  # every head holds its encoder as `bert` (Hugging Face's names)
     if speed.fp8 and training:  # before compiling, which then fuses the float8 casts
         converted = convert_to_fp8(module.model)
         log.debug(f"speed.fp8: {converted} Linear layers run their matmuls in float8 (torchao Float8Linear)")
