@@ -1,4 +1,4 @@
-"""Variable-length attention: the tokens of many sequences in one (N, heads, head size) tensor, each attending to
+"""Variable-length attention: the tokens of many sequences in one (N, A, D) tensor, each attending to
 its own sequence only, the sequences given by their boundaries (`Segments.cu_seqlens`, as flash attention takes them).
 
 This is `speed.unpad=varlen`: no padding anywhere, no (T, T) mask, one kernel call per layer. On a CUDA GPU in
@@ -11,6 +11,9 @@ built without flash attention): the fallback is said once per device.
 
 The flash call is checked on CPU against CUDA's own meta kernels (fake CUDA tensors: its arguments, shapes and
 backward); `pytest -m gpu` holds it to the mask path on a GPU. bench/RESULTS.md says what has run where.
+
+Shapes (as in `lightbert.model.bert`): N tokens, H hidden size, A attention heads, D head size (H / A), S sequences,
+n_s the tokens of sequence s.
 """
 
 from __future__ import annotations
