@@ -59,6 +59,13 @@ def test_the_encoder_gives_the_ids_of_the_tokenizer(tokenizer):
     assert encoder.encode(ascii_only) == [
         e.ids for e in tokenizer.encode_batch_fast(ascii_only, add_special_tokens=False)
     ]
+    for seed in (4, 5):  # end to end: the same ids, whatever the texts hold and wherever a group of texts ends
+        sample = texts(seed, count=1000 + seed)
+        expected = [e.ids for e in tokenizer.encode_batch_fast(sample, add_special_tokens=False)]
+        ids, lengths = encoder.encode_flat(sample)
+        assert lengths.tolist() == list(map(len, expected))
+        assert ids.tolist() == [i for one in expected for i in one]
+    assert encoder.separator is not None  # encode_flat joined the texts (BERT's added tokens only)
     mask = tokenizer.token_to_id("[MASK]")
     assert mask in encoder.encode(["a [MASK] b"])[0]  # matched in the raw text, as the tokenizer does
     assert mask not in encoder.encode(["a [MA\x01SK] b"])[0]  # a control character dropped only by the normaliser
@@ -71,6 +78,19 @@ def test_a_vocab_txt_and_its_missing_added_tokens(tmp_path):
     sample = ["The dog, understand!", "[MASK] the dog", "Ünder the dog", *texts(3, 300)]
     expected = [e.ids for e in tokenizer.backend.encode_batch_fast(sample, add_special_tokens=False)]
     assert tokenizer.encode_batch(sample) == expected
+    ids, lengths = tokenizer.encode_flat(sample)
+    assert lengths.tolist() == list(map(len, expected)) and ids.tolist() == [i for one in expected for i in one]
+
+
+def test_texts_are_not_joined_where_other_tokens_were_added():
+    tokenizer = train_wordpiece(WORDS * 20, vocab_size=100).backend
+    tokenizer.add_special_tokens(["a["])  # "banana" + "[SEP]" would hold a match across the end of the text
+    encoder = PrenormalizedEncoder.of(tokenizer)
+    assert encoder.separator is None
+    sample = ["banana", "the dog", "a[ b", *texts(6, 300)]
+    expected = [e.ids for e in tokenizer.encode_batch_fast(sample, add_special_tokens=False)]
+    ids, lengths = encoder.encode_flat(sample)
+    assert lengths.tolist() == list(map(len, expected)) and ids.tolist() == [i for one in expected for i in one]
 
 
 def test_other_normalisers_keep_the_tokenizer_itself():

@@ -18,7 +18,9 @@ import json
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
+from itertools import chain
 
+import numpy as np
 from tokenizers import Tokenizer, normalizers
 
 _ASCII_CONTROL = re.compile("[\x00-\x1f\x7f]")
@@ -79,13 +81,22 @@ class PrenormalizedEncoder:
     Added tokens (BERT's [CLS], [MASK], ...) are matched in the raw text, before the normaliser: a text holding one,
     raw or normalised, is encoded by the tokenizer itself, as is a text the Rust normaliser takes whole."""
 
-    def __init__(self, tokenizer: Tokenizer, added: list[str]):
+    GROUP = 32  # texts encoded as one string by `encode_flat`
+
+    def __init__(self, tokenizer: Tokenizer, added: list[dict]):
         self.tokenizer = tokenizer
         self.chars = CharNormalizer(tokenizer.normalizer)
         self.bare = Tokenizer.from_str(tokenizer.to_str())
         self.bare.normalizer = None
-        longest_first = sorted(added, key=len, reverse=True)
+        longest_first = sorted((token["content"] for token in added), key=len, reverse=True)
         self.added = re.compile("|".join(map(re.escape, longest_first))) if added else None
+        # `encode_flat` joins texts with BERT's [SEP], which the tokenizer matches as an added token: each text is
+        # then encoded as if alone. Only where the added tokens are BERT's: a match of one of them ("[XXX]", no
+        # bracket inside) cannot straddle the end of a text and a [SEP], so every [SEP] in the ids is a separator.
+        sep = [token for token in added if token["content"] == "[SEP]"]
+        bert_only = {token["content"] for token in added} <= {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"}
+        plain = sep and not any(sep[0].get(flag) for flag in ("single_word", "lstrip", "rstrip"))
+        self.separator = (sep[0]["content"], sep[0]["id"]) if bert_only and plain else None
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> PrenormalizedEncoder | None:
@@ -97,18 +108,53 @@ class PrenormalizedEncoder:
         added = config.get("added_tokens") or []
         if any(token.get("normalized", False) for token in added):
             return None
-        return cls(tokenizer, [token["content"] for token in added])
+        return cls(tokenizer, added)
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    def _normalize(self, texts: Sequence[str]) -> tuple[list[str], list[int]]:
+        """The texts normalised, and the indices (in order) of those the tokenizer itself must encode."""
         normalized, whole = self.chars.normalize(texts)
         raw = set(whole)
         if self.added is not None and (self.added.search("\n".join(texts)) or self.added.search("\n".join(normalized))):
             raw.update(i for i, (a, b) in enumerate(zip(texts, normalized, strict=True))
                        if self.added.search(a) or self.added.search(b))  # fmt: skip
+        return normalized, sorted(raw)
+
+    def _encode_raw(self, texts: Sequence[str], raw: list[int]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch_fast([texts[i] for i in raw], add_special_tokens=False)]
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        normalized, raw = self._normalize(texts)
         ids = [e.ids for e in self.bare.encode_batch_fast(normalized, add_special_tokens=False)]
-        if raw:
-            order = sorted(raw)
-            encoded = self.tokenizer.encode_batch_fast([texts[i] for i in order], add_special_tokens=False)
-            for i, encoding in zip(order, encoded, strict=True):
-                ids[i] = encoding.ids
+        for i, own in zip(raw, self._encode_raw(texts, raw), strict=True):
+            ids[i] = own
         return ids
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of every text end to end (int64), and how many each text has: `encode`'s lists, concatenated.
+
+        Texts are encoded `GROUP` at a time as one string, joined by [SEP]s that are then taken out: the same ids, in
+        about 70% of the time, for `tokenizers` spends much of its time per string it is given and per `Encoding`
+        it returns (a sentence of a pre-training corpus is about 20 tokens)."""
+        if self.separator is None:
+            ids = self.encode(texts)
+            lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+            return np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum())), lengths
+        normalized, raw = self._normalize(texts)
+        for i in raw:
+            normalized[i] = ""  # its ids are put in below
+        separator, separator_id = self.separator
+        strings = [separator.join(normalized[i : i + self.GROUP]) + separator
+                   for i in range(0, len(normalized), self.GROUP)]  # fmt: skip
+        encoded = self.bare.encode_batch_fast(strings, add_special_tokens=False)
+        ids = np.fromiter(chain.from_iterable(e.ids for e in encoded), dtype=np.int64)
+        separators = np.flatnonzero(ids == separator_id)
+        assert len(separators) == len(texts), "every text ends at its own separator"
+        ends = separators - np.arange(len(separators))  # where each text ends once the separators are out
+        ids = np.delete(ids, separators)
+        lengths = np.diff(ends, prepend=0)
+        if raw:
+            own = self._encode_raw(texts, raw)
+            counts = np.fromiter(map(len, own), dtype=np.int64, count=len(own))
+            ids = np.insert(ids, np.repeat(ends[raw], counts), np.fromiter(chain.from_iterable(own), dtype=np.int64))
+            lengths[raw] = counts
+        return ids, lengths

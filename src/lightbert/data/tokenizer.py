@@ -13,8 +13,10 @@ import unicodedata
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import chain
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from lightbert.data.char_normalizer import CharNormalizer, PrenormalizedEncoder
@@ -255,6 +257,16 @@ class BertTokenizer:
             return encoder.encode(texts)
         # The fast variant skips offsets, which nothing here reads: the same ids, about 1.5x faster.
         return [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """`encode_batch`'s ids end to end (int64), and how many each text has; faster than lists per text where the
+        tokenizer is BERT's (`PrenormalizedEncoder.encode_flat`)."""
+        encoder = self._prenormalized
+        if encoder is not None:
+            return encoder.encode_flat(texts)
+        ids = self.encode_batch(texts)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        return np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum())), lengths
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         return [self.backend.id_to_token(int(i)) for i in ids]
