@@ -111,7 +111,8 @@ def append_spans(
     """`create_spans_from_document`'s spans, appended to `rows` as the `Span` fields of one after another (flat: 7
     ints an example, which numpy converts in bulk), given the document's own `starts` counted from 0.
 
-    The reference's loop, with its draws in the same order, at about a fifth of the Python work per example:
+    The reference's loop, with its draws in the same order, in half the time per example (2.9 against 5.8 us on the
+    scale benchmark's corpus, `create_pretraining_pairs` included):
     `rng.randint(a, b)` is `a + rng._randbelow(b - a + 1)` (randint's argument checks cost more than the draw), the
     chunk's end is found by bisecting the sentence starts instead of stepping a sentence at a time, and the
     truncation is computed inline."""
