@@ -1,6 +1,8 @@
 """Sentence-pair examples: layout, lengths, true continuations for IsNext, NSP balance."""
 
 import random
+from bisect import bisect_left
+from itertools import accumulate
 
 import datasets
 import pytest
@@ -8,9 +10,13 @@ import pytest
 from lightbert.pretraining.examples import (
     IS_NEXT,
     NOT_NEXT,
+    Span,
     StoredDocuments,
     create_instances_from_document,
     create_pretraining_examples,
+    create_pretraining_pairs,
+    create_spans_from_document,
+    truncation,
 )
 
 CLS, SEP = 2, 3
@@ -103,3 +109,90 @@ def test_stored_documents_read_the_sentences_of_any_split_of_a_table_of_several_
         document = stored[index]
         assert len(document) == len(expected) and list(document) == expected
         assert list(document[1:]) == expected[1:] and document[-1] == expected[-1]
+
+
+def reference_spans(starts_of, num_documents, document_index, max_seq_length, short_seq_prob, rng):
+    """`create_spans_from_document` as it was written before it was made fast (a sentence at a time, `randint`,
+    `truncation`): the spans every seed gave then, which the fast loop keeps."""
+    starts = starts_of(document_index)
+    num_sentences = len(starts) - 1
+    max_num_tokens = max_seq_length - 3
+    target_seq_length = max_num_tokens
+    if rng.random() < short_seq_prob:
+        target_seq_length = rng.randint(2, max_num_tokens)
+    spans, first, i = [], 0, 0
+    while i < num_sentences:
+        chunk = i - first + 1
+        if i == num_sentences - 1 or (starts[i + 1] - starts[first] >= target_seq_length and chunk >= 2):
+            a_end = rng.randint(1, chunk - 1) if chunk >= 2 else 1
+            a_start, a_length = starts[first], starts[first + a_end] - starts[first]
+            if chunk == 1 or rng.random() < 0.5:
+                label = NOT_NEXT
+                target_b_length = target_seq_length - a_length
+                for _ in range(10):
+                    random_index = rng.randint(0, num_documents - 1)
+                    if random_index != document_index:
+                        break
+                random_starts = starts_of(random_index)
+                random_start = rng.randint(0, len(random_starts) - 2)
+                b_document, b_start = random_index, random_starts[random_start]
+                end = bisect_left(random_starts, b_start + target_b_length, random_start + 1)
+                b_length = random_starts[min(end, len(random_starts) - 1)] - b_start
+                i -= chunk - a_end
+            else:
+                label = IS_NEXT
+                b_document, b_start = document_index, starts[first + a_end]
+                b_length = starts[i + 1] - b_start
+            cut_a, cut_b = truncation(a_length, b_length, max_num_tokens)
+            front_a = rng.getrandbits(cut_a).bit_count() if cut_a else 0
+            front_b = rng.getrandbits(cut_b).bit_count() if cut_b else 0
+            spans.append(Span(document_index, a_start + front_a, a_length - cut_a, b_document, b_start + front_b,
+                              b_length - cut_b, label))  # fmt: skip
+            first = i + 1
+        i += 1
+    return spans
+
+
+@pytest.mark.parametrize(
+    ("num_documents", "sentences", "max_seq_length", "short_seq_prob"),
+    [(300, (1, 15), 64, 0.1), (300, (1, 4), 16, 0.5), (200, (10, 60), 128, 0.1), (1, (1, 30), 32, 0.2),
+     (2, (1, 2), 8, 0.0), (50, (1, 300), 512, 1.0)],
+)  # fmt: skip
+def test_the_fast_pairing_gives_the_reference_spans(num_documents, sentences, max_seq_length, short_seq_prob):
+    documents = synthetic_documents(num_documents, seed=num_documents, sentences=sentences)
+
+    def starts_of(index):
+        return [0, *accumulate(map(len, documents[index]))]
+
+    def shifted(index):  # offsets from another origin, as StoredDocuments gives them
+        return [1000 + start for start in starts_of(index)]
+
+    for index in range(num_documents):
+        for dupe in range(3):
+            seed = f"7/{dupe}/{index}"
+            expected = reference_spans(starts_of, num_documents, index, max_seq_length, short_seq_prob,
+                                       random.Random(seed))  # fmt: skip
+            for starts in (starts_of, shifted):
+                spans = create_spans_from_document(starts, num_documents, index, max_seq_length, short_seq_prob,
+                                                   random.Random(seed))  # fmt: skip
+                assert spans == expected
+
+
+def test_the_stored_pairs_are_the_reference_spans_of_a_split_of_several_chunks(tmp_path):
+    parts = [datasets.Dataset.from_dict({"sentence_ids": synthetic_documents(60, seed=s, sentences=(1, 30))})
+             for s in (1, 2)]  # fmt: skip
+    table = datasets.concatenate_datasets(parts)
+    split = table.select(range(5, 120)).train_test_split(test_size=15, seed=3)["train"]
+    pairs = create_pretraining_pairs(split, max_seq_length=48, short_seq_prob=0.2, dupe_factor=2, seed=9,
+                                     cache_file_name=str(tmp_path / "pairs.arrow"))  # fmt: skip
+    rows = split._indices.column(0).to_pylist()  # the split's documents as rows of the table
+
+    def starts_of(index):
+        return [0, *accumulate(map(len, split[index]["sentence_ids"]))]
+
+    expected = []
+    for index in range(len(split)):
+        for dupe in range(2):
+            for span in reference_spans(starts_of, len(split), index, 48, 0.2, random.Random(f"9/{dupe}/{index}")):
+                expected.append(span._replace(a_document=rows[span.a_document], b_document=rows[span.b_document]))
+    assert [Span(*(pairs[name][i] for name in Span._fields)) for i in range(len(pairs))] == expected

@@ -27,7 +27,7 @@ import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import chain, islice
+from itertools import islice
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import NamedTuple
@@ -81,12 +81,11 @@ def _tokenize_documents(batch: dict, tokenizer: BertTokenizer, id_type: str) -> 
     """Token ids of every sentence; empty sentences dropped, and documents left with none (fewer rows out). Built as
     Arrow arrays from numpy: datasets would convert nested lists of Python ints one int at a time."""
     documents = batch["sentences"]
-    ids = tokenizer.encode_batch([s for document in documents for s in document])
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    tokens, lengths = tokenizer.encode_flat([s for document in documents for s in document])
+    tokens = tokens.astype(id_type)
     owner = np.repeat(np.arange(len(documents)), [len(document) for document in documents])
     kept = lengths > 0
     per_document = np.bincount(owner[kept], minlength=len(documents))
-    tokens = np.fromiter(chain.from_iterable(ids), dtype=id_type, count=int(lengths.sum()))
     sentences = pa.ListArray.from_arrays(
         np.concatenate([[0], np.cumsum(lengths[kept])]).astype(np.int32), pa.array(tokens)
     )
