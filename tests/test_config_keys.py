@@ -62,10 +62,10 @@ def test_the_scan_finds_keys_it_should():
 
 def test_every_key_named_in_code_is_accepted_by_the_command_line():
     keys = keys_named_in_code()
-    # A key may belong to one option of a group: task=squad_v1's task.doc_stride, corpus=hf's corpus.config.
-    choices = [
-        f"{group}={option}" for group in ("task", "corpus", "logger") for option in group_options(group, CONF_DIR)
-    ]
+    # A key may belong to one option of a group: task=squad_v1's task.doc_stride, corpus=hf's corpus.config,
+    # trainer=fsdp's trainer.strategy.sharding_strategy.
+    groups = ("task", "corpus", "logger", "trainer")
+    choices = [f"{group}={option}" for group in groups for option in group_options(group, CONF_DIR)]
     configs = {choice: compose_config([choice], REPO / "unused") for choice in choices}
     home: dict[str, list[str]] = {}  # a choice under which each key exists
     for key in sorted(keys):

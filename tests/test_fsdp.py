@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.glue_files import glue_data_files
+from helpers.loss_recorder import recorded
 from helpers.runs import TINY_PRETRAIN, run_script_forked, run_train_recorded, write_bert_corpus
 
 from lightbert.interop.convert import main as convert
@@ -19,15 +20,6 @@ from lightbert.interop.convert import main as convert
 pytestmark = pytest.mark.slow
 
 FSDP_ON_CPU = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"]  # bf16-mixed, as on GPUs
-
-
-def recorded(path: Path) -> dict[tuple[int, int], list[str]]:
-    """(global_step after the batch, rank) -> the losses of that step's batches, as exact hex floats."""
-    losses: dict[tuple[int, int], list[str]] = {}
-    for line in path.read_text().splitlines():
-        step, rank, loss, _ = line.split()
-        losses.setdefault((int(step), int(rank)), []).append(loss)
-    return losses
 
 
 @pytest.fixture(scope="module")

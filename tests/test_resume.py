@@ -8,20 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.loss_recorder import recorded
 from helpers.runs import TINY_PRETRAIN, WORDS, console_noise, run_train_recorded, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
 BASE = [*TINY_PRETRAIN, "trainer.log_every_n_steps=1"]
-
-
-def recorded(path: Path) -> dict[tuple[int, int], list[str]]:
-    """(global_step after the batch, rank) -> the losses of that step's batches, as exact hex floats."""
-    losses: dict[tuple[int, int], list[str]] = {}
-    for line in path.read_text().splitlines():
-        step, rank, loss, _ = line.split()
-        losses.setdefault((int(step), int(rank)), []).append(loss)
-    return losses
 
 
 @pytest.fixture(scope="module")

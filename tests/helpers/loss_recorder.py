@@ -3,6 +3,7 @@
 
 import os
 import signal
+from pathlib import Path
 
 import lightning as L
 
@@ -63,6 +64,16 @@ class SignalAtStep(L.Callback):
         if trainer.global_step >= self.step and trainer.global_rank == 0 and not self.sent:
             self.sent = True
             os.kill(os.getpid(), self.signum)
+
+
+def recorded(path: Path) -> dict[tuple[int, int], list[str]]:
+    """What `RecordLosses` wrote: (global_step after the batch, rank) -> the losses of that step's batches, as exact
+    hex floats."""
+    losses: dict[tuple[int, int], list[str]] = {}
+    for line in path.read_text().splitlines():
+        step, rank, loss, _ = line.split()
+        losses.setdefault((int(step), int(rank)), []).append(loss)
+    return losses
 
 
 def global_norm(tensors) -> float:

@@ -56,7 +56,7 @@ def checked_number(
     if number < minimum or (positive and number <= 0) or (largest is not None and number > largest):
         bound = "> 0" if positive else f">= {minimum:g}"
         if largest is not None:
-            bound = f"from {minimum:g} to {largest:g}" if largest != 1 else f"{bound} and <= 1"
+            bound = f"from {minimum:g} to {largest:.0f}" if largest != 1 else f"{bound} and <= 1"
         raise ConfigError(f"{key} must be {bound}, got {value!r}")
     return kind(number)
 
