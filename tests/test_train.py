@@ -3,14 +3,18 @@
 import csv
 import json
 import math
+from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers.runs import compose_config, run_train_script
 from helpers.wandb_files import offline_run
 
+from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.errors import ConfigError, UserError
 from lightbert.pretraining.module import PreTrainingModule
+from lightbert.run.instantiation import instantiate_config
 from lightbert.run.jobs import train
 
 # A tiny model on short sequences: a run of a few steps takes a second or two.
@@ -76,6 +80,33 @@ def test_pretraining_learns_on_real_text(tmp_path):
     assert end < start - 1.0, losses
     assert results["metrics"]["val/mlm_loss"] < start - 1.0
     assert results["metrics"]["val/mlm_accuracy"] > 0.03  # chance is 1/2000; "the" alone is ~5%
+
+
+def most_frequent_token_share(cfg) -> float:
+    """The share of the most frequent token among the masked positions a validation of `cfg`'s run reads: the
+    val/mlm_accuracy of a model that guesses that token everywhere, having learned nothing from the context."""
+    datamodule = instantiate_config(cfg.task.datamodule, _partial_=True)()
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    # what a validation reads depends on the interval between validations, which the datamodule asks its trainer
+    datamodule.trainer = SimpleNamespace(val_check_interval=cfg.trainer.val_check_interval, world_size=1)
+    counts = Counter()
+    for batch in datamodule.val_dataloader():
+        counts.update(batch["labels"][batch["labels"] != IGNORE_INDEX].tolist())
+    return counts.most_common(1)[0][1] / counts.total()
+
+
+@pytest.mark.slow
+def test_the_quick_start_learns_more_than_the_most_frequent_token(tmp_path):
+    """experiment=quick_start (README's first command), its schedule shortened to a third: a model still on BERT's
+    first plateau guesses every masked token as the most frequent one, and scores that token's share."""
+    shorter = ["trainer.max_steps=1000", "task.cpu_val_check_interval=1000"]
+    cfg = compose_config(["experiment=quick_start", "logger=csv", *shorter], tmp_path / "run")
+    results = train(cfg)
+    assert results["global_step"] == 1000
+    baseline = most_frequent_token_share(cfg)
+    assert 0.02 < baseline < 0.15  # a token's share: a count went wrong otherwise
+    assert results["metrics"]["val/mlm_accuracy"] > baseline + 0.03, (results["metrics"], baseline)
 
 
 def test_finished_run_directory_is_never_overwritten(tmp_path, corpus_file):
