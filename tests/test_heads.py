@@ -35,6 +35,59 @@ def test_every_record_names_its_module_and_a_distinct_hugging_face_class():
     assert len({h.hf_class for h in HEADS.values()}) == len(HEADS)
 
 
+FAMILY_HEAD = """
+from lightbert.glue.module import SequenceClassificationModule
+from lightbert.glue.predictor import SequenceClassification
+from lightbert.heads import Head, HeadArguments, register
+from lightbert.model import BertForSequenceClassification
+
+
+class ToyModule(SequenceClassificationModule):
+    head = "toy_classification"
+
+
+register(
+    Head(
+        "toy_classification",
+        ToyModule,
+        lambda config, a: BertForSequenceClassification(config, 2),
+        "BertForSequenceClassification",
+        SequenceClassification,
+        arguments=lambda hp: HeadArguments(("no", "yes")),
+        defaults={"max_seq_length": 128, "window": 7},
+        recorded_extra=lambda task, run_dir: {"tuned": float((run_dir / "tuned.txt").read_text())},
+    )
+)
+"""
+
+
+def test_a_family_folder_registers_its_head_with_nothing_edited_elsewhere(tmp_path, monkeypatch):
+    """A new family is its folder (here `toyfamily/`, on lightbert's package path) with a `head.py`: the registry
+    finds it at its first lookup, and reads the settings the family's runs record, its own included."""
+    import sys
+
+    import lightbert
+    from lightbert.heads import HeadRegistry
+
+    family = tmp_path / "toyfamily"
+    family.mkdir()
+    (family / "__init__.py").write_text("")
+    (family / "head.py").write_text(FAMILY_HEAD)
+    monkeypatch.setattr(lightbert, "__path__", [*lightbert.__path__, str(tmp_path)])
+    monkeypatch.setattr(HeadRegistry, "_found", False)  # as in a fresh process, which looks the families up once
+    try:
+        head = HEADS["toy_classification"]
+        assert head.module.__module__ == "lightbert.toyfamily.head"
+        assert {"sequence_classification", "question_answering", "toy_classification"} <= set(HEADS)
+        (tmp_path / "tuned.txt").write_text("0.25")
+        recorded = head.recorded_settings({"window": "9", "name": "toy"}, tmp_path)
+        assert recorded == {"window": 9, "tuned": 0.25}  # of the defaults' types; max_seq_length not recorded
+    finally:
+        dict.pop(HEADS, "toy_classification", None)
+        for name in [m for m in sys.modules if m.startswith("lightbert.toyfamily")]:
+            del sys.modules[name]
+
+
 def test_a_module_that_names_another_head_is_refused_at_registration():
     class Mislabelled(SequenceClassificationModule):
         head = "something_else"
