@@ -8,6 +8,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -137,8 +138,6 @@ def data_sources(settings: RunSettings) -> dict[str, Any]:
     fine-tuning files, or the pre-training corpus's files (its fingerprint for the hub's or the demo)."""
     task = settings.task
     if task.fine_tuning:
-        from pathlib import Path
-
         given = {split: Path(path).expanduser() for split, path in task.data_files.items()}
         if not given:
             return {"task.datamodule.hub_dataset": task.datamodule.get("hub_dataset")}
