@@ -25,6 +25,9 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     os.environ["WANDB_MODE"] = "offline"
     os.environ["WANDB_SILENT"] = "true"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Every process a test starts (scripts, DDP and FSDP ranks, torchrun's) prints its Python stack on a fatal
+    # signal (SIGSEGV, SIGABRT, ...) to the stderr the test reports: a crash seen once comes with where it was.
+    os.environ["PYTHONFAULTHANDLER"] = "1"
     share_the_cores()
     return cache
 

@@ -3,14 +3,13 @@ prediction files of its run, into a new run directory; the checkpoint's own is l
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers.runs import REPO
+from helpers.runs import REPO, snapshot
 
 from lightbert.errors import UserError
 from lightbert.run.cli import compose_config
@@ -20,14 +19,6 @@ from lightbert.run.jobs import evaluate
 def evaluate_config(overrides: list[str], output_dir: Path):
     """The config `python src/evaluate.py OVERRIDES` runs, with its run directory at `output_dir`."""
     return compose_config(overrides, output_dir, config_name="evaluate")
-
-
-def snapshot(directory: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
-    }
 
 
 def evaluate_run(run, tmp_path: Path, *extra: str) -> dict:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers.glue_files import glue_data_files
 from helpers.loss_recorder import recorded
-from helpers.runs import TINY_PRETRAIN, run_script_forked, run_train_recorded, write_bert_corpus
+from helpers.runs import TINY_PRETRAIN, run_script_forked, run_train_recorded, snapshot, write_bert_corpus
 
 from lightbert.interop.convert import main as convert
 
@@ -106,6 +106,23 @@ def test_a_killed_fsdp_run_resumes_on_one_process(runs, tmp_path):
     batches = [int(line.split()[0]) for line in (tmp_path / "after.txt").read_text().splitlines()]
     assert batches == [4, 5, 5, 6, 6, 7, 7, 8]
     assert json.loads((crashed / "results.json").read_text())["global_step"] == 8
+
+
+def test_a_killed_fsdp_run_resumed_under_ddp_is_refused_naming_the_trainer(runs, tmp_path):
+    """Its optimizer state is keyed by parameter name, DDP's by position: a resume under another strategy is
+    refused before anything starts, naming the option to put back, and the run directory is left as it was."""
+    crashed = tmp_path / "crashed"
+    shutil.copytree(runs["killed"], crashed)
+    before = snapshot(crashed)
+    under_ddp = [a for a in runs["args"] if a not in (*FSDP_ON_CPU, "trainer=cpu")]
+    under_ddp += ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
+    refused = run_train_recorded(
+        *under_ddp, f"hydra.run.dir={crashed}", f"+callbacks.record.path={tmp_path / 'after.txt'}", "resume=true"
+    )
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    line = next(x for x in refused.stderr.splitlines() if x.startswith("lightbert: error:"))
+    assert "trainer=fsdp recorded, trainer=ddp now" in line and "Traceback" not in refused.stderr, line
+    assert snapshot(crashed) == before and not (tmp_path / "after.txt").exists()
 
 
 def test_a_fine_tune_under_fsdp_from_the_fsdp_run_evaluates_and_converts(runs, tmp_path):

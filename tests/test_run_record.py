@@ -5,7 +5,6 @@ and two runs never share a directory."""
 from __future__ import annotations
 
 import csv
-import hashlib
 import os
 import signal
 import subprocess
@@ -14,19 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.runs import BASE, REPO, default_sigint, pythonpath_with_tests, run_train_recorded, write_bert_corpus
+from helpers.runs import (
+    BASE,
+    REPO,
+    default_sigint,
+    pythonpath_with_tests,
+    run_train_recorded,
+    snapshot,
+    write_bert_corpus,
+)
 from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.slow
-
-
-def snapshot(directory: Path) -> dict[str, tuple[int, str]]:
-    """Every file under `directory`: its modification time and content hash."""
-    return {
-        str(p.relative_to(directory)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
-    }
 
 
 def metric_steps(run_dir: Path) -> list[int]:

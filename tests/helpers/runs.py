@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import os
 import random
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,6 +78,15 @@ TINY_PRETRAIN = [
 ]
 
 
+def snapshot(directory: Path) -> dict[str, tuple[int, str]]:
+    """Every file under `directory`: its modification time and content hash (a refused command changes neither)."""
+    return {
+        str(p.relative_to(directory)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
 def compose_config(overrides: list[str], output_dir: Path, config_name: str = "train") -> DictConfig:
     """The config `python src/train.py OVERRIDES` (or src/evaluate.py's) would run, with its run directory at
     `output_dir`; composed from the checkout's conf/."""
@@ -110,7 +121,8 @@ class ForkedScripts:
 
     def __init__(self) -> None:
         self.server: subprocess.Popen | None = None
-        self.files = Path(tempfile.mkdtemp(prefix="lightbert-forked-"))
+        self.files = Path(tempfile.mkdtemp(prefix="lightbert-forked-"))  # each command's stdin, stdout, stderr
+        atexit.register(shutil.rmtree, self.files, ignore_errors=True)
 
     def run(
         self,

@@ -241,6 +241,27 @@ def _override_key(override: str) -> str:
 RESIZABLE_ON_RESUME = ("trainer.devices", "trainer.num_nodes", "trainer.accumulate_grad_batches")
 
 
+def _under(key: str, prefix: str) -> bool:
+    return key == prefix or key.startswith(prefix + ".")
+
+
+def _changed_choices(record: Path) -> list[tuple[str, Any, Any]]:
+    """(group, recorded option, option now) for each config group whose option this command changes, from the
+    record's `hydra.yaml` and this run's Hydra config; none where either is missing (a run started by `train(cfg)`)."""
+    hydra_record = record / "hydra.yaml"
+    if not hydra_record.is_file() or not HydraConfig.initialized():
+        return []
+    before = OmegaConf.to_container(OmegaConf.load(hydra_record).hydra.runtime.choices)
+    after = OmegaConf.to_container(HydraConfig.get().runtime.choices)
+    return [
+        (group, before.get(group), after.get(group))
+        for group in sorted(set(before) | set(after))
+        if before.get(group) != after.get(group)
+        and not group.startswith("hydra")
+        and not any(_under(group, c) for c in CHANGEABLE_ON_RESUME)
+    ]
+
+
 def record_run(
     config: DictConfig, overrides: tuple[str, ...], output_dir: Path, resuming: bool, resized: bool = False
 ) -> None:
@@ -259,16 +280,21 @@ def record_run(
             key
             for key in sorted(set(recorded) | set(now))
             if recorded.get(key) != now.get(key)
-            and not any(key == c or key.startswith(c + ".") for c in CHANGEABLE_ON_RESUME)
+            and not any(_under(key, c) for c in CHANGEABLE_ON_RESUME)
             and not (resized and key in RESIZABLE_ON_RESUME)
-            and (key in recorded or any(key == o or key.startswith(o + ".") for o in overridden))
+            and (key in recorded or any(_under(key, o) for o in overridden))
         ]
         if changed:
-            shown = "; ".join(f"{k}: {recorded.get(k)!r} recorded, {now.get(k)!r} now" for k in changed[:6])
+            # A group's option changed (trainer=ddp for trainer=fsdp) is named as the command line says it, not as
+            # the keys under it that differ.
+            groups = [c for c in _changed_choices(record) if any(_under(key, c[0].split("/")[0]) for key in changed)]
+            keys = [key for key in changed if not any(_under(key, group.split("/")[0]) for group, _, _ in groups)]
+            shown = [f"{g}={before} recorded, {g}={after} now" for g, before, after in groups]
+            shown += [f"{k}: {recorded.get(k)!r} recorded, {now.get(k)!r} now" for k in keys]
             raise UserError(
                 f"resume=true continues the run in {output_dir} as recorded in {record / 'config.yaml'}, and this "
-                f"command changes {len(changed)} setting(s): {shown}. Drop those overrides to resume, or start a new "
-                "run in another directory (e.g. with init_from=<this run> to fine-tune from it)"
+                f"command changes {len(shown)} setting(s): {'; '.join(shown[:6])}. Drop those overrides to resume, "
+                "or start a new run in another directory (e.g. with init_from=<this run> to fine-tune from it)"
             )
         return
     if not is_global_zero():
