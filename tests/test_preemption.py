@@ -105,12 +105,13 @@ def cluster(tmp_path_factory):
 
 
 def run_and_signal(cluster, run: Path, signum: signal.Signals, envs: list[dict], signalled: list[int] | None = None,
-                   extra: tuple[str, ...] = ()) -> list[int]:  # fmt: skip
+                   extra: tuple[str, ...] = (), where: str | None = None) -> list[int]:  # fmt: skip
     """Starts the job's tasks, waits until it trains, sends `signum` at a random moment to the tasks `signalled`
-    (default: every task, as SLURM signals a job), and returns their exit statuses."""
-    mark = run / "training"
-    args = [*TINY, f"corpus.paths=[{cluster['corpus']}]", f"hydra.run.dir={run}", f"+callbacks.mark.path={mark}",
-            *extra]  # fmt: skip
+    (default: every task, as SLURM signals a job), and returns their exit statuses. The run goes to `run`
+    (hydra.run.dir), or where the override `where` makes the job put it by default."""
+    mark = run.parent / "training"
+    args = [*TINY, f"corpus.paths=[{cluster['corpus']}]", where or f"hydra.run.dir={run}",
+            f"+callbacks.mark.path={mark}", *extra]  # fmt: skip
     run.parent.mkdir(parents=True, exist_ok=True)
     pids = tasks.start(args, envs, run.parent)
     deadline = time.monotonic() + 120
@@ -154,15 +155,18 @@ def test_sigterm_to_one_task_stops_every_task_at_the_same_batch(cluster, tmp_pat
 
 def test_slurms_requeue_signal_requeues_the_job_which_resumes_by_itself(cluster, tmp_path):
     """USR1 (`#SBATCH --signal=USR1@90`, what Lightning's SLURM auto-requeue expects): the job saves, asks
-    `scontrol requeue` once, and SLURM's second start of the same job (SLURM_RESTART_COUNT=1) continues the run in
-    the same directory without resume=true; Lightning's hpc_ckpt_*.ckpt is never written."""
+    `scontrol requeue` once, and SLURM's second start of the same job (SLURM_RESTART_COUNT=1), the same command,
+    continues the run in the same directory without resume=true; Lightning's hpc_ckpt_*.ckpt is never written. No
+    hydra.run.dir: the job's default run directory is named by its job id, so the restart finds it."""
     for trial in range(TRIALS):
         cluster["calls"].unlink(missing_ok=True)
         job = str(3000 + trial)
-        run = tmp_path / f"trial{trial}" / "run"
+        outputs = tmp_path / f"trial{trial}" / "outputs"
+        where = f"paths.log_dir={outputs}"
+        run = outputs / "pretrain" / "runs" / f"slurm-{job}"
         port = str(free_port())
         envs = [slurm_env(task, job, cluster["bin"], MASTER_PORT=port) for task in range(2)]
-        codes = run_and_signal(cluster, run, signal.SIGUSR1, envs)
+        codes = run_and_signal(cluster, run, signal.SIGUSR1, envs, where=where)
         assert codes == [128 + signal.SIGUSR1] * 2, (trial, codes, (run.parent / "task0.err").read_text()[-2000:])
         assert cluster["calls"].read_text() == f"requeue {job}\n", trial
         stopped = saved_step(run)
@@ -170,12 +174,13 @@ def test_slurms_requeue_signal_requeues_the_job_which_resumes_by_itself(cluster,
     # The last trial's job, started again by SLURM: the same command, the same job id.
     port = str(free_port())
     again = [{**env, "SLURM_RESTART_COUNT": "1", "MASTER_PORT": port} for env in envs]
-    mark = run / "training"
-    args = [*TINY, f"corpus.paths=[{cluster['corpus']}]", f"hydra.run.dir={run}", f"+callbacks.mark.path={mark}"]
+    mark = run.parent / "training-again"
+    args = [*TINY, f"corpus.paths=[{cluster['corpus']}]", where, f"+callbacks.mark.path={mark}"]
     args += ["+callbacks.stop._target_=helpers.loss_recorder.StopAtStep", f"+callbacks.stop.step={stopped + 2}"]
     pids = tasks.start(args, again, tmp_path)
     assert tasks.wait(pids, PATIENCE) == [0, 0], (tmp_path / "task0.err").read_text()[-3000:]
     out = (tmp_path / "task0.out").read_text() + (tmp_path / "task0.err").read_text()
     assert f"SLURM job {job} was requeued (1 restart(s)): continuing its run" in out
     assert json.loads((run / "results.json").read_text())["global_step"] == stopped + 2  # continued, not restarted
+    assert [d.name for d in run.parent.iterdir() if d.is_dir()] == [f"slurm-{job}"]  # one directory, both starts
     assert not list(run.glob("**/hpc_ckpt_*.ckpt"))
