@@ -42,17 +42,17 @@ import transformers
 import yaml
 from omegaconf import open_dict
 
+from lightbert.checkpoints.hf_format import lightbert_config_to_hf, lightbert_state_dict_to_hf
 from lightbert.data.batches import PaddingCollator
-from lightbert.interop.hf_format import lightbert_config_to_hf, lightbert_state_dict_to_hf
 from lightbert.model import BertConfig, BertForSequenceClassification
 from lightbert.model.fp8 import convert_to_fp8
 from lightbert.optim import MasterWeights, parameter_groups
-from lightbert.pretraining.corpus import DemoCorpus, TextCorpus
-from lightbert.pretraining.datamodule import PretrainDataModule
-from lightbert.pretraining.module import PreTrainingModule
-from lightbert.pretraining.packing import PackingCollator, pack_batch
-from lightbert.run.callbacks import gpu_peak_flops, step_flops
+from lightbert.plugins.callbacks import gpu_peak_flops, step_flops
 from lightbert.run.speed import unpadding_for
+from lightbert.tasks.pretraining.corpus import DemoCorpus, TextCorpus
+from lightbert.tasks.pretraining.datamodule import PretrainDataModule
+from lightbert.tasks.pretraining.module import PreTrainingModule
+from lightbert.tasks.pretraining.packing import PackingCollator, pack_batch
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB_SIZE = 30522  # bert-base-uncased's: the sizes are BERT's even where the demo corpus yields fewer pieces
@@ -363,7 +363,7 @@ def step_seconds(ends: list[float], warmup: int) -> list[float]:
 
 def trainer_path_config(args, device: torch.device, out_dir: Path, steps: int):
     """The config `python src/train.py model=... trainer=...` runs, for `steps` steps without a validation."""
-    from lightbert.run.cli import compose_config
+    from lightbert.run.configs import compose_config
 
     overrides = [
         f"model={args.model}",

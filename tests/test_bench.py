@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightbert.model import BertConfig
-from lightbert.run.callbacks import step_flops
+from lightbert.plugins.callbacks import step_flops
 
 REPO = Path(__file__).resolve().parents[1]
 

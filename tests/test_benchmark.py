@@ -18,7 +18,7 @@ from lightbert.analysis.benchmark import AVERAGED, COLUMNS, PAPER_ROWS, build, g
 from lightbert.analysis.benchmark import write_submissions as submissions
 from lightbert.analysis.benchmark_plan import PLAN_FILE, BenchmarkJob, checkpoint_key, plan
 from lightbert.errors import UserError
-from lightbert.glue.data import TASKS
+from lightbert.tasks.glue.data import TASKS
 
 GLUE_SPLITS = {name: ["train", *spec.validation_splits, *spec.test_splits] for name, spec in TASKS.items()}
 SERVER_FILES = {"CoLA.tsv", "SST-2.tsv", "MRPC.tsv", "STS-B.tsv", "QQP.tsv", "MNLI-m.tsv", "MNLI-mm.tsv", "QNLI.tsv",

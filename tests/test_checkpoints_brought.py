@@ -16,17 +16,17 @@ from helpers.models import random_batch, write_hf_model
 from helpers.ner_files import read_conlleval
 from helpers.runs import compose_config
 
-from lightbert.checkpoints.finetuned import carry_head, label_rows, load_finetuned
 from lightbert.checkpoints.reading import load_encoder, load_into, load_pretrained
 from lightbert.errors import UserError
-from lightbert.glue.data import glue_task
-from lightbert.glue.module import SequenceClassificationModule
-from lightbert.heads import HEADS
 from lightbert.inference.predict import predict_records
 from lightbert.interop.convert import to_hf
 from lightbert.model import BertConfig, BertForPreTraining
-from lightbert.ner.data import CONLL2003_LABELS
 from lightbert.run.jobs import evaluate, train
+from lightbert.tasks.finetuned import carry_head, label_rows, load_finetuned
+from lightbert.tasks.glue.module import SequenceClassificationModule
+from lightbert.tasks.glue.tasks import glue_task
+from lightbert.tasks.heads import HEADS
+from lightbert.tasks.ner.data import CONLL2003_LABELS
 
 ATOL = 2e-5
 SEQUENCE = HEADS["sequence_classification"]
@@ -85,7 +85,7 @@ def test_a_classifier_of_other_labels_starts_fresh_and_says_why(tmp_path):
 
 
 def test_a_tagger_in_another_tag_order_is_carried_into_conll2003_in_its_order(tmp_path):
-    from lightbert.ner.module import TokenClassificationModule
+    from lightbert.tasks.ner.module import TokenClassificationModule
 
     hf = write_hf_model(tmp_path / "hf", "BertForTokenClassification", labels=DSLIM_ORDER)
     pretrained = load_pretrained(str(hf))

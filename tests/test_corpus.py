@@ -5,8 +5,8 @@ import json
 import pytest
 
 from lightbert.errors import UserError
-from lightbert.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus, read_bert_format
-from lightbert.pretraining.sentences import split_document, split_sentences
+from lightbert.tasks.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus, read_bert_format
+from lightbert.tasks.pretraining.sentences import split_document, split_sentences
 
 
 def test_bert_format_documents(tmp_path):

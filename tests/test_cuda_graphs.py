@@ -13,10 +13,10 @@ from helpers.runs import compose_config
 from test_packing import CONFIG, WIDTH, masking, model, sentence_pairs
 
 from lightbert.errors import ConfigError
-from lightbert.pretraining.module import PreTrainingModule
-from lightbert.pretraining.packing import PackingCollator, first_fit, fixed_row_counts
 from lightbert.run.settings import RunSettings, SpeedSettings
 from lightbert.run.speed import fix_batch_shapes
+from lightbert.tasks.pretraining.module import PreTrainingModule
+from lightbert.tasks.pretraining.packing import PackingCollator, first_fit, fixed_row_counts
 
 CUDA_GRAPHS = ["speed.compile=true", "speed.compile_mode=reduce-overhead"]
 PACKED = ["task=pretrain", "task.datamodule.packing=true"]

@@ -115,7 +115,7 @@ def test_every_fp8_matmul_of_a_packed_pretraining_step_is_one_a_cuda_gpu_takes()
     from test_packing import WIDTH, masking, sentence_pairs
 
     from lightbert.model import BertForPreTraining
-    from lightbert.pretraining.packing import PackingCollator, packed_rows
+    from lightbert.tasks.pretraining.packing import PackingCollator, packed_rows
 
     torch.manual_seed(0)
     net = BertForPreTraining(PACKED).train()

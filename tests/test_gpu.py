@@ -26,8 +26,8 @@ from test_packing import VOCAB, WIDTH, masking, sentence_pairs
 
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.model import BertConfig, BertForPreTraining
-from lightbert.pretraining.packing import PackingCollator, packed_rows
 from lightbert.run.jobs import train
+from lightbert.tasks.pretraining.packing import PackingCollator, packed_rows
 
 # Head size 64 as in BERT; no dropout, so that the two attention paths compute the same function.
 CONFIG = BertConfig(

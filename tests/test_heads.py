@@ -14,17 +14,17 @@ from helpers.models import write_hf_bert
 from helpers.runs import compose_config
 from torch import nn
 
-from lightbert.checkpoints.finetuned import load_finetuned
 from lightbert.data.encoding import encode_pair
 from lightbert.errors import UserError
-from lightbert.glue.module import SequenceClassificationModule
-from lightbert.glue.predictor import SequenceClassification
-from lightbert.heads import HEADS, Head, HeadArguments, register
 from lightbert.inference.predict import predict_records
 from lightbert.interop.convert import to_hf
 from lightbert.model import BertConfig, BertModel
 from lightbert.model.bert import init_weights
 from lightbert.run.jobs import evaluate, train
+from lightbert.tasks.finetuned import load_finetuned
+from lightbert.tasks.glue.module import SequenceClassificationModule
+from lightbert.tasks.glue.predictor import SequenceClassification
+from lightbert.tasks.heads import HEADS, Head, HeadArguments, register
 
 
 def test_every_record_names_its_module_and_a_distinct_hugging_face_class():
@@ -36,9 +36,9 @@ def test_every_record_names_its_module_and_a_distinct_hugging_face_class():
 
 
 FAMILY_HEAD = """
-from lightbert.glue.module import SequenceClassificationModule
-from lightbert.glue.predictor import SequenceClassification
-from lightbert.heads import Head, HeadArguments, register
+from lightbert.tasks.glue.module import SequenceClassificationModule
+from lightbert.tasks.glue.predictor import SequenceClassification
+from lightbert.tasks.heads import Head, HeadArguments, register
 from lightbert.model import BertForSequenceClassification
 
 
@@ -67,7 +67,7 @@ def test_a_family_folder_registers_its_head_with_nothing_edited_elsewhere(tmp_pa
     import sys
 
     import lightbert
-    from lightbert.heads import HeadRegistry
+    from lightbert.tasks.heads import HeadRegistry
 
     family = tmp_path / "toyfamily"
     family.mkdir()

@@ -112,14 +112,14 @@ class KillDuringSave(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_step >= self.step and trainer.global_rank == 0:
-            import lightbert.checkpoints.saving
+            import lightbert.plugins.checkpointing
             from lightbert.files import temporary_path
 
             def write_then_die(path, write):
                 write(temporary_path(path))
                 os.killpg(os.getpgid(0), signal.SIGKILL)
 
-            lightbert.checkpoints.saving.replace_atomically = write_then_die
+            lightbert.plugins.checkpointing.replace_atomically = write_then_die
 
 
 class TouchAtStep(L.Callback):

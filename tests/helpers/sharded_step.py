@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from lightbert.model import BertConfig, BertForPreTraining
 from lightbert.optim import OptimConfig, build_optimizer, clip_gradients
-from lightbert.run.strategies import shard_bert
+from lightbert.plugins.strategies import shard_bert
 
 CONFIG = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip

@@ -217,7 +217,7 @@ def write_submissions(sweep_dir: Path, table: dict) -> tuple[list[Path], list[st
     """submission.zip (one per checkpoint, `submission-<key>.zip`, when the directory holds several): the test TSVs
     of each task's best job under the GLUE server's names, AX.tsv from the MNLI model's. Refused, writing none, when a
     task of the benchmark has no finished job or its best job no test predictions. Returns the files and notes."""
-    from lightbert.glue.data import TASKS  # the server's file names, one per test split
+    from lightbert.tasks.glue.tasks import TASKS  # the server's file names, one per test split
 
     if table["family"] != "glue":
         return [], []

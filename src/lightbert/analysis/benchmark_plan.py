@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightbert.errors import UserError
 from lightbert.files import write_atomically
-from lightbert.run.cli import group_options
+from lightbert.run.configs import group_options
 
 PLAN_FILE = "benchmark.json"  # in the sweep directory: every job any benchmark command planned there
 DATA_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")  # what task.data_files reads (data.local_files)

@@ -11,11 +11,7 @@ from pathlib import Path
 
 import torch
 
-from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
-from lightbert.errors import UserError
-from lightbert.files import RESULTS_FILE
-from lightbert.hub import hub_reachable
-from lightbert.interop.hf_format import (
+from lightbert.checkpoints.hf_format import (
     HF_TOKENIZER_FILES,
     HF_WEIGHT_FILES,
     HUB_ID,
@@ -25,6 +21,10 @@ from lightbert.interop.hf_format import (
     hf_lowercase,
     hf_state_dict_to_lightbert,
 )
+from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
+from lightbert.errors import UserError
+from lightbert.files import RESULTS_FILE
+from lightbert.hub import hub_reachable
 from lightbert.model import BertConfig, BertModel
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,9 @@ class Pretrained:
     hyper_parameters: dict = field(default_factory=dict)
     hf_config: dict = field(default_factory=dict)
     run_dir: Path | None = None
-    head: str | None = None  # a lightbert checkpoint's fine-tuned head, as its module recorded it (lightbert.heads)
+    head: str | None = (
+        None  # a lightbert checkpoint's fine-tuned head, as its module recorded it (lightbert.tasks.heads)
+    )
 
 
 def load_pretrained(init_from: str) -> Pretrained:
@@ -146,7 +148,7 @@ def _from_hub(repo_id: str) -> Pretrained:
 
 @dataclass(frozen=True)
 class HeadCarry:
-    """Whether a checkpoint's fine-tuned head goes into a task's model (lightbert.checkpoints.finetuned.carry_head
+    """Whether a checkpoint's fine-tuned head goes into a task's model (lightbert.tasks.finetuned.carry_head
     decides, by what the head means: its kind and its labels).
 
     `rows` puts the checkpoint's label rows in the task's label order (row i of the task is row rows[i] of the

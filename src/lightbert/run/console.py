@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import ClassVar
 
-from lightbert.run.cluster import is_global_zero
+from lightbert.cluster.environment import is_global_zero
 from lightbert.run.settings import RunSettings
 
 

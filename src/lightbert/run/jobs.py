@@ -21,21 +21,22 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, Pr
 from omegaconf import DictConfig, OmegaConf
 
 from lightbert.checkpoints.reading import Pretrained
-from lightbert.checkpoints.saving import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
+from lightbert.cluster import processes
 from lightbert.data.tokenizer import load_tokenizer
+from lightbert.distributed import gather_dict
 from lightbert.errors import UserError
-from lightbert.finetuning.predictions import write_test_predictions
-from lightbert.run import processes
-from lightbert.run.agreement import SameResumeOnEveryNode
-from lightbert.run.architecture import check_head, load_pretrained_weights, with_vocabulary
-from lightbert.run.callbacks import RunProgressBar
+from lightbert.plugins.agreement import SameResumeOnEveryNode
+from lightbert.plugins.callbacks import RunProgressBar
+from lightbert.plugins.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
+from lightbert.plugins.loggers import RunCSVLogger, finish_wandb, summarise_in_wandb
 from lightbert.run.instantiation import instantiate_config, parameters_named_by
-from lightbert.run.loggers import RunCSVLogger, finish_wandb, summarise_in_wandb
 from lightbert.run.preflight import prepare
 from lightbert.run.run_dir import LAST_CHECKPOINT, held, save_tokenizer, write_results
 from lightbert.run.run_dir import results as run_results
 from lightbert.run.settings import RunSettings
 from lightbert.run.speed import apply_speed_switches, fix_batch_shapes
+from lightbert.run.weights import check_head, load_pretrained_weights, with_vocabulary
+from lightbert.tasks.finetuning.datamodule import FineTuningDataModule
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +211,38 @@ def _trainer(settings: RunSettings, callbacks: list, loggers: list, **overrides:
         plugins=[AtomicCheckpointIO(), *plugins],
         **overrides,
     )
+
+
+def write_test_predictions(trainer, module, datamodule, output_dir: Path) -> list[str]:
+    """Predict the task's prediction splits with the best checkpoint and write their files, as the DataModule
+    declares (`predict_splits`, `prediction_writer`; pre-training and SWAG declare none). Returns the files.
+
+    Each prediction is one example's row of the batch's "prediction" (a class, a score, or a QA window's logits),
+    as a numpy array so that gathering from other devices pickles just that row.
+    """
+    if not isinstance(datamodule, FineTuningDataModule):
+        return []  # pre-training predicts nothing after training
+    splits = datamodule.predict_splits
+    if not splits or datamodule.prediction_writer() is None:
+        return []
+    checkpoint = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
+    ckpt_path = checkpoint.best_model_path if checkpoint is not None and checkpoint.best_model_path else None
+    batches = trainer.predict(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    if len(splits) == 1:
+        batches = [batches]
+    predictions = {}
+    for split, split_batches in zip(splits, batches, strict=True):
+        by_idx = {}
+        for out in split_batches:
+            prediction = out["prediction"].detach().cpu()
+            if prediction.is_floating_point():
+                prediction = prediction.float()  # numpy has no bfloat16
+            by_idx.update(zip(out["idx"].tolist(), prediction.numpy(), strict=True))
+        predictions[split] = gather_dict(by_idx)  # each rank predicted its share of every split
+    if trainer.global_rank != 0:
+        return []
+    written = datamodule.prediction_writer().write(predictions, output_dir / "predictions")
+    return [str(p) for p in written]
 
 
 def _metric_rows(path: Path) -> int:

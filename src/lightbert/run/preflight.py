@@ -16,16 +16,16 @@ import torch
 from datasets.utils import logging as datasets_logging
 
 from lightbert.checkpoints.reading import Pretrained, load_pretrained
-from lightbert.checkpoints.saving import saved_job_shape
 from lightbert.data.local_files import file_identity
 from lightbert.errors import ConfigError, UserError
 from lightbert.model.fp8 import check_fp8_device
-from lightbert.pretraining.corpus import TextCorpus
-from lightbert.run.architecture import checked_model_config, size_name
+from lightbert.plugins.checkpointing import saved_job_shape
 from lightbert.run.console import RunLogFile, describe_run, tidy_lightning_console
 from lightbert.run.instantiation import instantiate_config
 from lightbert.run.run_dir import check_data_unchanged, record_run, remove_stale_temporaries
 from lightbert.run.settings import MATMUL_PRECISIONS, RunSettings
+from lightbert.run.weights import checked_model_config, size_name
+from lightbert.tasks.pretraining.corpus import TextCorpus
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from lightbert.cluster import processes
+from lightbert.cluster.environment import is_global_zero
 from lightbert.errors import UserError
 from lightbert.files import RESULTS_FILE, write_atomically
-from lightbert.run import processes
-from lightbert.run.cluster import is_global_zero
 from lightbert.run.settings import RunSettings, Start
 
 log = logging.getLogger(__name__)

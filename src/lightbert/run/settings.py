@@ -20,8 +20,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError
 
 from lightbert.errors import ConfigError, ParameterError
-from lightbert.pretraining.objectives import OBJECTIVES, MaskingShares
 from lightbert.run.phases import Phase, phases_of
+from lightbert.tasks.pretraining.objectives import OBJECTIVES, MaskingShares
 
 # Lightning's precisions (lightning.fabric.connector._PRECISION_INPUT), here so that a refusal needs no torch.
 PRECISIONS = ("16-true", "16-mixed", "bf16-true", "bf16-mixed", "32-true", "64-true", "16", "bf16", "32", "64",
