@@ -62,29 +62,29 @@ register(
 
 
 def test_a_family_folder_registers_its_head_with_nothing_edited_elsewhere(tmp_path, monkeypatch):
-    """A new family is its folder (here `toyfamily/`, on lightbert's package path) with a `head.py`: the registry
-    finds it at its first lookup, and reads the settings the family's runs record, its own included."""
+    """A new family is its folder (here `toyfamily/`, on lightbert.tasks' package path) with a `head.py`: the
+    registry finds it at its first lookup, and reads the settings the family's runs record, its own included."""
     import sys
 
-    import lightbert
+    import lightbert.tasks
     from lightbert.tasks.heads import HeadRegistry
 
     family = tmp_path / "toyfamily"
     family.mkdir()
     (family / "__init__.py").write_text("")
     (family / "head.py").write_text(FAMILY_HEAD)
-    monkeypatch.setattr(lightbert, "__path__", [*lightbert.__path__, str(tmp_path)])
+    monkeypatch.setattr(lightbert.tasks, "__path__", [*lightbert.tasks.__path__, str(tmp_path)])
     monkeypatch.setattr(HeadRegistry, "_found", False)  # as in a fresh process, which looks the families up once
     try:
         head = HEADS["toy_classification"]
-        assert head.module.__module__ == "lightbert.toyfamily.head"
+        assert head.module.__module__ == "lightbert.tasks.toyfamily.head"
         assert {"sequence_classification", "question_answering", "toy_classification"} <= set(HEADS)
         (tmp_path / "tuned.txt").write_text("0.25")
         recorded = head.recorded_settings({"window": "9", "name": "toy"}, tmp_path)
         assert recorded == {"window": 9, "tuned": 0.25}  # of the defaults' types; max_seq_length not recorded
     finally:
         dict.pop(HEADS, "toy_classification", None)
-        for name in [m for m in sys.modules if m.startswith("lightbert.toyfamily")]:
+        for name in [m for m in sys.modules if m.startswith("lightbert.tasks.toyfamily")]:
             del sys.modules[name]
 
 

@@ -231,6 +231,34 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): node}
 
 
+# Where lightbert's classes lived before the package took its present layout, so that a run recorded then resumes
+# now: a recorded `_target_` under an old module path names the same class as the new path.
+MOVED_MODULES = {
+    **{
+        f"lightbert.{old}.": f"lightbert.{new}."
+        for old, new in (
+            ("run.callbacks", "plugins.callbacks"),
+            ("run.agreement", "plugins.agreement"),
+            ("run.loggers", "plugins.loggers"),
+            ("run.strategies", "plugins.strategies"),
+            ("checkpoints.saving", "plugins.checkpointing"),
+        )
+    },
+    **{
+        f"lightbert.{family}.": f"lightbert.tasks.{family}."
+        for family in ("pretraining", "finetuning", "glue", "squad", "ner", "swag")
+    },
+}
+
+
+def _moved_to_today(value: Any) -> Any:
+    if isinstance(value, str):
+        for old, new in MOVED_MODULES.items():
+            if value.startswith(old):
+                return new + value[len(old) :]
+    return value
+
+
 def _override_key(override: str) -> str:
     """The key of a command-line override: `speed.fp8` for `speed.fp8=true`, `+callbacks.x=...`, `~logger`."""
     return override.split("=", 1)[0].lstrip("+~")
@@ -272,6 +300,7 @@ def record_run(
     config = OmegaConf.to_container(config, resolve=False)
     if resuming and (record / "config.yaml").is_file():
         recorded = _flat(OmegaConf.to_container(OmegaConf.load(record / "config.yaml"), resolve=False))
+        recorded = {key: _moved_to_today(v) if key.endswith("_target_") else v for key, v in recorded.items()}
         now = _flat(config)
         # A setting that an earlier lightbert did not have (e.g. speed.fp8) is not in that run's record: at its
         # default, it changes nothing, so the run resumes; set on this command line, it is a change like any other.

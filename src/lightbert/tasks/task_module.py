@@ -25,7 +25,7 @@ class TaskModule(L.LightningModule):
     """Base of the task modules. Subclasses build `self.model` (the encoder with the task's head); arguments stay
     plain containers so checkpoints load with `torch.load(weights_only=True)` and `load_from_checkpoint`."""
 
-    # The fine-tuned head it trains, a name in the head registry (tasks.heads); checkpoints record it. None: pre-training.
+    # The fine-tuned head it trains, a name in the head registry (tasks.heads), kept in checkpoints; None: pre-training.
     head: ClassVar[str | None] = None
 
     def __init__(self, model: dict, optim: dict, validation_tags: tuple[str, ...] = ("",)):
