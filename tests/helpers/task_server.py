@@ -18,6 +18,7 @@ from fork_server import run_child
 
 def serve() -> None:
     import lightbert.cli.commands
+    import lightbert.run.flows
     import lightbert.run.jobs  # noqa: F401  (the imports are the point: every task starts with them done)
 
     reply = os.fdopen(os.dup(1), "w", buffering=1)

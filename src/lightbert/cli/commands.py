@@ -39,39 +39,12 @@ def _record_in_sweep(error: UserError) -> bool:
 
 def _train(cfg: DictConfig) -> float | None:
     """Returns the best validation metric: what a sweeper (e.g. sweep=optuna) optimises."""
-    from lightbert.cluster import processes
-    from lightbert.cluster.environment import adopt_submitit_local_ranks
-    from lightbert.run.run_dir import held
-    from lightbert.run.settings import RunSettings
+    from lightbert.run.jobs import train
 
-    adopt_submitit_local_ranks()  # before anything asks which process this is
-    settings = RunSettings.from_config(cfg)  # a bad value is refused here, in a second: torch is not loaded yet
-    processes.install()  # its DataLoader workers and data-preparation pool die with it, and hold no lock
-    with held(settings) as settings, processes.stops_cleanly(settings.output_dir):
-        from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-        from lightbert.plugins import checkpointing as saving
-        from lightbert.run.jobs import fit
-
-        try:
-            return fit(settings)["best_score"]
-        except SIGTERMException:
-            # Lightning stopped after the current batch and LatestCheckpoint saved it; exit as a process killed by
-            # the signal does (SIGTERM, or SIGINT for Ctrl-C).
-            stopped_by = saving.stopped_by
-            print(
-                f"lightbert: stopped by {stopped_by.name}; the latest state is in "
-                f"{settings.output_dir}/checkpoints/last.ckpt. To continue, rerun the same command with "
-                f"hydra.run.dir={settings.output_dir} resume=true",
-                file=sys.stderr,
-            )
-            sys.exit(128 + stopped_by)
+    return train(cfg)["best_score"]
 
 
 def _evaluate(cfg: DictConfig) -> None:
-    from lightbert.cluster.environment import adopt_submitit_local_ranks
-
-    adopt_submitit_local_ranks()
     from lightbert.run.jobs import evaluate
 
     evaluate(cfg)

@@ -5,6 +5,7 @@ also goes to the run's `train.log`."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import ClassVar
 
 from lightbert.cluster.environment import is_global_zero
@@ -91,6 +92,21 @@ class RunLogFile(logging.FileHandler):
             held, handler._held = handler._held or [], None
             for record in held:
                 handler.emit(record)
+
+
+def log_like_the_command(output_dir: Path) -> None:
+    """Outside a Hydra run (`lightbert.train(cfg)` from a notebook or a script, `cfg` from `compose_config`), the
+    console and `train.log` as the command has them: the same logging config, Hydra's `job_logging`, applied here as
+    Hydra applies it before a job. Nothing to do in a Hydra run, whose handlers already write into `output_dir`."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import configure_log
+
+    if any(Path(h.baseFilename).parent == output_dir for h in RunLogFile._configured) or not HydraConfig.initialized():
+        return
+    from omegaconf import OmegaConf
+
+    hydra_config = OmegaConf.create({"hydra": HydraConfig.get()}).hydra  # its ${hydra.runtime...} resolve from here
+    configure_log(hydra_config.job_logging, hydra_config.verbose)
 
 
 def describe_run(settings: RunSettings, model: dict, evaluation: bool = False, matmuls: str | None = None) -> str:

@@ -264,7 +264,7 @@ def _override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-# What a resume may change when the checkpoint says the global batch stays the same (`jobs._resized`): the devices
+# What a resume may change when the checkpoint says the global batch stays the same (`preflight._resized`): the devices
 # and nodes a requeued job gets, and the accumulation that keeps the global batch.
 RESIZABLE_ON_RESUME = ("trainer.devices", "trainer.num_nodes", "trainer.accumulate_grad_batches")
 
