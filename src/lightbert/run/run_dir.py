@@ -231,29 +231,29 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): node}
 
 
-# Where lightbert's classes lived before the package took its present layout, so that a run recorded then resumes
-# now: a recorded `_target_` under an old module path names the same class as the new path.
-MOVED_MODULES = {
-    **{
-        f"lightbert.{old}.": f"lightbert.{new}."
-        for old, new in (
-            ("run.callbacks", "plugins.callbacks"),
-            ("run.agreement", "plugins.agreement"),
-            ("run.loggers", "plugins.loggers"),
-            ("run.strategies", "plugins.strategies"),
-            ("checkpoints.saving", "plugins.checkpointing"),
-        )
-    },
-    **{
-        f"lightbert.{family}.": f"lightbert.tasks.{family}."
-        for family in ("pretraining", "finetuning", "glue", "squad", "ner", "swag")
-    },
+# Where lightbert's classes lived before the package took its present layout (the Trainer's plug-ins in run/ and
+# checkpoints/, each task folder at the top), so that a run recorded then resumes now: a recorded `_target_` under an
+# old module path names the class the new path names.
+PLUGINS_MOVED = {
+    "run.callbacks": "plugins.callbacks",
+    "run.agreement": "plugins.agreement",
+    "run.loggers": "plugins.loggers",
+    "run.strategies": "plugins.strategies",
+    "checkpoints.saving": "plugins.checkpointing",
 }
 
 
 def _moved_to_today(value: Any) -> Any:
+    import pkgutil
+
+    import lightbert.tasks
+
+    moved = {f"lightbert.{old}.": f"lightbert.{new}." for old, new in PLUGINS_MOVED.items()}
+    moved |= {
+        f"lightbert.{p.name}.": f"lightbert.tasks.{p.name}." for p in pkgutil.iter_modules(lightbert.tasks.__path__)
+    }
     if isinstance(value, str):
-        for old, new in MOVED_MODULES.items():
+        for old, new in moved.items():
             if value.startswith(old):
                 return new + value[len(old) :]
     return value
