@@ -28,7 +28,7 @@ from lightbert.finetuning.predictions import write_test_predictions
 from lightbert.run import processes
 from lightbert.run.agreement import SameResumeOnEveryNode
 from lightbert.run.architecture import check_head, load_pretrained_weights, with_vocabulary
-from lightbert.run.callbacks import RunProgressBar
+from lightbert.run.callbacks import FineTuningResume, RunProgressBar
 from lightbert.run.instantiation import instantiate_config, parameters_named_by
 from lightbert.run.loggers import RunCSVLogger, finish_wandb, summarise_in_wandb
 from lightbert.run.preflight import prepare
@@ -91,6 +91,7 @@ def fit(settings: RunSettings) -> dict[str, Any]:
             callbacks = [
                 *_callbacks(settings),
                 SameResumeOnEveryNode(output_dir, start.step if start.resuming else None),
+                *([FineTuningResume()] if start.resuming and settings.task.fine_tuning else []),
             ]
             trainer = _trainer(
                 settings, callbacks, loggers, **({"max_steps": phase.end_step} if len(phases) > 1 else {})
