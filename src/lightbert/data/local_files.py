@@ -104,7 +104,7 @@ def read_local(file: Path, cache_dir: Path, where: str) -> datasets.Dataset:
             **options,
         )
     except Exception as error:
-        reason = cache_write_failure(error)  # the file may be fine: datasets converts it into the cache first
+        reason = cache_write_failure(error, cache_dir)  # the file may be fine: datasets converts it into the cache
         if reason is not None:
             raise cache_error(cache_dir / "datasets", reason) from None
         raise UserError(f"could not read {where}: {diagnose(file, error)}") from None
@@ -232,14 +232,17 @@ def cache_error(where: Path, reason: str) -> UserError:
 WRITE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT)
 
 
-def cache_write_failure(error: BaseException) -> str | None:
+def cache_write_failure(error: BaseException, cache: Path | None = None) -> str | None:
     """Why a write into the cache failed, where `error` is one (else None): an OSError of a failed write, itself or
     the one it was raised from (datasets wraps ENOSPC, met while it writes a split's Arrow file, in a
-    DatasetGenerationError), or datasets' own check of the free space before it writes (an OSError without errno)."""
+    DatasetGenerationError), or datasets' own check of the free space before it writes (an OSError without errno).
+    With `cache`, an error naming a file outside it is not the cache's (a data file the user may not read)."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in WRITE_ERRORS:
+        named = getattr(error, "filename", None)
+        elsewhere = cache is not None and named and not Path(str(named)).resolve().is_relative_to(cache.resolve())
+        if isinstance(error, OSError) and error.errno in WRITE_ERRORS and not elsewhere:
             return error.strerror
         if isinstance(error, OSError) and str(error).startswith("Not enough disk space"):
             return "No space left on device (too little for datasets to start writing)"

@@ -200,11 +200,12 @@ class ShortEpochLogging(L.Callback):
 
 
 class FineTuningResume(L.Callback):
-    """Says, once, what a fine-tuning run resumed within an epoch trains of that epoch. Its loader shuffles each
-    epoch from the RNG and keeps no position (pre-training's `StepSampler` does, and skips to the next batch), so
-    Lightning starts the epoch's loader again and stops it after the batches the epoch had left: a new shuffle's
-    first batches. Lightning's own warning ("your dataloader is not resumable") says neither what nor what to do,
-    and is silenced (`run.preflight`); a resume from the end of an epoch continues exactly."""
+    """Says, once, what a fine-tuning run resumed within an epoch trains of that epoch. Its loader keeps no position
+    (pre-training's `StepSampler` does, and skips to the next batch), so Lightning starts the epoch's pass over the
+    data again and stops it after the batches the epoch had left: the first batches of a pass drawn again (one
+    device: a shuffle from the restored RNG; DDP: the epoch's own order from its start). Lightning's own warning
+    ("your dataloader is not resumable") says neither what nor what to do, and is silenced (`run.preflight`); a
+    resume from the end of an epoch continues exactly."""
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         batches = trainer.num_training_batches
@@ -217,8 +218,8 @@ class FineTuningResume(L.Callback):
         log.info(
             f"resumed at step {trainer.global_step}, {done} of the {steps} steps of epoch {trainer.current_epoch + 1}: "
             f"fine-tuning data does not resume mid-epoch, so that epoch's last {steps - done} steps take the first "
-            "batches of a new shuffle (some of its examples are trained twice in it, others not at all); the epochs "
-            "after it are whole"
+            "batches of a pass over the training set started again (some of its examples are trained twice in it, "
+            "others not at all); the epochs after it are whole"
         )
 
 
