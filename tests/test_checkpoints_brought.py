@@ -205,6 +205,33 @@ def test_a_decoder_bert_runs_left_to_right_as_transformers_runs_it(tmp_path):
     torch.testing.assert_close(mlm, reference, atol=ATOL, rtol=0)
 
 
+def test_a_decoder_berts_fine_tune_says_on_its_run_line_that_it_attends_left_to_right(tmp_path, caplog):
+    """transformers fine-tunes a BERT with is_decoder: true left to right; so does lightbert, and its run line says so
+    and why (once nothing did: a user expecting BERT's bidirectional encoder would not guess)."""
+    hf = write_hf_model(tmp_path / "hf", "BertLMHeadModel", is_decoder=True)
+    files = glue_data_files(tmp_path / "data", "sst2", "jsonl", num_rows=16)
+    with caplog.at_level(logging.INFO, logger="lightbert"):
+        train(compose_config([*glue_overrides("sst2", files, hf), "trainer.max_steps=1"], tmp_path / "run"))
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sst2: L2/")]
+    assert "attention left to right (is_decoder: true in init_from's config.json" in line, line
+
+
+def test_a_directory_with_safetensors_and_a_bin_reads_the_safetensors_and_says_so(tmp_path, caplog):
+    """model.safetensors and a pytorch_model.bin of other weights (one left from an older save): transformers reads
+    the safetensors; so does lightbert, and one console line says which file it read."""
+    hf = write_hf_model(tmp_path / "hf", "BertForPreTraining", seed=0)
+    other = write_hf_model(tmp_path / "other", "BertForPreTraining", seed=1, safe_serialization=False)
+    shutil.copy(other / "pytorch_model.bin", hf / "pytorch_model.bin")
+    with caplog.at_level(logging.INFO, logger="lightbert"):
+        pretrained = load_pretrained(str(hf))
+    said = [r.getMessage() for r in caplog.records if "pytorch_model.bin" in r.getMessage()]
+    assert said == [f"{hf}: read model.safetensors, not pytorch_model.bin (both are there; safetensors first, as "
+                    "transformers does)"]  # fmt: skip
+    theirs = transformers.BertForPreTraining.from_pretrained(hf).state_dict()
+    key = "bert.encoder.layer.0.attention.self.query.weight"
+    assert torch.equal(pretrained.state_dict[key], theirs[key])
+
+
 def test_cross_attention_is_refused_naming_it(tmp_path):
     hf_dir = write_hf_model(tmp_path / "hf", "BertLMHeadModel", is_decoder=True, add_cross_attention=True)
     with pytest.raises(UserError, match="add_cross_attention is true .* without cross-attention$"):

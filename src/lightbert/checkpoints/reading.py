@@ -114,9 +114,15 @@ def _from_hf_dir(path: Path, source: str) -> Pretrained:
     except (OSError, json.JSONDecodeError) as error:
         raise UserError(f"could not read {path / 'config.json'}: {error}") from None
     config = hf_config_to_lightbert(hf_config, path / "config.json")
-    weights = next((path / name for name in HF_WEIGHT_FILES if (path / name).is_file()), None)
-    if weights is None:
+    present = [path / name for name in HF_WEIGHT_FILES if (path / name).is_file()]
+    if not present:
         raise UserError(f"{path} holds no weights: expected one of {list(HF_WEIGHT_FILES)}")
+    weights = present[0]  # model.safetensors first, as transformers' from_pretrained prefers it
+    if len(present) > 1:  # the two may hold different weights (one left from an older save): say which is read
+        others = ", ".join(p.name for p in present[1:])
+        log.info(
+            f"{source}: read {weights.name}, not {others} (both are there; safetensors first, as transformers does)"
+        )
     try:
         if weights.suffix == ".safetensors":
             from safetensors.torch import load_file

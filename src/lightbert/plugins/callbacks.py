@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 
@@ -196,6 +197,30 @@ class ShortEpochLogging(L.Callback):
         if steps < trainer.log_every_n_steps:
             trainer.log_every_n_steps = steps
             log.debug(f"{steps} steps per epoch: logging every {steps} (trainer.log_every_n_steps is larger)")
+
+
+class FineTuningResume(L.Callback):
+    """Says, once, what a fine-tuning run resumed within an epoch trains of that epoch. Its loader keeps no position
+    (pre-training's `StepSampler` does, and skips to the next batch), so Lightning starts the epoch's pass over the
+    data again and stops it after the batches the epoch had left: the first batches of a pass drawn again (one
+    device: a shuffle from the restored RNG; DDP: the epoch's own order from its start). Lightning's own warning
+    ("your dataloader is not resumable") says neither what nor what to do, and is silenced (`run.preflight`); a
+    resume from the end of an epoch continues exactly."""
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        batches = trainer.num_training_batches
+        if not isinstance(batches, int) or batches <= 0:
+            return
+        steps = math.ceil(batches / max(1, trainer.accumulate_grad_batches))  # Lightning's steps of an epoch
+        done = trainer.global_step % steps
+        if not done:
+            return
+        log.info(
+            f"resumed at step {trainer.global_step}, {done} of the {steps} steps of epoch {trainer.current_epoch + 1}: "
+            f"fine-tuning data does not resume mid-epoch, so that epoch's last {steps - done} steps take the first "
+            "batches of a pass over the training set started again (some of its examples are trained twice in it, "
+            "others not at all); the epochs after it are whole"
+        )
 
 
 def console_is_a_terminal() -> bool:

@@ -109,9 +109,18 @@ def log_like_the_command(output_dir: Path) -> None:
     configure_log(hydra_config.job_logging, hydra_config.verbose)
 
 
-def describe_run(settings: RunSettings, model: dict, evaluation: bool = False, matmuls: str | None = None) -> str:
-    """The run line: what is trained on what data, where, how long, in which batches."""
+def describe_run(
+    settings: RunSettings,
+    model: dict,
+    evaluation: bool = False,
+    matmuls: str | None = None,
+    left_to_right: str | None = None,
+) -> str:
+    """The run line: what is trained on what data, where, how long, in which batches. `left_to_right` says why the
+    model attends left to right (`preflight.left_to_right_because`), where it does."""
     sizes = f"L{model['num_hidden_layers']}/H{model['hidden_size']}/A{model['num_attention_heads']}"
+    if left_to_right:
+        sizes += f", attention left to right ({left_to_right})"
     source = f"init_from={settings.init_from}" if settings.init_from else "from scratch"
     if settings.start.resuming:
         source = f"resumed from step {settings.start.step} of {settings.start.resume_from}"

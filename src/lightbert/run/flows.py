@@ -23,7 +23,7 @@ from lightbert.data.tokenizer import load_tokenizer
 from lightbert.distributed import gather_dict
 from lightbert.errors import UserError
 from lightbert.plugins.agreement import SameResumeOnEveryNode
-from lightbert.plugins.callbacks import RunProgressBar
+from lightbert.plugins.callbacks import FineTuningResume, RunProgressBar
 from lightbert.plugins.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
 from lightbert.plugins.loggers import RunCSVLogger, finish_wandb, summarise_in_wandb
 from lightbert.run.instantiation import instantiate_config, parameters_named_by
@@ -67,6 +67,7 @@ def fit(settings: RunSettings) -> dict[str, Any]:
             callbacks = [
                 *_callbacks(settings),
                 SameResumeOnEveryNode(output_dir, start.step if start.resuming else None),
+                *([FineTuningResume()] if start.resuming and settings.task.fine_tuning else []),
             ]
             trainer = _trainer(
                 settings, callbacks, loggers, **({"max_steps": phase.end_step} if len(phases) > 1 else {})

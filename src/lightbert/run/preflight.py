@@ -37,6 +37,7 @@ def prepare(
     the task's head). Returns the settings (naming init_from's model), its checkpoint, and the architecture."""
     _quiet_known_warnings()
     check_devices(settings)
+    check_cache_dir(settings)
     settings.batches  # noqa: B018  (a global batch these devices cannot make is refused here)
     matmuls = set_fp32_matmuls(settings)
     if settings.speed.fp8 and not evaluation:  # evaluation runs no fp8: it trains nothing
@@ -64,8 +65,21 @@ def prepare(
     check_data_unchanged(output_dir, data_sources(settings), resuming=start.resuming)  # or its data: here
     RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
     remove_stale_temporaries(output_dir)
-    log.info(describe_run(settings, model_config, evaluation=evaluation, matmuls=matmuls))
+    log.info(describe_run(settings, model_config, evaluation, matmuls, left_to_right_because(settings, pretrained)))
     return settings, pretrained, model_config
+
+
+def left_to_right_because(settings: RunSettings, pretrained: Pretrained | None) -> str | None:
+    """Why the model attends left to right, for the run line; None where it attends both ways. A decoder BERT
+    fine-tuned on a sentence task keeps the attention it was trained with (as transformers runs it), which a user
+    expecting BERT's bidirectional encoder would not guess."""
+    if pretrained is None:
+        return f"task.objective={settings.task.objective}" if settings.task.objective == "ltr" else None
+    if pretrained.config.get("attention") != "left_to_right":
+        return None
+    if pretrained.hf_config.get("is_decoder"):
+        return "is_decoder: true in init_from's config.json; transformers runs it so too"
+    return "init_from's model was trained left to right, and fine-tuning keeps its attention"
 
 
 def _quiet_known_warnings() -> None:
@@ -80,6 +94,9 @@ def _quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     # A short epoch logs once per epoch instead (callbacks.ShortEpochLogging): nothing left for the user to do.
     warnings.filterwarnings("ignore", message=".*is smaller than the logging interval.*")
+    # A fine-tuning run resumed within an epoch: run.callbacks.FineTuningResume says what that epoch trains instead
+    # (pre-training's loaders resume by step and never raise it).
+    warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
     # The feature-based tasks keep their frozen encoder in eval mode on purpose (no dropout in the features).
     warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode at the start of training.*")
 
@@ -93,6 +110,32 @@ def check_devices(settings: RunSettings) -> None:
             "trainer=cpu, or check the command on CPU first with trainer.accelerator=cpu trainer.devices=2 "
             "trainer.max_steps=3"
         )
+
+
+def check_cache_dir(settings: RunSettings) -> None:
+    """Refuses, before anything is written, a cache every run writes (tokenizers, encoded examples, datasets' own
+    files) that cannot be written: a read-only mount, a file in its place, a directory of another user's. Found
+    later, it was a traceback from `datasets` after the run's record was written. (`os.access` asks the system:
+    it says a read-only file system is not writable even to root, for whom permissions are no obstacle.)"""
+    given = settings.task.datamodule.get("cache_dir")
+    if not given:
+        return
+    path = Path(str(given)).expanduser()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent  # the cache is made when first used: where it would be made
+    if not existing.is_dir():
+        problem = f"{existing} is a file, not a directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
+        problem = f"{existing} is on a read-only file system" if read_only else f"{existing} is not writable"
+    else:
+        return
+    raise UserError(
+        f"the cache paths.cache_dir={path} cannot be written: {problem}; every run writes its tokenizer and encoded "
+        "data there. Point it at a writable directory with paths.cache_dir=... (or the LIGHTBERT_CACHE environment "
+        "variable)"
+    )
 
 
 def set_fp32_matmuls(settings: RunSettings) -> str | None:

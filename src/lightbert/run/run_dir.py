@@ -107,19 +107,53 @@ def _is_temporary(path: Path) -> bool:
     return path.name.startswith(".") and ".tmp-" in path.name  # a killed save's (remove_stale_temporaries)
 
 
-def checkpoint_step(path: Path) -> int:
+def checkpoint_step(path: Path, settings: RunSettings | None = None) -> int:
     """The global step of a checkpoint to resume from, read without loading its weights (mmap); a file that is no
-    checkpoint (truncated by a full disk, or something else) is one message, not torch's traceback."""
+    checkpoint (truncated by a full disk, or something else) is one message, not torch's traceback. With
+    `settings`, a checkpoint of another kind of run than theirs is refused too (`check_same_kind`)."""
     try:
         import torch
 
-        return int(torch.load(path, mmap=True, weights_only=True)["global_step"])
+        checkpoint = torch.load(path, mmap=True, weights_only=True)
+        step = int(checkpoint["global_step"])
     except Exception as error:
         raise UserError(
             f"{path} cannot be read as a checkpoint ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
             "the run cannot resume from it. Start a new run directory (init_from=<an earlier checkpoint of it> starts "
             "from its weights), or restore a good last.ckpt"
         ) from None
+    if settings is not None:
+        check_same_kind(path, checkpoint, settings)
+    return step
+
+
+def check_same_kind(path: Path, checkpoint: dict, settings: RunSettings) -> None:
+    """Refuses a checkpoint that another kind of run wrote (a fine-tune's last.ckpt copied into a pre-training run,
+    a SQuAD one into a GLUE run, an MRPC one into an SST-2 run): Lightning would restore its step, then fail to load
+    its weights into this task's model. The kind is the head a fine-tuning module records (`TaskModule.head`; none
+    for pre-training) and the GLUE task it was trained on."""
+    from hydra.utils import get_class
+
+    wanted = getattr(get_class(str(settings.task.module._target_)), "head", None)
+    hyper_parameters = checkpoint.get("hyper_parameters") or {}
+    found = checkpoint.get("head")
+    if found is None and "objective" not in hyper_parameters:
+        return  # written before lightbert recorded heads: nothing to judge it by
+    found_task, wanted_task = hyper_parameters.get("task"), settings.task.module.get("task")
+    if found == wanted and (found_task is None or wanted_task is None or found_task == wanted_task):
+        return
+
+    def kind(head: str | None, task: str | None) -> str:
+        if head is None:
+            return "pre-training"
+        return f"fine-tuning ({head.replace('_', ' ')}{f', {task}' if task else ''})"
+
+    raise UserError(
+        f"{path} is a checkpoint of {kind(found, found_task)}, and this command (task="
+        f"{settings.task.option or settings.task.name}) runs {kind(wanted, wanted_task)}: resume=true continues a run "
+        "with the task that wrote the checkpoint. Rerun that run's own command to resume it, or start a new run "
+        f"directory from its weights with init_from={path}"
+    )
 
 
 def remove_stale_temporaries(output_dir: Path) -> None:
@@ -385,7 +419,7 @@ def held(settings: RunSettings, evaluation: bool = False) -> Iterator[RunSetting
     with locked(output_dir), refused_leaves_nothing(output_dir), processes.ddp_children_of_this_job():
         again = not evaluation and requeued(output_dir)
         resume_from = check_output_dir(output_dir, (settings.resume and not evaluation) or again)
-        step = checkpoint_step(resume_from) if resume_from is not None else 0
+        step = checkpoint_step(resume_from, settings) if resume_from is not None else 0
         yield settings.starting(Start(resume_from, step, again))
 
 

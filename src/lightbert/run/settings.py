@@ -227,13 +227,15 @@ class TrainerSettings:
         )
 
 
-# task.datamodule's numbers: key -> (kind, smallest value allowed, whether null is allowed, "auto" allowed).
+# task.datamodule's numbers: key -> what `checked_number` allows (kind, smallest value, null, "auto", ...).
 DATAMODULE_NUMBERS = {
-    "eval_batch_size": (int, 1, True, False),
-    "dupe_factor": (int, 1, False, False),
-    "max_predictions_per_seq": (int, 1, False, False),
-    "num_workers": (int, 0, False, True),  # "auto": fine-tuning's loaders pick by the machine
-    "vocab_size": (int, 1, False, False),
+    "eval_batch_size": {"kind": int, "minimum": 1, "nullable": True},
+    "dupe_factor": {"kind": int, "minimum": 1},
+    "max_predictions_per_seq": {"kind": int, "minimum": 1},
+    "num_workers": {"kind": int, "minimum": 0, "or_auto": True},  # "auto": fine-tuning's loaders pick by the machine
+    "vocab_size": {"kind": int, "minimum": 1},
+    # A share of the training batches between two validations (pre-training); null reads the whole held-out split.
+    "validation_share": {"kind": float, "positive": True, "largest": 1, "nullable": True},
 }
 
 
@@ -257,10 +259,9 @@ class TaskSettings:
     def __post_init__(self) -> None:
         if self.objective is not None and self.objective not in OBJECTIVES:
             raise ConfigError(f"task.objective={self.objective!r} is not known; valid: {list(OBJECTIVES)}")
-        for key, (kind, minimum, nullable, or_auto) in DATAMODULE_NUMBERS.items():
+        for key, allowed in DATAMODULE_NUMBERS.items():
             if key in self.datamodule:
-                value = self.datamodule[key]
-                checked_number(f"task.datamodule.{key}", value, kind, minimum, nullable, or_auto=or_auto)
+                checked_number(f"task.datamodule.{key}", self.datamodule[key], **allowed)
         masking = self.datamodule.get("masking")
         if masking is not None:
             try:

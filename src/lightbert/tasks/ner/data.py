@@ -24,6 +24,7 @@ import torch
 
 from lightbert.data.batches import pad_batch
 from lightbert.data.encoding import IGNORE_INDEX, encode_pair
+from lightbert.data.local_files import conversion_advice
 from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import ParameterError, UserError
 from lightbert.tasks.finetuning.datamodule import FineTuningDataModule
@@ -41,7 +42,7 @@ def read_conll_text(file: Path, where: str) -> datasets.Dataset:
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise UserError(f"{where} is not UTF-8 text ({error}); convert it, e.g. iconv -f latin1 -t utf-8") from None
+        raise UserError(f"{where} is not UTF-8 text ({error}); {conversion_advice(file)}") from None
     sentences: list[tuple[list[str], list[str]]] = []
     words: list[str] = []
     tags: list[str] = []

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import datasets
 
-from lightbert.data.local_files import digest, file_identity, progress_bars_for
+from lightbert.data.local_files import conversion_advice, digest, file_identity, progress_bars_for, wide_encoding
 from lightbert.errors import UserError
 from lightbert.files import open_atomically
 from lightbert.hub import hub_reachable
@@ -62,6 +62,10 @@ class TextCorpus:
                     f"corpus file {path} is empty; it needs sentences, one per line, with a blank "
                     "line between documents"
                 )
+            with path.open("rb") as handle:
+                wide = wide_encoding(handle.read(4096))
+            if wide is not None:  # without a byte-order mark it decodes as UTF-8, to text of NUL characters
+                raise UserError(f"corpus file {path} is not UTF-8 text; {conversion_advice(path)}")
 
     @property
     def fingerprint(self) -> str:
@@ -102,8 +106,8 @@ def read_bert_format(path: Path, start: int = 0, stop: int | None = None) -> Ite
             except UnicodeDecodeError as error:
                 where = f"line {line_number}" if start == 0 else f"the line at byte {line_start}"
                 raise UserError(
-                    f"corpus file {path} is not UTF-8 text ({where}: {error.reason} at byte {error.start}); convert "
-                    f"it, e.g. `iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8.txt`"
+                    f"corpus file {path} is not UTF-8 text ({where}: {error.reason} at byte {error.start}); "
+                    f"{conversion_advice(path)}"
                 ) from None
             if not line:
                 if document and owned:

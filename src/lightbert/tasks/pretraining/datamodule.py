@@ -131,8 +131,10 @@ class CachedExamples:
 
     @cached_property
     def documents(self) -> datasets.Dataset:
-        """The corpus as a dataset of documents; loaded once, shared by tokenizer training and example creation."""
-        return self.corpus.load(self.cache_dir, num_proc=self.preprocessing_workers)
+        """The corpus as a dataset of documents; loaded once, shared by tokenizer training and example creation.
+        First read for the tokenizer, outside `prepare_data`: its cache's writes fail in one message here too."""
+        with cache_writes(self.cache_dir):
+            return self.corpus.load(self.cache_dir, num_proc=self.preprocessing_workers)
 
     def examples_dir(self, tokenizer: BertTokenizer) -> Path:
         key = digest(
@@ -390,7 +392,7 @@ class PretrainDataModule(L.LightningDataModule):
         preprocessing_workers: int | None = None,
         validation_documents: int = 1000,
         tokenizer_documents: int = 100000,
-        validation_share: float | None = 0.05,
+        validation_share: float | None = 0.05,  # in (0, 1], or None: checked with the run's settings (run.settings)
         # StreamedExamples' settings
         shuffle_buffer: int = 10000,
     ):
@@ -423,9 +425,6 @@ class PretrainDataModule(L.LightningDataModule):
         self.first_step = first_step  # the global step this data starts at (a recipe's later phase)
         if tokenizer_documents < 1:
             raise ParameterError(f"{{0}} must be >= 1, got {tokenizer_documents}", "tokenizer_documents")
-        if validation_share is not None and validation_share <= 0:
-            raise ParameterError(f"{{0}} must be > 0 (or null: the whole split), got {validation_share}",
-                                 "validation_share")  # fmt: skip
         self.validation_share, self.validation_documents = validation_share, validation_documents
         self._said_validation = False
         shared = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "seed": seed}
