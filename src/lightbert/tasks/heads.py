@@ -62,6 +62,11 @@ class Head:
     # threshold it tuned on its dev set.
     recorded_extra: Callable[[Mapping[str, Any], Path], dict] = lambda task, run_dir: {}
 
+    def network(self, config: BertConfig, hyper_parameters: dict) -> nn.Module:
+        """The network, fresh, from its module's arguments: the one builder of each head's network, for the module
+        that trains it and for a fine-tuned model read back (`lightbert.tasks.finetuned`) alike."""
+        return self.build(config, self.arguments(hyper_parameters))
+
     def recorded_settings(self, task: Mapping[str, Any], run_dir: Path) -> dict:
         """The settings a run of this head used, from its task config (`task`) and its run directory."""
         return {**recorded_defaults(task, self.defaults), **self.recorded_extra(task, run_dir)}

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lightbert.model import BertForSequenceClassification
 from lightbert.tasks.glue.metrics import glue_metrics
 from lightbert.tasks.glue.tasks import glue_task
+from lightbert.tasks.heads import HEADS
 from lightbert.tasks.task_module import TaskModule
 
 
@@ -22,7 +22,7 @@ class SequenceClassificationModule(TaskModule):
     def __init__(self, model: dict, optim: dict, task: str, bilstm: bool = False):
         self.spec = glue_task(task)
         super().__init__(model, optim, tuple(self.spec.validation_tag(s) for s in self.spec.validation_splits))
-        self.model = BertForSequenceClassification(self.config, self.spec.num_labels, bilstm=bilstm)
+        self.model = HEADS[self.head].network(self.config, {"task": task, "bilstm": bilstm})
         self.val_metrics = torch.nn.ModuleList(glue_metrics(self.spec) for _ in self.spec.validation_splits)
 
     def loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:

@@ -16,8 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from lightbert.data.encoding import IGNORE_INDEX
-from lightbert.model import BertForTokenClassification
-from lightbert.model.feature_based import FeatureBasedTagger
+from lightbert.tasks.heads import HEADS
 from lightbert.tasks.ner.metrics import EntityF1
 from lightbert.tasks.task_module import TaskModule
 
@@ -36,12 +35,9 @@ class TokenClassificationModule(TaskModule):
     ):
         super().__init__(model, optim)
         self.label_names = list(label_names)
-        if layer_combination is None:
-            self.model = BertForTokenClassification(self.config, len(self.label_names))
-        else:
-            self.model = FeatureBasedTagger(
-                self.config, len(self.label_names), layer_combination, lstm_hidden_size, lstm_layers
-            )
+        arguments = {"label_names": self.label_names, "layer_combination": layer_combination}
+        arguments |= {"lstm_hidden_size": lstm_hidden_size, "lstm_layers": lstm_layers}
+        self.model = HEADS[self.head].network(self.config, arguments)
         self.outside = self.label_names.index("O")
         self.val_f1 = EntityF1(self.label_names)
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from lightbert.distributed import gather_dict
-from lightbert.model import BertForQuestionAnswering
+from lightbert.tasks.heads import HEADS
 from lightbert.tasks.task_module import TaskModule
 
 
@@ -39,7 +39,7 @@ class QuestionAnsweringModule(TaskModule):
 
     def __init__(self, model: dict, optim: dict, bilstm: bool = False):
         super().__init__(model, optim)
-        self.model = BertForQuestionAnswering(self.config, bilstm=bilstm)
+        self.model = HEADS[self.head].network(self.config, {"bilstm": bilstm})
         self._val_logits: dict[int, np.ndarray] = {}
 
     def loss(self, outputs: tuple[torch.Tensor, torch.Tensor], batch: dict) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import Accuracy
 
-from lightbert.model import BertForMultipleChoice
+from lightbert.tasks.heads import HEADS
 from lightbert.tasks.task_module import TaskModule
 
 
@@ -20,7 +20,7 @@ class MultipleChoiceModule(TaskModule):
 
     def __init__(self, model: dict, optim: dict, num_choices: int = 4):
         super().__init__(model, optim)
-        self.model = BertForMultipleChoice(self.config)
+        self.model = HEADS[self.head].network(self.config, {})
         self.val_accuracy = Accuracy(task="multiclass", num_classes=num_choices)
 
     def loss(self, scores: torch.Tensor, batch: dict) -> torch.Tensor:
