@@ -499,7 +499,6 @@ def main() -> None:
         cache_dir=args.cache_dir,
         vocab_size=VOCAB_SIZE,
         max_seq_length=args.seq_len,
-        max_predictions_per_seq=max(20, round(args.seq_len * 20 / 128)),  # the paper: 20 at 128, 80 at 512
         batch_size=args.batch_size,
         num_workers=0,
         seed=args.seed,

@@ -231,7 +231,7 @@ class TrainerSettings:
 DATAMODULE_NUMBERS = {
     "eval_batch_size": (int, 1, True, False),
     "dupe_factor": (int, 1, False, False),
-    "max_predictions_per_seq": (int, 1, False, False),
+    "max_predictions_per_seq": (int, 1, True, False),  # null: from max_seq_length and masked_lm_prob
     "num_workers": (int, 0, False, True),  # "auto": fine-tuning's loaders pick by the machine
     "vocab_size": (int, 1, False, False),
 }
