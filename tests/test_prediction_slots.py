@@ -76,6 +76,9 @@ def test_fixed_slots_give_the_boolean_paths_losses_accuracy_and_gradients():
     module.eval()
     batch = collator()(sentence_pairs(16, seed=3))
     boolean = {k: v for k, v in batch.items() if k != "masked_positions"}  # the module falls back to labels != -100
+    labels = batch["labels"][batch["labels"] != IGNORE_INDEX]
+    with torch.no_grad():  # every position predicts the commonest label: an accuracy above 0 to compare
+        module.model.cls.predictions.bias[labels.mode().values] += 50.0
     results = {}
     for name, b in (("slots", batch), ("boolean", boolean)):
         module.zero_grad()
@@ -83,6 +86,7 @@ def test_fixed_slots_give_the_boolean_paths_losses_accuracy_and_gradients():
         out["loss"].backward()
         results[name] = out, {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
     (slots, slot_grads), (reference, grads) = results["slots"], results["boolean"]
+    assert 0 < float(reference["mlm_accuracy"]) < 1
     for name in ("loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "num_predictions"):
         torch.testing.assert_close(slots[name], reference[name], rtol=1e-6, atol=1e-6, msg=name)
     assert slot_grads.keys() == grads.keys()
