@@ -231,7 +231,7 @@ class TrainerSettings:
 DATAMODULE_NUMBERS = {
     "eval_batch_size": {"kind": int, "minimum": 1, "nullable": True},
     "dupe_factor": {"kind": int, "minimum": 1},
-    "max_predictions_per_seq": {"kind": int, "minimum": 1},
+    "max_predictions_per_seq": {"kind": int, "minimum": 1, "nullable": True},  # null: from the length and rate
     "num_workers": {"kind": int, "minimum": 0, "or_auto": True},  # "auto": fine-tuning's loaders pick by the machine
     "vocab_size": {"kind": int, "minimum": 1},
     # A share of the training batches between two validations (pre-training); null reads the whole held-out split.

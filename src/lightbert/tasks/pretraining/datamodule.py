@@ -47,7 +47,7 @@ from lightbert.errors import ParameterError, UserError
 from lightbert.files import publish_directory, publish_file_once
 from lightbert.tasks.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus
 from lightbert.tasks.pretraining.examples import PairExamples, StoredDocuments, create_pretraining_pairs
-from lightbert.tasks.pretraining.masking import MaskingCollator, NextTokenCollator
+from lightbert.tasks.pretraining.masking import MaskingCollator, NextTokenCollator, max_predictions_for
 from lightbert.tasks.pretraining.objectives import MaskingShares, check_objective
 from lightbert.tasks.pretraining.packing import PackingCollator, fixed_row_counts
 from lightbert.tasks.pretraining.resumable import SeededExamples, StepSampler
@@ -372,7 +372,7 @@ class PretrainDataModule(L.LightningDataModule):
         vocab_size: int = 30522,
         lowercase: bool = True,
         max_seq_length: int = 128,
-        max_predictions_per_seq: int = 20,
+        max_predictions_per_seq: int | None = None,
         masked_lm_prob: float = 0.15,
         short_seq_prob: float = 0.1,
         whole_word_masking: bool = False,
@@ -405,6 +405,12 @@ class PretrainDataModule(L.LightningDataModule):
         self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
         self.vocab_size, self.lowercase = vocab_size, lowercase
         self.max_seq_length = max_seq_length
+        # Each row's prediction slots and the cap on its masked tokens; null: from the length and rate (20 at 128).
+        if max_predictions_per_seq is None:
+            max_predictions_per_seq = max_predictions_for(max_seq_length, masked_lm_prob)
+        if max_predictions_per_seq < 1:
+            raise ParameterError(f"{{0}} must be >= 1 (or null: from max_seq_length and masked_lm_prob), got "
+                                 f"{max_predictions_per_seq}", "max_predictions_per_seq")  # fmt: skip
         self.max_predictions_per_seq, self.masked_lm_prob = max_predictions_per_seq, masked_lm_prob
         self.whole_word_masking = whole_word_masking
         self.masking = MaskingShares(**(masking or {}))

@@ -3,7 +3,10 @@
 As in the paper (§3.1) and the reference `create_masked_lm_predictions`: per sequence, 15% of the
 non-special tokens (at least 1, at most `max_predictions_per_seq`) are chosen; of those 80% become
 [MASK], 10% a random token and 10% stay unchanged; the model predicts the originals. The three shares are
-settings (`MaskingShares`; Appendix C.2's Table 8 compares six). Differences:
+settings (`MaskingShares`; Appendix C.2's Table 8 compares six). As the reference's `masked_lm_positions`, each
+row also gets `max_predictions_per_seq` prediction slots (`masked_positions`, `prediction_positions`): the sparse MLM
+head gathers them, a shape fixed in advance, where a boolean mask would give a count that changes every batch (a
+graph break under torch.compile, a host sync every step on a GPU). Differences:
 - The 15% is of the real tokens, not counting [CLS]/[SEP] (the reference counts them).
 - Random replacements are drawn from the non-special vocabulary (the reference may draw [CLS] or [PAD]).
 - Whole-word masking takes whole words in random order while they fit the budget and stops at the
@@ -12,6 +15,7 @@ settings (`MaskingShares`; Appendix C.2's Table 8 compares six). Differences:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +23,33 @@ import torch
 from lightbert.data.batches import pad_batch
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.tasks.pretraining.objectives import MaskingShares
+
+
+def max_predictions_for(max_seq_length: int, masked_lm_prob: float) -> int:
+    """`max_predictions_per_seq` when it is not set: the expected count, max_seq_length x masked_lm_prob, rounded up
+    to a multiple of 4. That gives the paper's values, 20 at 128 tokens and 80 at 512 (19.2 and 76.8 at 15%), and
+    never caps a row: a row's budget is round(p x its non-special tokens), fewer than max_seq_length."""
+    return min(max_seq_length, 4 * math.ceil(max_seq_length * masked_lm_prob / 4))
+
+
+def prediction_positions(labels: torch.Tensor, slots: int) -> torch.Tensor:
+    """(B, slots) positions of each row's predicted tokens (label != IGNORE_INDEX), in order, from (B, T) `labels`.
+
+    A row's slots past its predictions point at its first unpredicted position (a [CLS]): its label, gathered the same
+    way, is IGNORE_INDEX, so a padding slot counts in no loss or accuracy. A row with more predictions than slots is
+    refused: the masking caps each row at `slots` (`MaskingCollator.max_predictions_per_seq`)."""
+    predicted = labels != IGNORE_INDEX  # (B, T)
+    counts = predicted.sum(1)  # (B,)
+    if len(labels) and int(counts.max()) > slots:
+        raise ValueError(f"a row has {int(counts.max())} predictions and room for {slots}")
+    # Predicted positions first, each group in order (a stable sort of 0 for predicted, 1 for not).
+    order = (~predicted).to(torch.uint8).argsort(dim=1, stable=True)  # (B, T)
+    first_unpredicted = order.gather(1, counts.clamp(max=labels.shape[1] - 1)[:, None])  # (B, 1)
+    positions = first_unpredicted.expand(-1, slots).clone()  # (B, slots)
+    width = min(slots, labels.shape[1])
+    filled = torch.arange(width) < counts[:, None]  # (B, width)
+    positions[:, :width] = torch.where(filled, order[:, :width], positions[:, :width])
+    return positions
 
 
 @dataclass
@@ -36,6 +67,8 @@ class MaskingCollator:
     shares: MaskingShares = field(default_factory=MaskingShares)
 
     def __post_init__(self) -> None:
+        if self.max_predictions_per_seq < 1:
+            raise ValueError(f"max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
         self._is_special = torch.zeros(self.vocab_size, dtype=torch.bool)
         self._is_special[self.special_ids] = True
         self._is_subword = torch.zeros(self.vocab_size, dtype=torch.bool)
@@ -49,6 +82,7 @@ class MaskingCollator:
         seeds = [e.get("mask_seed") for e in examples]
         randoms = self.example_randoms(seeds, batch["attention_mask"]) if None not in seeds else None
         batch["input_ids"], batch["labels"] = self.mask(batch["input_ids"], randoms)
+        batch["masked_positions"] = prediction_positions(batch["labels"], self.max_predictions_per_seq)
         return batch
 
     def example_randoms(self, seeds: list[int], attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:

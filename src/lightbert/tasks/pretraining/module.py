@@ -73,12 +73,15 @@ class PreTrainingModule(TaskModule):
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
         packed = packed_rows(batch)
-        if packed is not None:  # fixed shapes: the MLM head at the batch's prediction slots; one graph per step
+        if packed is not None:
             for key in ("input_ids", "token_type_ids", "attention_mask", "masked_positions", *PACKED_KEYS):
                 torch._dynamo.maybe_mark_dynamic(batch[key], 0)  # the row count follows the examples' lengths
-            masked = batch["masked_positions"] if self.sparse_mlm_head else None
-        else:
-            masked = batch["labels"] != IGNORE_INDEX if self.sparse_mlm_head else None
+        masked = None
+        if self.sparse_mlm_head and "masked_positions" in batch:
+            # Fixed shapes: the MLM head at each row's prediction slots (the masking collators'); one graph per step.
+            masked = batch["masked_positions"]
+        elif self.sparse_mlm_head:  # batches without slots (objective ltr's): a boolean mask, a data-dependent count
+            masked = batch["labels"] != IGNORE_INDEX
         return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], masked, packed)
 
     def _step(self, batch: dict) -> dict[str, torch.Tensor]:

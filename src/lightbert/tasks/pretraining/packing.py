@@ -18,7 +18,7 @@ import torch
 
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.model import PackedRows
-from lightbert.tasks.pretraining.masking import MaskingCollator
+from lightbert.tasks.pretraining.masking import MaskingCollator, prediction_positions
 
 PACKED_KEYS = ("document_ids", "position_ids", "cls_positions")
 
@@ -87,7 +87,6 @@ def pack_batch(
         "position_ids": torch.zeros(shape, dtype=torch.long),
         "cls_positions": torch.zeros(slots_shape, dtype=torch.long),
         "example_index": torch.full(slots_shape, -1, dtype=torch.long),
-        "masked_positions": torch.zeros((len(rows), slots), dtype=torch.long),
     }
     nsp = batch.get("next_sentence_label")
     if nsp is not None:
@@ -105,10 +104,8 @@ def pack_batch(
             if nsp is not None:
                 out["next_sentence_label"][r, slot] = nsp[i]
             start = end
-        predicted = (out["labels"][r] != IGNORE_INDEX).nonzero().squeeze(1)
-        if len(predicted) > slots:
-            raise ValueError(f"a packed row has {len(predicted)} predictions and room for {slots}")
-        out["masked_positions"][r, : len(predicted)] = predicted  # the rest point at a [CLS]: label IGNORE_INDEX
+    # Every row's slots, the empty rows' too (all at position 0, unlabelled): the MLM logits are (count, slots, V).
+    out["masked_positions"] = prediction_positions(out["labels"], slots)
     return out
 
 
