@@ -61,7 +61,7 @@ SIDE = re.compile(
 )
 RATE = re.compile(r"^ +(lightbert predict|pipeline, batch \d+) +([\d.]+) examples/s")
 PREDICT_RATIO = re.compile(r"predict speedup vs transformers\.pipeline: ([\d.]+)x")
-PYTEST_LINE = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
+PYTEST_LINE = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", re.MULTILINE)
 PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 
 

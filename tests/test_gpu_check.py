@@ -42,3 +42,15 @@ def test_gpu_check_runs_every_kind_of_part_and_reports_what_it_could_not_run(tmp
     assert rows[4].endswith("| not run: the part ran past its budget of 1 s |")
     assert done.stdout.strip().splitlines()[-1].startswith("gpu_check: ")
     assert "3 case(s) not run" in done.stdout
+
+
+def test_a_pytest_run_cut_short_is_counted_from_its_lines(monkeypatch):
+    """A `pytest -m gpu` stopped at its budget has no summary line: its counts come from the -v lines so far."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    import gpu_check
+
+    log = "collected 10 items\n\ntests/test_gpu.py::a[x] FAILED [ 10%]\ntests/test_gpu.py::b PASSED [ 20%]\n"
+    assert dict(gpu_check.PYTEST_LINE.findall(log)) == {
+        "tests/test_gpu.py::a[x]": "FAILED",
+        "tests/test_gpu.py::b": "PASSED",
+    }
