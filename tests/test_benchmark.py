@@ -63,7 +63,7 @@ def test_best_metrics_are_those_of_the_validation_the_kept_checkpoint_comes_from
 def glue_plan(tmp_path, *overrides: str, combinations=None) -> list[BenchmarkJob]:
     cfg = compose_config(["experiment=glue_benchmark", "init_from=bert-base-uncased", *overrides], tmp_path)
     given = [o for o in overrides if not o.startswith("benchmark.")]
-    return plan(cfg, combinations or [["init_from=bert-base-uncased", *given]], GLUE_SPLITS)
+    return plan(cfg, combinations or [["init_from=bert-base-uncased", *given]])
 
 
 def test_the_paper_grid_runs_every_task_and_restarts_only_the_small_ones(tmp_path):
