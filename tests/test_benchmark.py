@@ -231,13 +231,19 @@ def test_a_benchmark_is_refused_before_any_job_in_one_line(tmp_path, tiny_bert, 
 def test_a_second_benchmark_into_a_running_ones_directory_writes_nothing(tmp_path, tiny_bert):
     """The running benchmark holds its sweep directory: a second command into it is refused in one line before it
     writes anything (it used to run into the first one's jobs, mark a finished one failed, and rewrite its tables)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     from hydra_plugins.lightbert_benchmark.benchmark_sweeper import _hold
 
     sweep = tmp_path / "sweep"
-    command = ["experiment=glue_benchmark", f"init_from={tiny_bert}", "benchmark.tasks=[rte]", "optim.lr=2e-5",
-               "benchmark.grid=fast", *TINY, f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    # TINY sets every key of the fast grid: one job, named and recorded as the sweeper plans it.
+    command = ["experiment=glue_benchmark", f"init_from={tiny_bert}", "benchmark.tasks=[rte]", "benchmark.grid=fast",
+               "logger=csv", *TINY, f"hydra.sweep.dir={sweep}"]  # fmt: skip
     cfg = compose_config(command, tmp_path)
-    (job,) = plan(cfg, [[o for o in command if not o.startswith(("hydra.", "benchmark."))]])
+    # The command line as the sweeper reads it (Hydra's parser writes 1e-3 as 0.001), for the overrides recorded.
+    arguments = OverridesParser.create().parse_overrides([o for o in command if not o.startswith("hydra.")])
+    (job,) = plan(cfg, BasicSweeper.split_arguments(arguments, None)[0])
     write_plan(sweep, "glue", [job])
     fake_job(sweep, job, 0.6, metrics_of("rte", 0.6))  # its one job finished: the second command has none to run
     before = snapshot(sweep)
