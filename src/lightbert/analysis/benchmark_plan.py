@@ -172,11 +172,12 @@ def checked_grid(config: DictConfig, name: str, grid: dict) -> dict[str, list]:
     for key, values in _flat(grid or {}).items():
         where = f"benchmark.grids.{name}: {key}"
         if not isinstance(values, list) or any(isinstance(v, (dict, list)) for v in values):
-            raise UserError(f"{where}={values} must be a list of values, as [5e-5, 3e-5]")
+            example = f"[{values}]" if not isinstance(values, (dict, list)) else "[VALUE, VALUE]"
+            raise UserError(f"{where}={values} must be a list of plain values, as {example}")
         if not values:
             raise UserError(
-                f"{where} is empty: give it one value or more (on the command line, {key}=5e-5,3e-5 sets the values "
-                "the benchmark runs)"
+                f"{where} is empty: give it one value or more (on the command line, {key}=VALUE,VALUE sets the "
+                "values the benchmark runs)"
             )
         options = group_options(key) if "." not in key else []
         if options:  # a config group: its values are options
@@ -185,7 +186,7 @@ def checked_grid(config: DictConfig, name: str, grid: dict) -> dict[str, list]:
                 raise UserError(
                     f"{where} has {', '.join(map(str, unknown))}, not options of {key}: {', '.join(options)}"
                 )
-        elif OmegaConf.select(config, key, default=_ABSENT) is _ABSENT:
+        elif OmegaConf.select(config, key, default=_ABSENT, throw_on_resolution_failure=False) is _ABSENT:
             parent = key.rpartition(".")[0]
             node = OmegaConf.select(config, parent) if parent else config
             valid = [f"{parent}.{k}" if parent else str(k) for k in node] if isinstance(node, DictConfig) else []
