@@ -50,14 +50,37 @@ class Pretrained:
 
 def load_pretrained(init_from: str) -> Pretrained:
     """A lightbert .ckpt or run directory, a Hugging Face BERT directory, or a hub id (needs a network)."""
+    check_init_from(init_from)
     path = Path(init_from).expanduser()
     if path.is_file():
         return _from_lightning_checkpoint(path)
     if path.is_dir():
         if (path / "config.json").is_file():
             return _from_hf_dir(path, source=str(path))
+        return _from_run_dir(path)
+    return _from_hub(init_from)
+
+
+def check_init_from(init_from: str) -> None:
+    """Refuses (`UserError`) an init_from that names nothing a run can start from, found without reading weights:
+    a path that does not exist, a directory that is neither a model nor a run, a run without its checkpoint, a hub
+    id that is neither cached nor reachable. A command that starts many runs from one (a benchmark) checks once,
+    before any of them."""
+    path = Path(init_from).expanduser()
+    if path.is_file():
+        return
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return
         if (path / RESULTS_FILE).is_file():
-            return _from_run_dir(path)
+            try:
+                results = json.loads((path / RESULTS_FILE).read_text())
+            except (OSError, ValueError) as error:
+                raise UserError(f"could not read {path / RESULTS_FILE}: {error}; give a .ckpt file instead") from None
+            checkpoint = results.get("best_checkpoint") or results.get("last_checkpoint")
+            if not checkpoint or not Path(checkpoint).is_file():
+                raise UserError(f"the run in {path} has no checkpoint on disk; give a .ckpt file instead")
+            return
         raise UserError(
             f"init_from={init_from} is a directory with neither config.json (a Hugging Face model) nor "
             f"{RESULTS_FILE} (a lightbert run); point it at one of those or at a .ckpt file"
@@ -66,7 +89,6 @@ def load_pretrained(init_from: str) -> Pretrained:
         raise UserError(
             f"init_from={init_from} does not exist; give a .ckpt file, a run directory or a model directory"
         )
-    return _from_hub(init_from)
 
 
 def _from_lightning_checkpoint(path: Path) -> Pretrained:
@@ -99,11 +121,9 @@ def _from_lightning_checkpoint(path: Path) -> Pretrained:
 
 
 def _from_run_dir(path: Path) -> Pretrained:
-    results = json.loads((path / RESULTS_FILE).read_text())
+    results = json.loads((path / RESULTS_FILE).read_text())  # check_init_from read it and found its checkpoint
     which = "best" if results.get("best_checkpoint") else "last"
     checkpoint = results.get("best_checkpoint") or results.get("last_checkpoint")
-    if not checkpoint or not Path(checkpoint).is_file():
-        raise UserError(f"the run in {path} has no checkpoint on disk; give a .ckpt file instead")
     log.info(f"init_from={path}: its {which} checkpoint, {checkpoint}")
     return _from_lightning_checkpoint(Path(checkpoint))
 
