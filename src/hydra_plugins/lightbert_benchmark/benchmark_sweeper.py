@@ -27,9 +27,9 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from lightbert.analysis.benchmark_plan import BenchmarkJob, plan, record_plan, settings, task_option
+from lightbert.cluster import processes
 from lightbert.errors import UserError
 from lightbert.files import RESULTS_FILE
-from lightbert.cluster import processes
 
 log = logging.getLogger(__name__)
 
