@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from lightbert.cluster.environment import is_global_zero
-from lightbert.run.settings import RunSettings
+from lightbert.run.settings import RunSettings, Start
 
 
 class RankZero(logging.Filter):
@@ -115,6 +115,7 @@ def describe_run(
     evaluation: bool = False,
     matmuls: str | None = None,
     left_to_right: str | None = None,
+    start: Start | None = None,
 ) -> str:
     """The run line: what is trained on what data, where, how long, in which batches. `left_to_right` says why the
     model attends left to right (`preflight.left_to_right_because`), where it does."""
@@ -122,8 +123,8 @@ def describe_run(
     if left_to_right:
         sizes += f", attention left to right ({left_to_right})"
     source = f"init_from={settings.init_from}" if settings.init_from else "from scratch"
-    if settings.start.resuming:
-        source = f"resumed from step {settings.start.step} of {settings.start.resume_from}"
+    if start is not None and start.resuming:
+        source = f"resumed from step {start.step} of {start.resume_from}"
     task, trainer, batches = settings.task, settings.trainer, settings.batches
     if not task.fine_tuning:
         data = f"corpus {settings.corpus.get('name') or ','.join(settings.corpus.get('paths') or []) or 'demo'}"

@@ -15,7 +15,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from lightbert.checkpoints.reading import Pretrained
 from lightbert.cluster import processes
@@ -30,7 +30,7 @@ from lightbert.run.instantiation import instantiate_config, parameters_named_by
 from lightbert.run.preflight import prepare
 from lightbert.run.run_dir import LAST_CHECKPOINT, save_tokenizer, write_results
 from lightbert.run.run_dir import results as run_results
-from lightbert.run.settings import RunSettings
+from lightbert.run.settings import RunSettings, Start
 from lightbert.run.speed import apply_speed_switches, fix_batch_shapes
 from lightbert.run.weights import check_head, load_pretrained_weights, with_vocabulary
 from lightbert.tasks.finetuning.datamodule import FineTuningDataModule
@@ -38,12 +38,12 @@ from lightbert.tasks.finetuning.datamodule import FineTuningDataModule
 log = logging.getLogger(__name__)
 
 
-def fit(settings: RunSettings) -> dict[str, Any]:
-    """The training run of held settings (`run_dir.held`)."""
-    started, start, output_dir = time.time(), settings.start, settings.output_dir
+def fit(settings: RunSettings, start: Start) -> dict[str, Any]:
+    """The training run of held settings (`run_dir.held` decided how it starts)."""
+    started, output_dir = time.time(), settings.output_dir
     log.info(f"run directory: {output_dir}")  # first on the console (train.log holds it until the checks pass)
-    _say_how_it_starts(settings)
-    settings, pretrained, model_config = prepare(settings)
+    _say_how_it_starts(settings, start)
+    pretrained, model_config, config = prepare(settings, start)
     try:
         tokenizer = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}
         if start.resuming and (output_dir / "tokenizer.json").is_file():
@@ -52,7 +52,7 @@ def fit(settings: RunSettings) -> dict[str, Any]:
         datamodule, module, _ = _data_and_module(settings, pretrained, model_config, tokenizer)
         # metrics.csv continues from the checkpoint's step, or after every row of an attempt that left no checkpoint
         keep_rows_before = start.step if start.resuming else (math.inf if settings.resume or start.requeued else None)
-        loggers = _loggers(settings, keep_rows_before)
+        loggers = _loggers(config, keep_rows_before)
         if not start.resuming:
             save_tokenizer(datamodule.tokenizer, output_dir)
         resume_from, phases = start.resume_from, settings.phases
@@ -86,11 +86,11 @@ def fit(settings: RunSettings) -> dict[str, Any]:
 TRAINING_ONLY_CALLBACKS = (ModelCheckpoint, LatestCheckpoint, ResumableRNG, LearningRateMonitor)
 
 
-def validate(settings: RunSettings) -> dict[str, Any]:
+def validate(settings: RunSettings, start: Start) -> dict[str, Any]:
     """The evaluation run of held settings: init_from's fine-tuned model on the task's validation splits."""
     started = time.time()
     log.info(f"run directory: {settings.output_dir}")
-    settings, pretrained, model_config = prepare(settings, lambda p: check_head(settings, p), evaluation=True)
+    pretrained, model_config, config = prepare(settings, start, lambda p: check_head(settings, p), evaluation=True)
     try:
         kwargs = {"tokenizer": pretrained.tokenizer} if pretrained.tokenizer else {}
         if settings.task.fine_tuning:  # fine-tuning data: no training split needed
@@ -108,7 +108,7 @@ def validate(settings: RunSettings) -> dict[str, Any]:
                 f"init_from={settings.init_from} was fine-tuned on {trained_for}, and is evaluated on {task.name}"
             )
         callbacks = [c for c in _callbacks(settings) if not isinstance(c, TRAINING_ONLY_CALLBACKS)]
-        trainer = _trainer(settings, callbacks, _loggers(settings))
+        trainer = _trainer(settings, callbacks, _loggers(config))
         trainer.validate(module, datamodule=datamodule)
         results = {
             "evaluated": pretrained.source,
@@ -122,8 +122,8 @@ def validate(settings: RunSettings) -> dict[str, Any]:
         finish_wandb()
 
 
-def _say_how_it_starts(settings: RunSettings) -> None:
-    start, output_dir = settings.start, settings.output_dir
+def _say_how_it_starts(settings: RunSettings, start: Start) -> None:
+    output_dir = settings.output_dir
     if start.requeued:
         job, restarts = os.environ["SLURM_JOB_ID"], os.environ["SLURM_RESTART_COUNT"]
         log.info(f"SLURM job {job} was requeued ({restarts} restart(s)): continuing its run")
@@ -166,12 +166,13 @@ def _callbacks(settings: RunSettings) -> list:
     return [instantiate_config(c) for c in settings.callbacks]
 
 
-def _loggers(settings: RunSettings, resumed_step: float | None = None) -> list:
-    loggers = [instantiate_config(c) for c in settings.loggers]
+def _loggers(config: DictConfig, resumed_step: float | None = None) -> list:
+    """The loggers of the config as recorded (`preflight.prepare`), each given it whole as hyperparameters."""
+    loggers = [instantiate_config(c) for c in (config.get("logger") or {}).values()]
     for logger in loggers:  # the resolved config, and the command line that made it
         if isinstance(logger, RunCSVLogger) and resumed_step is not None:
             logger.resumed_step = resumed_step  # metrics.csv continues from the checkpoint's step
-        logger.log_hyperparams(OmegaConf.to_container(settings.config, resolve=True))
+        logger.log_hyperparams(OmegaConf.to_container(config, resolve=True))
     return loggers
 
 

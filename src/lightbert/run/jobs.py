@@ -34,14 +34,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     settings = RunSettings.from_config(cfg)  # a bad value is refused here, before anything is read or written
     log_like_the_command(settings.output_dir)
     processes.install()  # its DataLoader workers and data-preparation pool die with it, and hold no lock
-    with held(settings) as settings, processes.stops_cleanly(settings.output_dir):
+    with held(settings) as start, processes.stops_cleanly(settings.output_dir):
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         from lightbert.plugins import checkpointing
         from lightbert.run.flows import fit
 
         try:
-            return fit(settings)
+            return fit(settings, start)
         except SIGTERMException:
             # Lightning stopped after the current batch and LatestCheckpoint saved it; exit as a process killed by
             # the signal does (SIGTERM, or SIGINT for Ctrl-C).
@@ -64,7 +64,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         raise UserError("src/evaluate.py scores a fine-tuned model: set init_from=<run directory | .ckpt | HF dir>")
     log_like_the_command(settings.output_dir)
     processes.install()
-    with held(settings, evaluation=True) as settings:
+    with held(settings, evaluation=True) as start:
         from lightbert.run.flows import validate
 
-        return validate(settings)
+        return validate(settings, start)

@@ -14,6 +14,7 @@ from typing import Any
 import lightning as L
 import torch
 from datasets.utils import logging as datasets_logging
+from omegaconf import DictConfig
 
 from lightbert.checkpoints.reading import Pretrained, load_pretrained
 from lightbert.data.local_files import file_identity
@@ -23,7 +24,7 @@ from lightbert.plugins.checkpointing import saved_job_shape
 from lightbert.run.console import RunLogFile, describe_run, tidy_lightning_console
 from lightbert.run.instantiation import instantiate_config
 from lightbert.run.run_dir import check_data_unchanged, record_run, remove_stale_temporaries
-from lightbert.run.settings import MATMUL_PRECISIONS, RunSettings
+from lightbert.run.settings import MATMUL_PRECISIONS, RunSettings, Start
 from lightbert.run.weights import checked_model_config, size_name
 from lightbert.tasks.pretraining.corpus import TextCorpus
 
@@ -31,10 +32,11 @@ log = logging.getLogger(__name__)
 
 
 def prepare(
-    settings: RunSettings, check: Callable[[Pretrained], None] | None = None, evaluation: bool = False
-) -> tuple[RunSettings, Pretrained | None, dict]:
+    settings: RunSettings, start: Start, check: Callable[[Pretrained], None] | None = None, evaluation: bool = False
+) -> tuple[Pretrained | None, dict, DictConfig]:
     """The checks, then the record. `check` refuses an init_from the command cannot use (evaluation: one without
-    the task's head). Returns the settings (naming init_from's model), its checkpoint, and the architecture."""
+    the task's head). Returns init_from's checkpoint, the architecture, and the config as recorded (naming the
+    model that runs)."""
     _quiet_known_warnings()
     check_devices(settings)
     check_cache_dir(settings)
@@ -56,17 +58,18 @@ def prepare(
     if check is not None and pretrained is not None:
         check(pretrained)
     model_config = checked_model_config(settings, pretrained)
-    if pretrained is not None:
-        settings = settings.with_model(model_config, size_name(model_config))
-    start, output_dir = settings.start, settings.output_dir
-    resized = _resized(settings) if start.resuming else False
+    config = settings.config_naming(model_config, size_name(model_config)) if pretrained else settings.config
+    output_dir = settings.output_dir
+    resized = _resized(settings, start) if start.resuming else False
     # A resume that changes a setting is refused here (the devices and nodes may change where the global batch stays).
-    record_run(settings.config, settings.overrides, output_dir, resuming=start.resuming, resized=resized)
+    record_run(config, settings.overrides, output_dir, resuming=start.resuming, resized=resized)
     check_data_unchanged(output_dir, data_sources(settings), resuming=start.resuming)  # or its data: here
     RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
     remove_stale_temporaries(output_dir)
-    log.info(describe_run(settings, model_config, evaluation, matmuls, left_to_right_because(settings, pretrained)))
-    return settings, pretrained, model_config
+    log.info(
+        describe_run(settings, model_config, evaluation, matmuls, left_to_right_because(settings, pretrained), start)
+    )
+    return pretrained, model_config, config
 
 
 def left_to_right_because(settings: RunSettings, pretrained: Pretrained | None) -> str | None:
@@ -148,12 +151,12 @@ def set_fp32_matmuls(settings: RunSettings) -> str | None:
     return MATMUL_PRECISIONS[settings.speed.matmul_precision]
 
 
-def _resized(settings: RunSettings) -> bool:
+def _resized(settings: RunSettings, start: Start) -> bool:
     """Whether a resume runs on another number of devices with the checkpoint's global batch: the data continues
     exactly (its position is the step, each step the same examples), said once. Another global batch would re-train
     or skip examples: refused with the key that keeps it. A checkpoint from before lightbert recorded its job's
     shape resumes only as it was recorded."""
-    resume_from = settings.start.resume_from
+    resume_from = start.resume_from
     shape = saved_job_shape(resume_from)
     if not shape or shape.get("global_batch") is None:
         return False
@@ -171,7 +174,7 @@ def _resized(settings: RunSettings) -> bool:
     if world != shape["world_size"]:
         log.info(
             f"resuming on {world} device(s), the checkpoint's job had {shape['world_size']}: the global batch stays "
-            f"{batches.global_batch} ({now}), and the data continues at step {settings.start.step}"
+            f"{batches.global_batch} ({now}), and the data continues at step {start.step}"
         )
     return world != shape["world_size"] or batches.accumulate != shape["accumulate"]
 

@@ -410,17 +410,17 @@ def refused_leaves_nothing(output_dir: Path) -> Iterator[None]:
 
 
 @contextmanager
-def held(settings: RunSettings, evaluation: bool = False) -> Iterator[RunSettings]:
+def held(settings: RunSettings, evaluation: bool = False) -> Iterator[Start]:
     """The run directory held for this run (`locked`), what a refused command wrote there taken back
-    (`refused_leaves_nothing`), and the job's DDP processes ended with it. Yields the settings with how the run
-    starts (`Start`), decided here once, under the lock: from the beginning, or from the checkpoint that resume=true
+    (`refused_leaves_nothing`), and the job's DDP processes ended with it. Yields how the run starts (`Start`),
+    decided here once, under the lock: from the beginning, or from the checkpoint that resume=true
     (or a requeued SLURM job) continues. An evaluation starts a new directory."""
     output_dir = settings.output_dir
     with locked(output_dir), refused_leaves_nothing(output_dir), processes.ddp_children_of_this_job():
         again = not evaluation and requeued(output_dir)
         resume_from = check_output_dir(output_dir, (settings.resume and not evaluation) or again)
         step = checkpoint_step(resume_from, settings) if resume_from is not None else 0
-        yield settings.starting(Start(resume_from, step, again))
+        yield Start(resume_from, step, again)
 
 
 @contextmanager

@@ -10,7 +10,7 @@ Torch-free at import, so that a refused command is refused before torch loads; t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -350,9 +350,7 @@ class RunSettings:
     optim: dict
     phases: tuple[Phase, ...]
     callbacks: tuple[DictConfig, ...] = field(repr=False)
-    loggers: tuple[DictConfig, ...] = field(repr=False)
     corpus: DictConfig | None = field(repr=False)  # pre-training's corpus= group
-    start: Start = Start()
 
     def __post_init__(self) -> None:
         checked_number("seed", self.seed, int, 0, largest=2**32 - 1)  # numpy's and Python's seeds
@@ -441,13 +439,11 @@ class RunSettings:
             )
         return Batches(per_device, devices, nodes, accumulate, wanted)
 
-    def starting(self, start: Start) -> RunSettings:
-        return replace(self, start=start)
-
-    def with_model(self, model: dict, name: str) -> RunSettings:
-        """Under init_from the checkpoint decides the model: the recorded config, the run's name and its W&B tags
-        say the model that runs (`name`, e.g. bert_tiny), not the `model=` default (a fine-tune of a bert_tiny
-        checkpoint is not "sst2-bert_mini")."""
+    def config_naming(self, model: dict, name: str) -> DictConfig:
+        """The config as recorded and given to the loggers: under init_from the checkpoint decides the model, and
+        the record, the run's name and its W&B tags say the model that runs (`name`, e.g. bert_tiny), not the
+        `model=` default (a fine-tune of a bert_tiny checkpoint is not "sst2-bert_mini"). The settings stay as
+        they were built."""
         config = self.config.copy()
         default_name = f"{self.task.name}-{self.model_option}"
         with open_dict(config):
@@ -457,8 +453,7 @@ class RunSettings:
             wandb = (config.get("logger") or {}).get("wandb")
             if wandb is not None and self.model_option in (wandb.get("tags") or []):
                 wandb.tags = [name if tag == self.model_option else tag for tag in wandb.tags]
-        loggers = tuple(config.logger.values()) if config.get("logger") else ()
-        return replace(self, config=config, model=model, loggers=loggers)
+        return config
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> RunSettings:
@@ -483,7 +478,6 @@ class RunSettings:
             optim=OmegaConf.to_container(cfg.optim, resolve=True),
             phases=tuple(phases_of(cfg.task.get("phases"), trainer.max_steps)),
             callbacks=tuple((cfg.get("callbacks") or {}).values()),
-            loggers=tuple((cfg.get("logger") or {}).values()),
             corpus=cfg.get("corpus"),
         )
 
