@@ -217,3 +217,25 @@ def test_the_first_ddp_process_killed_the_second_names_it_and_the_checkpoint_it_
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from step {step}" in resumed.stdout
     assert json.loads((run / "results.json").read_text())["global_step"] == 10
+
+
+def test_the_second_ddp_process_killed_at_the_last_step_leaves_the_newest_checkpoint_and_one_line(tmp_path):
+    """kill -9 of the second process at the last step (10; checkpoints at 4 and 8): the first says in one line which
+    process died and what is saved, and the checkpoint is there to resume from. Lightning's watch SIGKILLed the first
+    process within 5 s of the death, wherever it was: exit 137 and no line (seen at the end of a run)."""
+    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=10, seed=23)
+    run = tmp_path / "run"
+    args = [*DDP, f"corpus.paths=[{corpus}]", f"hydra.run.dir={run}"]
+    kill = ["+callbacks.kill._target_=helpers.loss_recorder.KillRankAtStep", "+callbacks.kill.step=10"]
+    killed = finish([*args, *kill])
+    assert killed.returncode == 2, killed.stderr[-3000:]
+    assert "Traceback" not in killed.stderr, killed.stderr[-3000:]
+    said = [line for line in killed.stderr.splitlines() if line.startswith("lightbert:")]
+    assert len(said) == 1 and said[0].startswith("lightbert: error: DDP process 1 of 2 was killed by SIGKILL"), said
+    step = int(said[0].split("last.ckpt (step ")[1].split(")")[0])
+    assert step in (8, 10), said  # the step-10 save needs both processes: it may or may not have been written
+
+    resumed = finish([*args, "resume=true"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {step}" in resumed.stdout
+    assert json.loads((run / "results.json").read_text())["global_step"] == 10
