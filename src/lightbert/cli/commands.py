@@ -78,8 +78,9 @@ def _check_before_hydra(argv: list[str], config_name: str, run_directory: bool =
 
 
 def train_command() -> None:
-    from lightbert.cluster.processes import ddp_child_argv
+    from lightbert.cluster.processes import adopt_launch, ddp_child_argv
 
+    adopt_launch()  # first: a DDP process the first one launched leaves Ctrl-C to it
     sys.argv[1:] = argv = ddp_child_argv(sys.argv[1:])  # a multirun job's DDP process runs that job alone
     answer_completion_query(argv)
     _check_before_hydra(argv, "train")
@@ -87,8 +88,9 @@ def train_command() -> None:
 
 
 def evaluate_command() -> None:
-    from lightbert.cluster.processes import ddp_child_argv
+    from lightbert.cluster.processes import adopt_launch, ddp_child_argv
 
+    adopt_launch()
     sys.argv[1:] = ddp_child_argv(sys.argv[1:])
     _check_before_hydra(sys.argv[1:], "evaluate")
     _hydra_command(_evaluate, "evaluate")()

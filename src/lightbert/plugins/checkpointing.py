@@ -42,7 +42,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         path = Path(path)
         try:
-            replace_atomically(path, lambda tmp: super(AtomicCheckpointIO, self).save_checkpoint(checkpoint, tmp))
+            with processes.writing_checkpoint():  # a process of the job dying meanwhile does not cut it short
+                replace_atomically(path, lambda tmp: super(AtomicCheckpointIO, self).save_checkpoint(checkpoint, tmp))
         except (OSError, RuntimeError) as error:  # torch reports a failed write as a RuntimeError around the OSError
             cause = error if isinstance(error, OSError) else error.__cause__ or error.__context__ or error
             kept = f"the previous {path.name} is kept whole" if path.exists() else f"no {path.name} was written"

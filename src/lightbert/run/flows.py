@@ -25,6 +25,7 @@ from lightbert.errors import UserError
 from lightbert.plugins.agreement import SameResumeOnEveryNode
 from lightbert.plugins.callbacks import FineTuningResume, RunProgressBar
 from lightbert.plugins.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
+from lightbert.plugins.launcher import use_run_launcher
 from lightbert.plugins.loggers import RunCSVLogger, finish_wandb, summarise_in_wandb
 from lightbert.run.instantiation import instantiate_config, parameters_named_by
 from lightbert.run.preflight import prepare
@@ -56,28 +57,31 @@ def fit(settings: RunSettings, start: Start) -> dict[str, Any]:
         if not start.resuming:
             save_tokenizer(datamodule.tokenizer, output_dir)
         resume_from, phases = start.resume_from, settings.phases
-        for number, phase in enumerate(phases, start=1):
-            if len(phases) > 1:
-                if phase.end_step <= start.step and number < len(phases):
-                    continue  # finished before the checkpoint this run resumes from
-                log.info(f"phase {number}/{len(phases)}: steps {phase.first_step}-{phase.end_step}, {phase.datamodule}")
-                phase_kwargs = {"tokenizer": datamodule.tokenizer, "first_step": phase.first_step}
-                datamodule = _datamodule(settings, phase_kwargs, phase.datamodule)
-            # Fresh callbacks for each phase: their state comes back from the checkpoint the phase starts from.
-            callbacks = [
-                *_callbacks(settings),
-                SameResumeOnEveryNode(output_dir, start.step if start.resuming else None),
-                *([FineTuningResume()] if start.resuming and settings.task.fine_tuning else []),
-            ]
-            trainer = _trainer(
-                settings, callbacks, loggers, **({"max_steps": phase.end_step} if len(phases) > 1 else {})
-            )
-            with processes.naming_killed_ranks(trainer):
+        # From the first collective to the last (the end's barrier): a process of the job that dies is named here.
+        with processes.naming_lost_processes(output_dir):
+            for number, phase in enumerate(phases, start=1):
+                if len(phases) > 1:
+                    if phase.end_step <= start.step and number < len(phases):
+                        continue  # finished before the checkpoint this run resumes from
+                    log.info(
+                        f"phase {number}/{len(phases)}: steps {phase.first_step}-{phase.end_step}, {phase.datamodule}"
+                    )
+                    phase_kwargs = {"tokenizer": datamodule.tokenizer, "first_step": phase.first_step}
+                    datamodule = _datamodule(settings, phase_kwargs, phase.datamodule)
+                # Fresh callbacks for each phase: their state comes back from the checkpoint the phase starts from.
+                callbacks = [
+                    *_callbacks(settings),
+                    SameResumeOnEveryNode(output_dir, start.step if start.resuming else None),
+                    *([FineTuningResume()] if start.resuming and settings.task.fine_tuning else []),
+                ]
+                trainer = _trainer(
+                    settings, callbacks, loggers, **({"max_steps": phase.end_step} if len(phases) > 1 else {})
+                )
                 trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
-            resume_from = output_dir / LAST_CHECKPOINT  # the next phase starts from this one's weights and optimizer
-        results = run_results(trainer, output_dir, time.time() - started)
-        results["predictions"] = write_test_predictions(trainer, module, datamodule, output_dir)
-        return _finish(trainer, results, output_dir)
+                resume_from = output_dir / LAST_CHECKPOINT  # the next phase starts from this one's weights, optimizer
+            results = run_results(trainer, output_dir, time.time() - started)
+            results["predictions"] = write_test_predictions(trainer, module, datamodule, output_dir)
+            return _finish(trainer, results, output_dir)
     finally:
         finish_wandb()
 
@@ -109,15 +113,16 @@ def validate(settings: RunSettings, start: Start) -> dict[str, Any]:
             )
         callbacks = [c for c in _callbacks(settings) if not isinstance(c, TRAINING_ONLY_CALLBACKS)]
         trainer = _trainer(settings, callbacks, _loggers(config))
-        trainer.validate(module, datamodule=datamodule)
-        results = {
-            "evaluated": pretrained.source,
-            "metrics": {name: float(value) for name, value in sorted(trainer.callback_metrics.items())},
-            "predictions": write_test_predictions(trainer, module, datamodule, settings.output_dir),
-            "output_dir": str(settings.output_dir),
-            "seconds": round(time.time() - started, 1),
-        }
-        return _finish(trainer, results, settings.output_dir)
+        with processes.naming_lost_processes(settings.output_dir, training=False):
+            trainer.validate(module, datamodule=datamodule)
+            results = {
+                "evaluated": pretrained.source,
+                "metrics": {name: float(value) for name, value in sorted(trainer.callback_metrics.items())},
+                "predictions": write_test_predictions(trainer, module, datamodule, settings.output_dir),
+                "output_dir": str(settings.output_dir),
+                "seconds": round(time.time() - started, 1),
+            }
+            return _finish(trainer, results, settings.output_dir)
     finally:
         finish_wandb()
 
@@ -181,13 +186,15 @@ def _trainer(settings: RunSettings, callbacks: list, loggers: list, **overrides:
         callbacks = [*callbacks, RunProgressBar()]  # lightbert's bar, not Lightning's default (Rich where installed)
     overrides.setdefault("accumulate_grad_batches", settings.batches.accumulate)
     plugins = [instantiate_config(p) for p in settings.trainer.config.get("plugins") or []]
-    return instantiate_config(
+    trainer = instantiate_config(
         settings.trainer.config,
         callbacks=callbacks,
         logger=loggers or False,
         plugins=[AtomicCheckpointIO(), *plugins],
         **overrides,
     )
+    use_run_launcher(trainer)  # a DDP process that dies is named, not a SIGKILL of the whole job
+    return trainer
 
 
 def write_test_predictions(trainer, module, datamodule, output_dir: Path) -> list[str]:
@@ -243,4 +250,5 @@ def _end_distributed() -> None:
     were seen to abort a finished DDP run ("terminate called without an active exception", exit -6)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()  # no process leaves while another still gathers predictions
+        processes.job_done()  # past the last collective: a process that ends now has done its part
         torch.distributed.destroy_process_group()
