@@ -115,6 +115,7 @@ def test_switch_table_keeps_a_failed_case_in_its_row():
     assert rendered[2].count("|") == rendered[0].count("|")
 
 
+@pytest.mark.slow  # a fresh process that traces and compiles the step (about 2 minutes with --fp8 on 2 cores)
 @pytest.mark.parametrize("switches", [[], ["--fp8"]], ids=["plain", "fp8"])
 def test_the_packed_step_compiles_with_no_graph_break_or_recompilation(switches):
     """`--packing --compile` reports Dynamo's graph breaks and recompilations after warm-up: none (aot_eager: the
