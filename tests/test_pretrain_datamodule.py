@@ -50,7 +50,14 @@ def test_batches_are_masked_and_validation_masks_repeat(tmp_path, corpus_file):
     dm.prepare_data()
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
-    assert set(batch) == {"input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label"}
+    assert set(batch) == {
+        "input_ids",
+        "token_type_ids",
+        "attention_mask",
+        "labels",
+        "next_sentence_label",
+        "masked_positions",
+    }
     assert batch["input_ids"].shape[0] == 4 and batch["input_ids"].shape[1] % 8 == 0
     assert (batch["labels"] != IGNORE_INDEX).sum() > 0
     first, again = next(iter(dm.val_dataloader())), next(iter(dm.val_dataloader()))

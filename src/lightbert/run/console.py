@@ -5,6 +5,8 @@ also goes to the run's `train.log`."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
 
@@ -94,19 +96,36 @@ class RunLogFile(logging.FileHandler):
                 handler.emit(record)
 
 
-def log_like_the_command(output_dir: Path) -> None:
+@contextmanager
+def logging_like_the_command(output_dir: Path) -> Iterator[None]:
     """Outside a Hydra run (`lightbert.train(cfg)` from a notebook or a script, `cfg` from `compose_config`), the
-    console and `train.log` as the command has them: the same logging config, Hydra's `job_logging`, applied here as
-    Hydra applies it before a job. Nothing to do in a Hydra run, whose handlers already write into `output_dir`."""
+    console and `train.log` as the command has them for the run: the same logging config, Hydra's `job_logging`,
+    applied as Hydra applies it before a job, and put back as it was afterwards. Nothing to do in a Hydra run, whose
+    handlers already write into `output_dir`, nor where the caller has logging of its own (a handler on the root
+    logger: a script's `logging.basicConfig`, pytest's capture), which lightbert leaves as it is."""
     from hydra.core.hydra_config import HydraConfig
-    from hydra.core.utils import configure_log
 
-    if any(Path(h.baseFilename).parent == output_dir for h in RunLogFile._configured) or not HydraConfig.initialized():
+    ours = any(Path(h.baseFilename).parent == output_dir for h in RunLogFile._configured)
+    if ours or logging.getLogger().handlers or not HydraConfig.initialized():
+        yield
         return
+    from hydra.core.utils import configure_log
     from omegaconf import OmegaConf
 
+    touched = [logging.getLogger(), logging.getLogger("lightbert")]
+    before = [(lg, list(lg.handlers), lg.level, lg.propagate, lg.disabled) for lg in touched]
     hydra_config = OmegaConf.create({"hydra": HydraConfig.get()}).hydra  # its ${hydra.runtime...} resolve from here
     configure_log(hydra_config.job_logging, hydra_config.verbose)
+    try:
+        yield
+    finally:
+        for lg, handlers, level, propagate, disabled in before:
+            for handler in lg.handlers:
+                if handler not in handlers:
+                    handler.close()
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate, lg.disabled = propagate, disabled
 
 
 def describe_run(

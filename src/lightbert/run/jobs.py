@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from lightbert.cluster import processes
 from lightbert.cluster.environment import adopt_submitit_local_ranks
 from lightbert.errors import UserError
-from lightbert.run.console import log_like_the_command
+from lightbert.run.console import logging_like_the_command
 from lightbert.run.run_dir import held
 from lightbert.run.settings import RunSettings
 
@@ -32,9 +32,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     128 + the signal's number; before or after training at once, with one line."""
     adopt_submitit_local_ranks()  # before anything asks which process this is
     settings = RunSettings.from_config(cfg)  # a bad value is refused here, before anything is read or written
-    log_like_the_command(settings.output_dir)
     processes.install()  # its DataLoader workers and data-preparation pool die with it, and hold no lock
-    with held(settings) as start, processes.stops_cleanly(settings.output_dir):
+    with (
+        logging_like_the_command(settings.output_dir),
+        held(settings) as start,
+        processes.stops_cleanly(settings.output_dir),
+    ):
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         from lightbert.plugins import checkpointing
@@ -62,9 +65,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     settings = RunSettings.from_config(cfg)
     if not settings.init_from:
         raise UserError("src/evaluate.py scores a fine-tuned model: set init_from=<run directory | .ckpt | HF dir>")
-    log_like_the_command(settings.output_dir)
     processes.install()
-    with held(settings, evaluation=True) as start:
+    with logging_like_the_command(settings.output_dir), held(settings, evaluation=True) as start:
         from lightbert.run.flows import validate
 
         return validate(settings, start)
