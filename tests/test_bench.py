@@ -45,7 +45,7 @@ def test_benchmark_runs_and_ends_with_the_ratio_line():
     # Before timing, both models gave the same loss on the batch with the same weights.
     losses = re.search(r"loss lightbert ([\d.]+), transformers ([\d.]+)", "\n".join(lines))
     assert losses and abs(float(losses[1]) - float(losses[2])) < 1e-3
-    assert sum("tokens/s" in line for line in lines) == 4  # both sides of both steps
+    assert sum("ms/step" in line and "tokens/s" in line for line in lines) == 4  # both sides of both steps
 
 
 def test_inference_benchmark_runs_checks_parity_and_ends_with_the_ratio_line():
