@@ -32,6 +32,8 @@ pytestmark = pytest.mark.slow
 
 TRIALS = int(os.environ.get("LIGHTBERT_TEST_TRIALS", 10))
 SIDE_BY_SIDE = int(os.environ.get("LIGHTBERT_TEST_SIDE_BY_SIDE", 5))  # trials run at once (two processes each)
+# preempt -> requeue -> resume cycles of one job in a row; before a stop: LIGHTBERT_TEST_CYCLES=30 (issue 50)
+CYCLES = int(os.environ.get("LIGHTBERT_TEST_CYCLES", 3))
 TINY = [
     *TINY_PRETRAIN,
     "trainer.strategy=ddp",
@@ -87,6 +89,10 @@ class TaskServer:
         try:
             return self.replies[job].get(timeout=seconds)["returncodes"]
         except queue.Empty:
+            for pid in pids:  # faulthandler writes every thread's stack to the task's stderr (`stacks`)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGABRT)
+            time.sleep(3)
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
@@ -244,3 +250,73 @@ def test_slurms_requeue_signal_requeues_the_job_which_resumes_by_itself(cluster,
     assert json.loads((run / "results.json").read_text())["global_step"] == stopped[last] + 2  # continued
     assert [d.name for d in run.parent.iterdir() if d.is_dir()] == [f"slurm-{job}"]  # one directory, both starts
     assert not list(run.glob("**/hpc_ckpt_*.ckpt"))
+
+
+def stacks(logs: Path) -> str:
+    """What the tasks wrote last: on a deadlock, the stacks of their threads (`TaskServer.wait`)."""
+    return "\n".join(f"--- {f.name}\n{f.read_text()[-4000:]}" for f in sorted(logs.glob("task*.err")))
+
+
+def test_a_requeued_job_resumes_every_time_with_a_cpu_hog_beside_it(cluster, tmp_path):
+    """Issue 50: one requeued start of a 2-task job, on a machine loaded by other runs, restored its state, printed
+    its validation line and then made no step. Here one job is preempted, requeued and resumed CYCLES times in a row
+    (SLURM_RESTART_COUNT 1, 2, ...), as the issue ran it: data loader worker processes on (the default), and a
+    process spinning on a core beside the job all along. Each start must train on and stop again; the last finishes."""
+    job = "4000"
+    run = tmp_path / "outputs" / "pretrain" / "runs" / f"slurm-{job}"
+    common = [a for a in TINY if not a.startswith(("task.datamodule.num_workers", "+callbacks.mark.step"))] + [
+        f"corpus.paths=[{cluster['corpus']}]",
+        f"paths.log_dir={tmp_path / 'outputs'}",
+        "task.datamodule.num_workers=2",  # the default: workers forked beside the process group's threads
+        "task.checkpoint_every_n_steps=5",
+    ]
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        step = 0
+        for cycle in range(CYCLES + 1):
+            logs = tmp_path / f"start{cycle}"
+            logs.mkdir()
+            restarts = {"SLURM_RESTART_COUNT": str(cycle)} if cycle else {}
+            port = {"MASTER_PORT": str(free_ports(1)[0])}
+            envs = [slurm_env(task, job, cluster["bin"], **port, **restarts) for task in range(2)]
+            mark = logs / "training"
+            args = [*common, f"+callbacks.mark.path={mark}", f"+callbacks.mark.step={step + 3}"]
+            if cycle == CYCLES:  # SLURM's last start: it trains two steps on and ends as a finished run does
+                stop = "helpers.loss_recorder.StopAtStep"
+                args += [f"+callbacks.stop._target_={stop}", f"+callbacks.stop.step={step + 2}"]
+            started, pids = tasks.start(args, envs, logs)
+            if cycle < CYCLES:
+                deadline = time.monotonic() + PATIENCE
+                while not mark.exists():
+                    if time.monotonic() > deadline or any(_ended(pid) for pid in pids):
+                        for pid in pids:
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(pid, signal.SIGTERM)
+                        tasks.wait(started, pids, PATIENCE)
+                        pytest.fail(f"start {cycle} made no step 3 in {PATIENCE} s:\n{stacks(logs)}")
+                    time.sleep(0.05)
+                time.sleep(random.uniform(0.0, 0.5))
+                for pid in pids:
+                    os.kill(pid, signal.SIGUSR1)
+            codes = tasks.wait(started, pids, PATIENCE)
+            expected = [0, 0] if cycle == CYCLES else [128 + signal.SIGUSR1] * 2
+            assert codes == expected, (cycle, codes, stacks(logs))
+            out = (logs / "task0.out").read_text() + (logs / "task0.err").read_text()
+            if cycle:
+                assert f"SLURM job {job} was requeued ({cycle} restart(s)): continuing its run" in out, cycle
+            before, step = step, saved_step(run)
+            assert step > before, (cycle, before, step)  # every start trained on from where the last one stopped
+        assert step == before + 2  # the last start went on from the checkpoint the one before it saved
+        assert scontrol_calls(cluster, job) == f"requeue {job}\n" * CYCLES
+        assert json.loads((run / "results.json").read_text())["global_step"] == step
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def _ended(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

@@ -19,6 +19,9 @@ from fork_server import run_child
 
 
 def serve() -> None:
+    import faulthandler
+
+    faulthandler.enable()  # SIGABRT to a task that hangs writes its threads' stacks to the task's stderr
     import lightbert.cli.commands
     import lightbert.run.flows
     import lightbert.run.jobs  # noqa: F401  (the imports are the point: every task starts with them done)
