@@ -270,6 +270,7 @@ def test_a_requeued_job_resumes_every_time_with_a_cpu_hog_beside_it(cluster, tmp
         "task.datamodule.num_workers=2",  # the default: workers forked beside the process group's threads
         "task.checkpoint_every_n_steps=5",
     ]
+    port = {"MASTER_PORT": str(free_ports(1)[0])}  # one for the job: a requeued job keeps its environment
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         step = 0
@@ -277,7 +278,6 @@ def test_a_requeued_job_resumes_every_time_with_a_cpu_hog_beside_it(cluster, tmp
             logs = tmp_path / f"start{cycle}"
             logs.mkdir()
             restarts = {"SLURM_RESTART_COUNT": str(cycle)} if cycle else {}
-            port = {"MASTER_PORT": str(free_ports(1)[0])}
             envs = [slurm_env(task, job, cluster["bin"], **port, **restarts) for task in range(2)]
             mark = logs / "training"
             args = [*common, f"+callbacks.mark.path={mark}", f"+callbacks.mark.step={step + 3}"]
