@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
+from lightbert.checkpoints.continued import with_added_words
 from lightbert.checkpoints.reading import Pretrained
 from lightbert.checkpoints.saving import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
 from lightbert.data.tokenizer import load_tokenizer
@@ -71,8 +72,11 @@ def fit(settings: RunSettings) -> dict[str, Any]:
     try:
         tokenizer = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}
         if start.resuming and (output_dir / "tokenizer.json").is_file():
-            # The run's own tokenizer: the ids its checkpoint was trained on, whatever the corpus now holds.
+            # The run's own tokenizer: the ids its checkpoint was trained on, whatever the corpus now holds (and the
+            # words task.datamodule.add_words added when it began: none are added again).
             tokenizer = {"tokenizer": load_tokenizer(output_dir / "tokenizer.json")}
+            if "add_words" in settings.task.datamodule:
+                tokenizer["add_words"] = None
         datamodule, module, _ = _data_and_module(settings, pretrained, model_config, tokenizer)
         # metrics.csv continues from the checkpoint's step, or after every row of an attempt that left no checkpoint
         keep_rows_before = start.step if start.resuming else (math.inf if settings.resume or start.requeued else None)
@@ -85,7 +89,7 @@ def fit(settings: RunSettings) -> dict[str, Any]:
                 if phase.end_step <= start.step and number < len(phases):
                     continue  # finished before the checkpoint this run resumes from
                 log.info(f"phase {number}/{len(phases)}: steps {phase.first_step}-{phase.end_step}, {phase.datamodule}")
-                phase_kwargs = {"tokenizer": datamodule.tokenizer, "first_step": phase.first_step}
+                phase_kwargs = {"tokenizer": datamodule.tokenizer, "first_step": phase.first_step, "add_words": None}
                 datamodule = _datamodule(settings, phase_kwargs, phase.datamodule)
             # Fresh callbacks for each phase: their state comes back from the checkpoint the phase starts from.
             callbacks = [
@@ -174,13 +178,16 @@ def _data_and_module(
 ):
     """The task's DataModule and LightningModule, the module holding init_from's weights; and the fresh ones."""
     datamodule = _datamodule(settings, kwargs)
+    growth = None
+    if pretrained is not None:  # rows for the words task.datamodule.add_words added to its tokenizer
+        pretrained, growth = with_added_words(pretrained, datamodule.tokenizer)
     module = instantiate_config(
         settings.task.module,
         model=with_vocabulary(model_config, datamodule.tokenizer, pretrained),
         optim=settings.optim,
         _convert_="all",
     )
-    fresh = load_pretrained_weights(settings, module, pretrained) if pretrained is not None else []
+    fresh = load_pretrained_weights(settings, module, pretrained, growth) if pretrained is not None else []
     apply_speed_switches(module, settings.speed, settings.trainer, settings.task.packing, training)
     return datamodule, module, fresh
 

@@ -21,7 +21,7 @@ from lightbert.data.local_files import file_identity
 from lightbert.errors import ConfigError, UserError
 from lightbert.model.fp8 import check_fp8_device
 from lightbert.pretraining.corpus import TextCorpus
-from lightbert.run.architecture import checked_model_config, size_name
+from lightbert.run.architecture import check_vocabulary, checked_model_config, size_name
 from lightbert.run.console import RunLogFile, describe_run, tidy_lightning_console
 from lightbert.run.instantiation import instantiate_config
 from lightbert.run.run_dir import check_data_unchanged, record_run, remove_stale_temporaries
@@ -54,6 +54,7 @@ def prepare(
         )
     if check is not None and pretrained is not None:
         check(pretrained)
+    pretrained = check_vocabulary(settings, pretrained)
     model_config = checked_model_config(settings, pretrained)
     if pretrained is not None:
         settings = settings.with_model(model_config, size_name(model_config))

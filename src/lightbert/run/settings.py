@@ -261,6 +261,11 @@ class TaskSettings:
             if key in self.datamodule:
                 value = self.datamodule[key]
                 checked_number(f"task.datamodule.{key}", value, kind, minimum, nullable, or_auto=or_auto)
+        add = self.datamodule.get("add_words")
+        if add is not None and not isinstance(add, str) and (_as_number(add, int) is None or add < 0):
+            raise ConfigError(
+                f"task.datamodule.add_words must be a count of words (0 or more) or a file of words, got {add!r}"
+            )
         masking = self.datamodule.get("masking")
         if masking is not None:
             try:
