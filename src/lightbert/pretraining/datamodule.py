@@ -45,8 +45,8 @@ from lightbert.data.local_files import cache_writes, digest, progress_bars_for
 from lightbert.data.tokenizer import BertTokenizer, load_tokenizer, train_wordpiece_once
 from lightbert.errors import ParameterError, UserError
 from lightbert.files import publish_directory, publish_file_once
-from lightbert.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus
 from lightbert.pretraining import domain_words
+from lightbert.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus
 from lightbert.pretraining.examples import PairExamples, StoredDocuments, create_pretraining_pairs
 from lightbert.pretraining.masking import MaskingCollator, NextTokenCollator
 from lightbert.pretraining.objectives import MaskingShares, check_objective
