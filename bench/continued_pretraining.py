@@ -208,9 +208,9 @@ def domain_mlm_loss(run_dir: Path, documents: list[list[str]], seed: int = 0, ma
     from lightbert.checkpoints.reading import load_into, load_pretrained
     from lightbert.data.encoding import IGNORE_INDEX
     from lightbert.model import BertConfig, BertForPreTraining
-    from lightbert.pretraining.masking import MaskingCollator
-    from lightbert.pretraining.resumable import SeededExamples
-    from lightbert.pretraining.streaming import held_out_examples
+    from lightbert.tasks.pretraining.masking import MaskingCollator
+    from lightbert.tasks.pretraining.resumable import SeededExamples
+    from lightbert.tasks.pretraining.streaming import held_out_examples
 
     pretrained = load_pretrained(str(run_dir))
     model = BertForPreTraining(BertConfig.from_dict(pretrained.config))
@@ -235,14 +235,14 @@ def domain_mlm_loss(run_dir: Path, documents: list[list[str]], seed: int = 0, ma
 
 def pieces_per_word(run_dir: Path, documents: list[list[str]]) -> float:
     from lightbert.checkpoints.reading import load_pretrained
-    from lightbert.pretraining.domain_words import count_words, pieces_of
+    from lightbert.tasks.pretraining.domain_words import count_words, pieces_of
 
     tokenizer = load_pretrained(str(run_dir)).tokenizer
     return pieces_of(count_words(documents, tokenizer)[0], tokenizer).pieces_per_word
 
 
 def read_documents(path: Path) -> list[list[str]]:
-    from lightbert.pretraining.corpus import read_bert_format
+    from lightbert.tasks.pretraining.corpus import read_bert_format
 
     return list(read_bert_format(path))
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from lightbert.checkpoints.reading import load_pretrained
 from lightbert.interop.hf import export_hf
-from lightbert.pretraining.corpus import DemoCorpus
+from lightbert.tasks.pretraining.corpus import DemoCorpus
 
 REPO = Path(__file__).resolve().parents[1]
 

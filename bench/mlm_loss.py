@@ -3,7 +3,7 @@
     python bench/mlm_loss.py                                  # CPU, fp32 logits
     python bench/mlm_loss.py --device cuda --dtype bf16       # what a bf16 GPU step hands the losses
 
-`lightbert.pretraining.module.pretraining_losses` reads the (N, V) MLM logits of the predicted positions: the cast
+`lightbert.tasks.pretraining.module.pretraining_losses` reads the (N, V) MLM logits of the predicted positions: the cast
 to fp32, log-softmax, the loss, the arg-max of the accuracy, and the NSP loss on (M, 2) logits. Eager runs one
 kernel per op, each a pass over N x V values; compiled, Inductor fuses them into one pass forward and one backward
 (`tests/test_compiled_step.py`). The default size is a batch of 256 sequences of 128 tokens with 20 predictions
@@ -18,7 +18,7 @@ import torch
 from pretrain_step import time_interleaved
 
 from lightbert.data.encoding import IGNORE_INDEX
-from lightbert.pretraining.module import pretraining_losses
+from lightbert.tasks.pretraining.module import pretraining_losses
 
 
 def main() -> None:

@@ -33,13 +33,13 @@ import torch
 import transformers
 import yaml
 
-from lightbert.checkpoints.finetuned import FineTuned, load_finetuned
 from lightbert.checkpoints.reading import Pretrained
 from lightbert.data.tokenizer import train_wordpiece
 from lightbert.inference.predict import predict_records
 from lightbert.interop.hf import export_hf, hf_head_config
 from lightbert.model import BertConfig, BertForSequenceClassification
-from lightbert.pretraining.corpus import DemoCorpus
+from lightbert.tasks.finetuned import FineTuned, load_finetuned
+from lightbert.tasks.pretraining.corpus import DemoCorpus
 
 REPO = Path(__file__).resolve().parents[1]
 LABELS = ("negative", "positive")

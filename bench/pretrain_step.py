@@ -42,17 +42,17 @@ import transformers
 import yaml
 from omegaconf import open_dict
 
+from lightbert.checkpoints.hf_format import lightbert_config_to_hf, lightbert_state_dict_to_hf
 from lightbert.data.batches import PaddingCollator
-from lightbert.interop.hf_format import lightbert_config_to_hf, lightbert_state_dict_to_hf
 from lightbert.model import BertConfig, BertForSequenceClassification
 from lightbert.model.fp8 import convert_to_fp8
 from lightbert.optim import MasterWeights, parameter_groups
-from lightbert.pretraining.corpus import DemoCorpus, TextCorpus
-from lightbert.pretraining.datamodule import PretrainDataModule
-from lightbert.pretraining.module import PreTrainingModule
-from lightbert.pretraining.packing import PackingCollator, pack_batch
-from lightbert.run.callbacks import gpu_peak_flops, step_flops
+from lightbert.plugins.callbacks import gpu_peak_flops, step_flops
 from lightbert.run.speed import unpadding_for
+from lightbert.tasks.pretraining.corpus import DemoCorpus, TextCorpus
+from lightbert.tasks.pretraining.datamodule import PretrainDataModule
+from lightbert.tasks.pretraining.module import PreTrainingModule
+from lightbert.tasks.pretraining.packing import PackingCollator, pack_batch
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB_SIZE = 30522  # bert-base-uncased's: the sizes are BERT's even where the demo corpus yields fewer pieces
@@ -363,7 +363,7 @@ def step_seconds(ends: list[float], warmup: int) -> list[float]:
 
 def trainer_path_config(args, device: torch.device, out_dir: Path, steps: int):
     """The config `python src/train.py model=... trainer=...` runs, for `steps` steps without a validation."""
-    from lightbert.run.cli import compose_config
+    from lightbert.run.configs import compose_config
 
     overrides = [
         f"model={args.model}",
@@ -446,7 +446,8 @@ def bench_trainer_path(args, device: torch.device) -> float:
     return trainer_s / loop_s
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's settings, the device's defaults filled in (bench/gpu_check.py builds its cases with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="bert_base", help="a conf/model/ size: bert_base, bert_small, ...")
     parser.add_argument("--seq-len", type=int, default=128)
@@ -484,28 +485,38 @@ def main() -> None:
         "--fp8", action="store_true",
         help="lightbert's encoder matmuls in float8 (speed.fp8=true; torchao; emulated, slowly, on a CPU)",
     )  # fmt: skip
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" or args.bf16_weights else "fp32")
     if args.bf16_weights and args.dtype != "bf16":
         sys.exit("pretrain_step.py: --bf16-weights compares bf16 runs; drop --dtype fp32")
     args.batch_size = args.batch_size or (64 if device.type == "cuda" else 8)
     args.trainer = args.trainer or ("gpu" if device.type == "cuda" else "cpu")
-    torch.set_num_threads(args.threads)
-    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on both sides
+    return args
 
+
+def demo_datamodule(args: argparse.Namespace) -> PretrainDataModule:
+    """Sentence pairs of the demo corpus at --seq-len, prepared (cached under --cache-dir after the first time)."""
     datamodule = PretrainDataModule(
         DemoCorpus(),
         cache_dir=args.cache_dir,
         vocab_size=VOCAB_SIZE,
         max_seq_length=args.seq_len,
-        max_predictions_per_seq=max(20, round(args.seq_len * 20 / 128)),  # the paper: 20 at 128, 80 at 512
         batch_size=args.batch_size,
         num_workers=0,
         seed=args.seed,
     )
     datamodule.prepare_data()
     datamodule.setup()
+    return datamodule
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on both sides
+    datamodule = demo_datamodule(args)
     peak = gpu_peak_flops(device) or matmul_peak(device, torch.float32 if args.dtype == "fp32" else torch.bfloat16)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} threads"
     print(

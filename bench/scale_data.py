@@ -10,7 +10,7 @@ Arrow, a 30,522-token WordPiece vocabulary trained, the examples built and cache
 every line of the corpus with the trained vocabulary (`encode_batch_fast`, its fastest call): the alternative the
 ratio is taken against.
 
-The corpus: English prose from the Python documentation that ships with CPython (as `lightbert.pretraining.corpus`
+The corpus: English prose from the Python documentation that ships with CPython (as `lightbert.tasks.pretraining.corpus`
 extracts it), reassembled into "articles" (10-80 sentences, 80% of the text) and "books" (400-2,000 sentences), with
 every number redrawn and about 3% of the words replaced by pseudo-words made of random syllables, so that the
 vocabulary of distinct words keeps growing with the size as a real corpus's does. Nothing third-party.
@@ -49,7 +49,7 @@ def build_corpus(path: Path, megabytes: float, seed: int = 0) -> Path:
     """A BERT-format corpus of about `megabytes` MB (see the module docstring); reused when already built."""
     if path.is_file():
         return path
-    from lightbert.pretraining.corpus import python_documentation
+    from lightbert.tasks.pretraining.corpus import python_documentation
 
     sentences = [s for document in python_documentation() for s in document]
     rng = random.Random(seed)
@@ -96,8 +96,8 @@ def measure(corpus: Path, cache: Path, batches: int) -> dict:
     """One side's figures, in this (fresh) process."""
     import torch
 
-    from lightbert.pretraining.corpus import TextCorpus
-    from lightbert.pretraining.datamodule import PretrainDataModule
+    from lightbert.tasks.pretraining.corpus import TextCorpus
+    from lightbert.tasks.pretraining.datamodule import PretrainDataModule
 
     torch.set_num_threads(1)
     dm = PretrainDataModule(TextCorpus([str(corpus)]), cache_dir=str(cache), batch_size=32, num_workers=0)

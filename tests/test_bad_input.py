@@ -12,10 +12,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers.filesystems import full_disk, read_only_directory
 from helpers.glue_files import glue_data_files
 from helpers.models import write_hf_bert
 from helpers.ner_files import ner_sentences, write_conll_text
-from helpers.runs import run_train_forked, write_bert_corpus
+from helpers.runs import run_train_forked, snapshot, write_bert_corpus
 from helpers.squad_files import squad_data_files
 from helpers.swag_files import swag_data_files
 
@@ -114,6 +115,11 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     paths["string_idx"] = root / "string_idx.csv"
     (root / "ner_string.jsonl").write_text('{"id": "0", "tokens": "germany .", "ner_tags": [5, 0]}\n')
     paths["ner_string"] = root / "ner_string.jsonl"
+    text = paths["corpus"].read_text()
+    paths["utf16"] = root / "utf16.txt"
+    paths["utf16"].write_bytes(text.encode("utf-16"))  # with a byte-order mark, as Windows' Notepad saves "Unicode"
+    paths["utf16_no_bom"] = root / "utf16_no_bom.txt"
+    paths["utf16_no_bom"].write_bytes(text.encode("utf-16-be"))  # without one: it decodes as UTF-8, NULs and all
     return paths
 
 
@@ -243,6 +249,13 @@ REFUSED = [
      "question q1-0-0: answer_start '12a' is not a character position"),
     ("SQuAD flat answer without answer_start", lambda i: squad(i, "squad_flat_no_start"),
      "question a: answers has 1 text(s) and answer_start []"),
+    ("validation share above 1", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]",
+                                            "task.datamodule.validation_share=1.5"],
+     "task.datamodule.validation_share must be > 0 and <= 1, got 1.5"),
+    ("UTF-16 corpus", lambda i: [*PRETRAIN, f"corpus.paths=[{i['utf16']}]"],
+     "it is UTF-16LE text; convert it, e.g. `iconv -f UTF-16 -t utf-8 utf16.txt > utf16.utf8.txt`"),
+    ("UTF-16 corpus without a byte-order mark", lambda i: [*PRETRAIN, f"corpus.paths=[{i['utf16_no_bom']}]"],
+     "it is UTF-16BE text; convert it, e.g. `iconv -f UTF-16BE -t utf-8"),
 ]  # fmt: skip
 
 
@@ -259,6 +272,67 @@ def test_bad_input_is_one_message(inputs, tmp_path, case, args, message):
     assert "Traceback" not in run.stderr and "weights_only=False" not in run.stderr
     if new_directory:  # a refused command writes nothing there, however late it is refused
         assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def one_error_line(run) -> str:
+    """The command's only error line, after exit 2 and with no traceback on the console."""
+    errors = [line for line in run.stderr.splitlines() if line.startswith("lightbert: error:")]
+    assert run.returncode == 2 and len(errors) == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Traceback" not in run.stderr + run.stdout
+    return errors[0]
+
+
+@pytest.mark.parametrize("given", ["paths.cache_dir", "LIGHTBERT_CACHE"])
+def test_a_read_only_cache_is_refused_before_anything_is_written(inputs, tmp_path, given):
+    """A cache on a read-only mount: once an OSError traceback from datasets, after .hydra/ and train.log."""
+    with read_only_directory(tmp_path / "cache") as cache:
+        how = {"LIGHTBERT_CACHE": str(cache)} if given == "LIGHTBERT_CACHE" else {}
+        args = [*glue(inputs), f"hydra.run.dir={tmp_path / 'run'}"]
+        run = run_train_forked(*args, *([f"paths.cache_dir={cache}"] if not how else []), **how)
+    error = one_error_line(run)
+    assert f"the cache paths.cache_dir={cache} cannot be written: {cache} is " in error
+    assert "Point it at a writable directory with paths.cache_dir=" in error
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("task", "free"),
+    [("glue", 0), ("pretrain", 32 * 1024)],
+    ids=["no-room-at-all", "full-while-writing"],
+)
+def test_a_full_cache_disk_is_one_line_and_leaves_nothing(inputs, tmp_path, task, free):
+    """The cache on a full disk: datasets' own check of the free space (an OSError), or ENOSPC while it writes the
+    corpus's Arrow file (once a DatasetGenerationError traceback with ENOSPC inside, after .hydra/ and train.log were
+    written). Now one line, and the run's record taken back."""
+    if task == "glue":
+        args = glue(inputs)
+    else:  # a corpus of about 130 KB, four times the room left
+        corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=300)
+        args = [*PRETRAIN, f"corpus.paths=[{corpus}]"]
+    with full_disk(tmp_path / "cache", free) as cache:
+        run = run_train_forked(*args, f"hydra.run.dir={tmp_path / 'run'}", f"paths.cache_dir={cache}")
+    error = one_error_line(run)
+    assert f"could not write the cache {cache}" in error and "No space left on device" in error, error
+    assert "move the cache with paths.cache_dir=..." in error
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_a_fine_tunes_checkpoint_in_a_pretraining_run_is_refused_naming_both(inputs, tmp_path, sst2_run):
+    """A fine-tune's last.ckpt copied into a pre-training run directory, resume=true: once "resumed from step N", then
+    a load_state_dict traceback."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copy(sst2_run.results["last_checkpoint"], run_dir / "checkpoints" / "last.ckpt")
+    before = snapshot(run_dir)
+    run = run_train_forked(*PRETRAIN, f"corpus.paths=[{inputs['corpus']}]", "resume=true", f"hydra.run.dir={run_dir}")
+    error = one_error_line(run)
+    assert (
+        "is a checkpoint of fine-tuning (sequence classification, sst2), and this command (task=pretrain) runs "
+        "pre-training"
+        in error
+        and f"init_from={run_dir / 'checkpoints' / 'last.ckpt'}" in error
+    )
+    assert "resumed from" not in run.stdout and snapshot(run_dir) == before
 
 
 def test_a_multirun_with_failed_jobs_ends_with_its_summary_and_no_traceback(inputs, tmp_path):

@@ -2,6 +2,8 @@
 server's submission.zip, and the whole command end to end on small files of all nine GLUE tasks and both SQuADs."""
 
 import json
+import os
+import shutil
 import statistics
 import zipfile
 from dataclasses import asdict
@@ -11,14 +13,14 @@ import pytest
 import yaml
 from helpers.glue_files import write_glue_file
 from helpers.models import write_hf_bert
-from helpers.runs import compose_config, run_train_forked
+from helpers.runs import compose_config, run_train_forked, snapshot
 from helpers.squad_files import squad_articles, write_official
 
 from lightbert.analysis.benchmark import AVERAGED, COLUMNS, PAPER_ROWS, build, glue_average, main, write_tables
 from lightbert.analysis.benchmark import write_submissions as submissions
 from lightbert.analysis.benchmark_plan import PLAN_FILE, BenchmarkJob, checkpoint_key, plan
 from lightbert.errors import UserError
-from lightbert.glue.data import TASKS
+from lightbert.tasks.glue.tasks import TASKS
 
 GLUE_SPLITS = {name: ["train", *spec.validation_splits, *spec.test_splits] for name, spec in TASKS.items()}
 SERVER_FILES = {"CoLA.tsv", "SST-2.tsv", "MRPC.tsv", "STS-B.tsv", "QQP.tsv", "MNLI-m.tsv", "MNLI-mm.tsv", "QNLI.tsv",
@@ -63,7 +65,7 @@ def test_best_metrics_are_those_of_the_validation_the_kept_checkpoint_comes_from
 def glue_plan(tmp_path, *overrides: str, combinations=None) -> list[BenchmarkJob]:
     cfg = compose_config(["experiment=glue_benchmark", "init_from=bert-base-uncased", *overrides], tmp_path)
     given = [o for o in overrides if not o.startswith("benchmark.")]
-    return plan(cfg, combinations or [["init_from=bert-base-uncased", *given]], GLUE_SPLITS)
+    return plan(cfg, combinations or [["init_from=bert-base-uncased", *given]])
 
 
 def test_the_paper_grid_runs_every_task_and_restarts_only_the_small_ones(tmp_path):
@@ -111,12 +113,58 @@ def test_several_checkpoints_are_one_table_row_each_and_never_share_a_directory(
         (["benchmark.restarts=0"], [], "benchmark.restarts=0 must be a whole number of seeds, 1 or more"),
         ([], ["task=glue/rte"], "task= is chosen by experiment=glue_benchmark itself"),
         (["benchmark.data_dir=/nonexistent"], [], "benchmark.data_dir=/nonexistent is not a directory"),
+        # A job would fail on the key; and an empty list plans no job at all, which used to exit 0.
+        (["benchmark.grid=fast", "+benchmark.grids.fast.optim.lrr=[1e-5]"], [],
+         "benchmark.grids.fast: optim.lrr is not a config key (did you mean optim.lr?)"),
+        (["benchmark.grids.paper={optim.lr:[],task.batch_size:[16]}"], [], "benchmark.grids.paper: optim.lr is empty"),
+        (["benchmark.grids.paper={optim.lr:2e-5}"], [], "benchmark.grids.paper: optim.lr=2e-05 must be a list"),
+        (["trainer.limit_val_batches=0"], [], "trainer.limit_val_batches=0 runs no validation"),
     ],
-)
+)  # fmt: skip
 def test_a_bad_benchmark_setting_is_one_message_naming_it(tmp_path, overrides, combination, said):
     with pytest.raises(UserError) as error:
         glue_plan(tmp_path, *overrides, combinations=[["init_from=x", *combination]])
     assert said in str(error.value)
+
+
+def test_a_grid_key_the_command_line_adds_is_one_key_of_the_grid(tmp_path):
+    """`+benchmark.grids.fast.optim.weight_decay=[...]`, the form a misspelt key is told to take, nests the key
+    ({optim: {weight_decay: [...]}}): it is the config key optim.weight_decay, swept with the grid's others."""
+    jobs = glue_plan(
+        tmp_path, "benchmark.grid=fast", "benchmark.tasks=[rte]", "+benchmark.grids.fast.optim.weight_decay=[0.0,0.1]"
+    )
+    assert len(jobs) == 4 * 2
+    assert {j.configuration["optim.weight_decay"] for j in jobs} == {0.0, 0.1}
+    assert "optim.weight_decay=0.1" in jobs[1].overrides and jobs[1].name.endswith("-weight_decay0.1-s12345")
+
+
+def test_each_tasks_files_are_found_once_under_the_names_the_benchmark_reads(tmp_path):
+    """A validation file under another name (the GLUE download's dev.tsv) is refused before any job, naming the file
+    the benchmark reads and the key the user sets; SQuAD's folder is asked for in SQuAD's formats only."""
+    data = tmp_path / "glue"
+    write_glue_file(data / "rte" / "train.tsv", "rte", 8)
+    write_glue_file(data / "rte" / "dev.tsv", "rte", 8)
+    with pytest.raises(UserError) as error:
+        glue_plan(tmp_path, f"benchmark.data_dir={data}", "benchmark.tasks=[rte]")
+    assert str(error.value) == (
+        f"benchmark.data_dir={data} has no validation file for rte ({data / 'rte'} holds dev.tsv, train.tsv): write "
+        f"it as {data / 'rte' / 'validation.tsv'} (or .csv, .json, .jsonl, .parquet), or leave benchmark.data_dir "
+        "unset to read the hub's data"
+    )
+    (data / "rte" / "dev.tsv").rename(data / "rte" / "validation.tsv")
+    (job,) = glue_plan(tmp_path, f"benchmark.data_dir={data}", "benchmark.tasks=[rte]", "optim.lr=2e-5",
+                       "task.batch_size=32", "trainer.max_epochs=3")  # fmt: skip
+    assert [o for o in job.overrides if o.startswith("task.data_files.")] == [
+        f"task.data_files.train={data / 'rte' / 'train.tsv'}",
+        f"task.data_files.validation={data / 'rte' / 'validation.tsv'}",
+    ]  # no test file: a job without test predictions, as before
+    squad = tmp_path / "squad"
+    squad.mkdir()
+    cfg = compose_config(["experiment=squad_benchmark", "init_from=x", f"benchmark.data_dir={squad}"], tmp_path)
+    with pytest.raises(UserError) as error:
+        plan(cfg, [["init_from=x"]])
+    assert f"write it as {squad / 'squad_v1' / 'train.json'} (or .jsonl, .parquet)" in str(error.value)
+    assert ".tsv" not in str(error.value) and ".csv" not in str(error.value)
 
 
 def test_a_directory_holds_one_family_of_benchmark(tmp_path):
@@ -143,6 +191,75 @@ def test_a_refused_benchmark_writes_nothing(tmp_path):
     assert not sweep.exists()
 
 
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    return write_hf_bert(tmp_path_factory.mktemp("model") / "bert")
+
+
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("init_from", "init_from={tmp}/missing does not exist; give a .ckpt file, a run directory or a model"),
+        ("grid_key", "benchmark.grids.fast: optim.lrr is not a config key (did you mean optim.lr?)"),
+        ("dev_tsv", "has no validation file for rte ({tmp}/glue/rte holds dev.tsv, train.tsv)"),
+    ],
+)  # fmt: skip
+def test_a_benchmark_is_refused_before_any_job_in_one_line(tmp_path, tiny_bert, case, said):
+    """What every job would fail on is found once, before the sweep directory is made: one line, exit 2, nothing
+    written (a missing init_from used to print its error once per job, and leave their directories and tables)."""
+    data = tmp_path / "glue"
+    write_glue_file(data / "rte" / "train.tsv", "rte", 8)
+    write_glue_file(data / "rte" / ("dev.tsv" if case == "dev_tsv" else "validation.tsv"), "rte", 8)
+    command = {
+        "init_from": [f"init_from={tmp_path / 'missing'}"],
+        "grid_key": [f"init_from={tiny_bert}", "+benchmark.grids.fast.optim.lrr=[1e-5]"],
+        "dev_tsv": [f"init_from={tiny_bert}"],
+    }[case]
+    sweep = tmp_path / "sweep"
+    before = snapshot(tmp_path)
+    result = run_train_forked(
+        "experiment=glue_benchmark", "benchmark.grid=fast", "benchmark.tasks=[rte]", f"benchmark.data_dir={data}",
+        *command, *TINY, f"hydra.sweep.dir={sweep}",
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert line.startswith("lightbert: error: ") and said.format(tmp=tmp_path) in line
+    assert not sweep.exists() and snapshot(tmp_path) == before
+
+
+def test_a_second_benchmark_into_a_running_ones_directory_writes_nothing(tmp_path, tiny_bert):
+    """The running benchmark holds its sweep directory: a second command into it is refused in one line before it
+    writes anything (it used to run into the first one's jobs, mark a finished one failed, and rewrite its tables)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hydra_plugins.lightbert_benchmark.benchmark_sweeper import _hold
+
+    sweep = tmp_path / "sweep"
+    # TINY sets every key of the fast grid: one job, named and recorded as the sweeper plans it.
+    command = ["experiment=glue_benchmark", f"init_from={tiny_bert}", "benchmark.tasks=[rte]", "benchmark.grid=fast",
+               "logger=csv", *TINY, f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    cfg = compose_config(command, tmp_path)
+    # The command line as the sweeper reads it (Hydra's parser writes 1e-3 as 0.001), for the overrides recorded.
+    arguments = OverridesParser.create().parse_overrides([o for o in command if not o.startswith("hydra.")])
+    (job,) = plan(cfg, BasicSweeper.split_arguments(arguments, None)[0])
+    write_plan(sweep, "glue", [job])
+    fake_job(sweep, job, 0.6, metrics_of("rte", 0.6))  # its one job finished: the second command has none to run
+    before = snapshot(sweep)
+    held = _hold(sweep)  # as the first benchmark's process holds it
+    try:
+        result = run_train_forked(*command)
+    finally:
+        os.close(held)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"lightbert: error: another benchmark is running in {sweep} right now; wait for it to finish (the same "
+        "command then skips its finished jobs), or run this one into another directory with hydra.sweep.dir=..."
+    ]
+    assert snapshot(sweep) == before
+
+
 # -- the tables and the submission, from fabricated jobs ---------------------------------------------------------------
 
 
@@ -155,7 +272,6 @@ def fake_job(sweep: Path, job: BenchmarkJob, best_score: float | None, metrics: 
         (directory / "failed.txt").write_text("RuntimeError: out of memory\n")
         return
     results = {"monitor": "val/score", "best_score": best_score, "best_metrics": metrics, "metrics": {}}
-    (directory / "results.json").write_text(json.dumps(results))
     if job.family == "squad":
         (directory / "predictions").mkdir()
         (directory / "predictions" / "eval.json").write_text(json.dumps(metrics))
@@ -163,6 +279,8 @@ def fake_job(sweep: Path, job: BenchmarkJob, best_score: float | None, metrics: 
         (directory / "predictions").mkdir()
         for name in TASKS[job.task].submission_files:
             (directory / "predictions" / name).write_text(f"index\tprediction\n0\t{job.name}\n")
+        results["predictions"] = [str(directory / "predictions" / n) for n in TASKS[job.task].submission_files]
+    (directory / "results.json").write_text(json.dumps(results))
 
 
 def write_plan(sweep: Path, family: str, jobs: list[BenchmarkJob]) -> None:
@@ -264,6 +382,51 @@ def test_without_wnli_the_zip_says_so_and_a_task_without_test_predictions_is_ref
     assert main([str(sweep)]) == 0
     assert "WNLI.tsv is not in it (benchmark.wnli=false, as in the paper)" in capsys.readouterr().out
     assert set(zipfile.ZipFile(sweep / "submission.zip").namelist()) == {"RTE.tsv", "MRPC.tsv"}
+
+
+def test_a_task_whose_jobs_ran_no_validation_is_named_with_the_cause(tmp_path, capsys):
+    """A job that ran no validation has a results.json, so the same command skips it: "run it again to finish it"
+    was advice that changed nothing. The table counts it, and the refusal names what its config did."""
+    sweep = tmp_path / "sweep"
+    jobs = [glue_job("rte", 2e-5, 1)]
+    write_plan(sweep, "glue", jobs)
+    fake_job(sweep, jobs[0], 0.6, {})
+    results = json.loads((sweep / jobs[0].name / "results.json").read_text())
+    (sweep / jobs[0].name / "results.json").write_text(json.dumps(results | {"best_score": None, "global_step": 4}))
+    config = {"trainer": {"check_val_every_n_epoch": 3, "max_epochs": 2, "limit_val_batches": None}}
+    (sweep / jobs[0].name / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit):
+        main([str(sweep)])
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith("lightbert: error: no submission.zip for ckpt: rte's 1 finished job(s) have no validation")
+    assert "ran with trainer.check_val_every_n_epoch=3, more than its trainer.max_epochs=2" in err
+    assert "run the same benchmark command again" not in err
+    assert "| `ckpt` | - | - | 0/1, 1 without a validation score |" in (sweep / "glue_table.md").read_text()
+
+
+@pytest.mark.parametrize("damage", ["deleted", "empty"])
+def test_prediction_files_gone_or_empty_since_the_job_refuse_the_zip_and_remove_the_old_one(tmp_path, capsys, damage):
+    """A predictions/ folder deleted after the job is not blamed on a job "without that test file", and a 0-byte
+    file does not go into the zip; the submission.zip from before, which no longer matches, does not stay."""
+    sweep = tmp_path / "sweep"
+    jobs = [glue_job("sst2", 2e-5, 1), glue_job("rte", 2e-5, 1)]
+    write_plan(sweep, "glue", jobs)
+    for job in jobs:
+        fake_job(sweep, job, 0.6, metrics_of(job.task, 0.6))
+    assert main([str(sweep)]) == 0 and (sweep / "submission.zip").is_file()
+    capsys.readouterr()
+    predictions = sweep / jobs[0].name / "predictions"
+    if damage == "deleted":
+        shutil.rmtree(predictions)
+    else:
+        (predictions / "SST-2.tsv").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        main([str(sweep)])
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    said = "is gone (the job wrote it; it was deleted or moved since)" if damage == "deleted" else "is empty (0 bytes"
+    assert err.startswith(f"lightbert: error: no submission.zip for ckpt: {predictions / 'SST-2.tsv'} {said}")
+    assert f"Delete {sweep / jobs[0].name} and run the same benchmark command again" in err
+    assert err.endswith("(the earlier submission.zip is removed)") and not (sweep / "submission.zip").exists()
 
 
 def test_squad_table_holds_the_official_scores_of_each_best_job(tmp_path):

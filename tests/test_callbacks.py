@@ -10,7 +10,7 @@ import torch
 from helpers.models import TINY
 
 from lightbert.model import BertForPreTraining, BertForSequenceClassification
-from lightbert.run.callbacks import RunProgressBar, Throughput, gpu_peak_flops, step_flops
+from lightbert.plugins.callbacks import RunProgressBar, Throughput, gpu_peak_flops, step_flops
 
 
 class RecordingModule(torch.nn.Module):
@@ -100,7 +100,7 @@ class TinyRegression(L.LightningModule):
 def test_the_progress_bar_counts_the_whole_run_after_a_resume(tmp_path, monkeypatch):
     """A run that steps decide shows steps of the run: resumed at step 2 of 6, the bar ends at 6/6 (Lightning's
     own read `6/3`: the run's batch count over the epoch's batches left); no `v_num` beside the loss."""
-    monkeypatch.setattr("lightbert.run.callbacks.console_is_a_terminal", lambda: True)
+    monkeypatch.setattr("lightbert.plugins.callbacks.console_is_a_terminal", lambda: True)
     bars = []
 
     def fit(max_steps: int, ckpt_path=None):
@@ -123,7 +123,7 @@ def test_the_progress_bar_counts_the_whole_run_after_a_resume(tmp_path, monkeypa
 
 
 def test_the_progress_bar_is_off_where_no_one_watches(monkeypatch):
-    monkeypatch.setattr("lightbert.run.callbacks.console_is_a_terminal", lambda: False)
+    monkeypatch.setattr("lightbert.plugins.callbacks.console_is_a_terminal", lambda: False)
     assert RunProgressBar().is_disabled  # SLURM's file, nohup: ConsoleReport's plain lines instead
 
 
@@ -148,7 +148,7 @@ def test_console_lines_go_above_the_progress_bar_not_into_it():
 
 def test_packed_rows_count_their_examples_and_each_example_s_attention():
     """Packed rows hold several examples: examples/s counts them, and MFU's attention term is each example's."""
-    from lightbert.run.callbacks import sequence_lengths
+    from lightbert.plugins.callbacks import sequence_lengths
 
     plain = {"attention_mask": torch.tensor([[1] * 6 + [0] * 2, [1] * 8])}
     assert sequence_lengths(plain).tolist() == [6, 8]

@@ -16,17 +16,17 @@ from helpers.models import random_batch, write_hf_model
 from helpers.ner_files import read_conlleval
 from helpers.runs import compose_config
 
-from lightbert.checkpoints.finetuned import carry_head, label_rows, load_finetuned
 from lightbert.checkpoints.reading import load_encoder, load_into, load_pretrained
 from lightbert.errors import UserError
-from lightbert.glue.data import glue_task
-from lightbert.glue.module import SequenceClassificationModule
-from lightbert.heads import HEADS
 from lightbert.inference.predict import predict_records
 from lightbert.interop.convert import to_hf
 from lightbert.model import BertConfig, BertForPreTraining
-from lightbert.ner.data import CONLL2003_LABELS
 from lightbert.run.jobs import evaluate, train
+from lightbert.tasks.finetuned import carry_head, label_rows, load_finetuned
+from lightbert.tasks.glue.module import SequenceClassificationModule
+from lightbert.tasks.glue.tasks import glue_task
+from lightbert.tasks.heads import HEADS
+from lightbert.tasks.ner.data import CONLL2003_LABELS
 
 ATOL = 2e-5
 SEQUENCE = HEADS["sequence_classification"]
@@ -85,7 +85,7 @@ def test_a_classifier_of_other_labels_starts_fresh_and_says_why(tmp_path):
 
 
 def test_a_tagger_in_another_tag_order_is_carried_into_conll2003_in_its_order(tmp_path):
-    from lightbert.ner.module import TokenClassificationModule
+    from lightbert.tasks.ner.module import TokenClassificationModule
 
     hf = write_hf_model(tmp_path / "hf", "BertForTokenClassification", labels=DSLIM_ORDER)
     pretrained = load_pretrained(str(hf))
@@ -203,6 +203,33 @@ def test_a_decoder_bert_runs_left_to_right_as_transformers_runs_it(tmp_path):
         mlm, _ = ours.eval()(input_ids, token_type_ids, attention_mask)
         reference = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
     torch.testing.assert_close(mlm, reference, atol=ATOL, rtol=0)
+
+
+def test_a_decoder_berts_fine_tune_says_on_its_run_line_that_it_attends_left_to_right(tmp_path, caplog):
+    """transformers fine-tunes a BERT with is_decoder: true left to right; so does lightbert, and its run line says so
+    and why (once nothing did: a user expecting BERT's bidirectional encoder would not guess)."""
+    hf = write_hf_model(tmp_path / "hf", "BertLMHeadModel", is_decoder=True)
+    files = glue_data_files(tmp_path / "data", "sst2", "jsonl", num_rows=16)
+    with caplog.at_level(logging.INFO, logger="lightbert"):
+        train(compose_config([*glue_overrides("sst2", files, hf), "trainer.max_steps=1"], tmp_path / "run"))
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sst2: L2/")]
+    assert "attention left to right (is_decoder: true in init_from's config.json" in line, line
+
+
+def test_a_directory_with_safetensors_and_a_bin_reads_the_safetensors_and_says_so(tmp_path, caplog):
+    """model.safetensors and a pytorch_model.bin of other weights (one left from an older save): transformers reads
+    the safetensors; so does lightbert, and one console line says which file it read."""
+    hf = write_hf_model(tmp_path / "hf", "BertForPreTraining", seed=0)
+    other = write_hf_model(tmp_path / "other", "BertForPreTraining", seed=1, safe_serialization=False)
+    shutil.copy(other / "pytorch_model.bin", hf / "pytorch_model.bin")
+    with caplog.at_level(logging.INFO, logger="lightbert"):
+        pretrained = load_pretrained(str(hf))
+    said = [r.getMessage() for r in caplog.records if "pytorch_model.bin" in r.getMessage()]
+    assert said == [f"{hf}: read model.safetensors, not pytorch_model.bin (both are there; safetensors first, as "
+                    "transformers does)"]  # fmt: skip
+    theirs = transformers.BertForPreTraining.from_pretrained(hf).state_dict()
+    key = "bert.encoder.layer.0.attention.self.query.weight"
+    assert torch.equal(pretrained.state_dict[key], theirs[key])
 
 
 def test_cross_attention_is_refused_naming_it(tmp_path):

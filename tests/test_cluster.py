@@ -8,9 +8,9 @@ import pytest
 import torch
 from helpers.runs import run_train_script, write_bert_corpus
 
-from lightbert.checkpoints.saving import AtomicCheckpointIO
-from lightbert.pretraining.resumable import SeededPermutation, StepSampler
-from lightbert.run import processes
+from lightbert.cluster import processes
+from lightbert.plugins.checkpointing import AtomicCheckpointIO
+from lightbert.tasks.pretraining.resumable import SeededPermutation, StepSampler
 
 TINY_RUN = [
     "model=bert_tiny",

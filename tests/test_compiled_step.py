@@ -14,8 +14,8 @@ from test_packing import CONFIG, WIDTH, masking, sentence_pairs
 from torch._inductor.utils import run_and_get_code
 
 from lightbert.data.encoding import IGNORE_INDEX
-from lightbert.pretraining.module import PreTrainingModule, pretraining_losses
-from lightbert.pretraining.packing import PackingCollator
+from lightbert.tasks.pretraining.module import PreTrainingModule, pretraining_losses
+from lightbert.tasks.pretraining.packing import PackingCollator
 
 LAYERS = 1  # each layer adds the same kernels, and seconds of C++ compiling
 

@@ -4,9 +4,10 @@ import pytest
 from helpers.runs import CONF_DIR, compose_config, run_train_script
 from omegaconf import OmegaConf
 
+from lightbert.cli.checks import check_command_line
 from lightbert.errors import UserError
 from lightbert.model import BertConfig
-from lightbert.run.cli import check_command_line, group_options
+from lightbert.run.configs import group_options
 
 # Values a config group needs before it resolves (its ??? fields).
 REQUIRED = {"corpus/text": ["corpus.paths=[corpus.txt]"], "corpus/hf": ["corpus.name=json"]}

@@ -17,9 +17,10 @@ import pytest
 from helpers.runs import CONF_DIR, REPO, compose_config
 from omegaconf import OmegaConf
 
+from lightbert.cli.checks import unknown_key_message
 from lightbert.data.tokenizer import train_wordpiece
 from lightbert.errors import UserError
-from lightbert.run.cli import group_options, unknown_key_message
+from lightbert.run.configs import group_options
 from lightbert.run.jobs import train
 
 GROUPS = ("task", "optim", "trainer", "model", "corpus", "logger", "callbacks", "speed", "paths")
@@ -158,8 +159,8 @@ def test_a_vocabulary_too_small_names_the_pretraining_key(tmp_path, corpus_file)
 
 
 def test_an_option_whose_extra_is_missing_names_the_extra(monkeypatch):
+    from lightbert.cli.checks import check_command_line
     from lightbert.errors import EXTRAS, UserError
-    from lightbert.run.cli import check_command_line
 
     monkeypatch.setitem(EXTRAS, "optuna", "lightbert_tests_no_such_module")
     with pytest.raises(UserError) as refused:

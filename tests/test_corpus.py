@@ -5,8 +5,8 @@ import json
 import pytest
 
 from lightbert.errors import UserError
-from lightbert.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus, read_bert_format
-from lightbert.pretraining.sentences import split_document, split_sentences
+from lightbert.tasks.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus, read_bert_format
+from lightbert.tasks.pretraining.sentences import split_document, split_sentences
 
 
 def test_bert_format_documents(tmp_path):
@@ -42,6 +42,28 @@ def test_bad_corpus_files_are_clear_errors(tmp_path, isolated_cache, content, me
     with pytest.raises(UserError, match=message) as error:
         TextCorpus([str(path)]).load(isolated_cache)
     assert "bad.txt" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "found", "source"),
+    [
+        ("utf-16", "UTF-16LE", "UTF-16"),  # a byte-order mark: iconv's UTF-16 reads it and drops it
+        ("utf-16-be", "UTF-16BE", "UTF-16BE"),  # none: the NUL bytes of each ASCII character say the order
+        ("utf-32", "UTF-32LE", "UTF-32"),
+        ("utf-32-le", "UTF-32LE", "UTF-32LE"),
+        ("latin1", None, "latin1"),
+    ],
+)
+def test_text_in_another_encoding_gets_the_iconv_command_that_converts_it(tmp_path, encoding, found, source):
+    """A UTF-16 corpus (Windows' "Unicode") once got advice to convert from Latin-1, or without a byte-order mark
+    passed as UTF-8 text of NUL characters."""
+    path = tmp_path / "corpus.txt"
+    path.write_bytes("Caf\xe9 au lait.\nUne phrase.\n\nAutre document.\n".encode(encoding))
+    with pytest.raises(UserError) as error:
+        list(TextCorpus([str(path)]).documents())
+    assert str(error.value).startswith(f"corpus file {path} is not UTF-8 text")
+    assert (f"it is {found} text; " in str(error.value)) == (found is not None)
+    assert f"convert it, e.g. `iconv -f {source} -t utf-8 corpus.txt > corpus.utf8.txt`" in str(error.value)
 
 
 def test_hf_corpus_from_local_json_lines(tmp_path, isolated_cache):

@@ -13,10 +13,10 @@ from helpers.runs import compose_config
 from test_packing import CONFIG, WIDTH, masking, model, sentence_pairs
 
 from lightbert.errors import ConfigError
-from lightbert.pretraining.module import PreTrainingModule
-from lightbert.pretraining.packing import PackingCollator, first_fit, fixed_row_counts
 from lightbert.run.settings import RunSettings, SpeedSettings
 from lightbert.run.speed import fix_batch_shapes
+from lightbert.tasks.pretraining.module import PreTrainingModule
+from lightbert.tasks.pretraining.packing import PackingCollator, first_fit, fixed_row_counts
 
 CUDA_GRAPHS = ["speed.compile=true", "speed.compile_mode=reduce-overhead"]
 PACKED = ["task=pretrain", "task.datamodule.packing=true"]
@@ -86,6 +86,7 @@ def test_empty_rows_change_no_loss_and_the_collator_pads_up_to_a_fixed_count():
     rows = plain["input_ids"].shape[0]
     fixed = PackingCollator(masking(), WIDTH, row_counts=(rows - 1, rows + 3, 2 * rows))(examples)
     assert fixed["input_ids"].shape[0] == rows + 3  # the first count that holds the rows
+    assert fixed["masked_positions"].shape[0] == rows + 3  # the MLM logits' shape is fixed too
     assert {key: value.shape[1:] for key, value in fixed.items()} == {k: v.shape[1:] for k, v in plain.items()}
     empty = slice(rows, None)
     assert not fixed["attention_mask"][empty].any() and (fixed["example_index"][empty] == -1).all()

@@ -12,7 +12,7 @@ import pytest
 from helpers.runs import REPO, snapshot
 
 from lightbert.errors import UserError
-from lightbert.run.cli import compose_config
+from lightbert.run.configs import compose_config
 from lightbert.run.jobs import evaluate
 
 

@@ -21,7 +21,7 @@ from lightbert.data.batches import (
     is_padding,
     pad_batch,
 )
-from lightbert.glue.module import SequenceClassificationModule
+from lightbert.tasks.glue.module import SequenceClassificationModule
 
 
 def shares(examples: int, world: int, batch_size: int) -> list[list[list[int]]]:

@@ -12,8 +12,8 @@ import transformers
 from helpers.models import random_batch
 from helpers.predictions import predict, records_of
 
-from lightbert.checkpoints.finetuned import load_finetuned
 from lightbert.interop.convert import main as convert
+from lightbert.tasks.finetuned import load_finetuned
 
 RUNS = ["sst2_run", "stsb_run", "squad_v2_run", "ner_run", "swag_run"]
 AUTO_CLASSES = {
@@ -100,9 +100,9 @@ def test_token_classification_pipeline_tags_tokens_as_the_model_does(ner_run, tm
 
 
 def test_a_feature_based_tagger_has_no_hugging_face_class_and_says_so(tmp_path, capsys):
-    from lightbert.checkpoints.finetuned import FineTuned
     from lightbert.errors import UserError
     from lightbert.interop.hf import hf_head_config
+    from lightbert.tasks.finetuned import FineTuned
 
     tagger = FineTuned(
         "token_classification", torch.nn.Linear(1, 1), None, None, ("O",), feature_based={"x": 1}, source="run"

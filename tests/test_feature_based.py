@@ -16,15 +16,15 @@ from helpers.ner_files import ner_data_files, read_conlleval
 from helpers.runs import REPO, run_train_script
 from omegaconf import OmegaConf
 
-from lightbert.checkpoints.finetuned import load_finetuned
 from lightbert.checkpoints.reading import load_into, load_pretrained
 from lightbert.errors import ConfigError, UserError
 from lightbert.inference.embeddings import extract_to_file
 from lightbert.inference.predict import predict_records
 from lightbert.model import BertConfig
 from lightbert.model.feature_based import FeatureBasedTagger, layer_combinations
-from lightbert.ner.data import CONLL2003_LABELS, ConllDataModule
-from lightbert.ner.module import TokenClassificationModule
+from lightbert.tasks.finetuned import load_finetuned
+from lightbert.tasks.ner.data import CONLL2003_LABELS, ConllDataModule
+from lightbert.tasks.ner.module import TokenClassificationModule
 
 
 def tagger(bert_dir, features: str) -> FeatureBasedTagger:

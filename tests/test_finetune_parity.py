@@ -13,8 +13,8 @@ from helpers.glue_files import glue_data_files, glue_overrides
 from helpers.models import write_hf_bert
 from helpers.runs import compose_config
 
-from lightbert.glue.module import SequenceClassificationModule
 from lightbert.run.jobs import train
+from lightbert.tasks.glue.module import SequenceClassificationModule
 
 
 class RecordTraining(L.Callback):

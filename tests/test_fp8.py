@@ -65,18 +65,19 @@ def losses(run: Path) -> list[float]:
         return [float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")]
 
 
+@pytest.mark.slow  # two end-to-end runs, one of emulated float8
 def test_fp8_pretraining_tracks_fp32(corpus_file, tmp_path, caplog):
     """Same seed, data and dropout through src/train.py's path: float8 matmuls change the per-step losses a little
-    over 30 steps (about as much as bf16 does), and the run line says they ran."""
-    common = [*pretrain_overrides(corpus_file, "adamw", phases=1), "trainer.max_steps=30", "optim.lr=1e-3"]
-    common += ["trainer.log_every_n_steps=1", "trainer.val_check_interval=30"]
+    over 10 steps (about as much as bf16 does), and the run line says they ran."""
+    common = [*pretrain_overrides(corpus_file, "adamw", phases=1), "trainer.max_steps=10", "optim.lr=1e-3"]
+    common += ["trainer.log_every_n_steps=1", "trainer.val_check_interval=10"]
     with caplog.at_level("INFO", logger="lightbert"):
         train(compose_config([*common, "speed.fp8=true"], tmp_path / "fp8"))
     assert "fp8 matmuls (emulated on CPU: slower than fp32)" in caplog.text
     train(compose_config(common, tmp_path / "fp32"))
     fp8, fp32 = losses(tmp_path / "fp8"), losses(tmp_path / "fp32")
-    assert len(fp8) == len(fp32) == 30
-    assert fp32[-1] < fp32[0] - 0.5  # the run learns, so tracking it means something
+    assert len(fp8) == len(fp32) == 10
+    assert min(fp32[-3:]) < fp32[0] - 0.5  # the run learns, so tracking it means something
     differences = [abs(a - b) for a, b in zip(fp8, fp32, strict=True)]
     assert 0 < max(differences) < 0.05, differences
 
@@ -115,7 +116,7 @@ def test_every_fp8_matmul_of_a_packed_pretraining_step_is_one_a_cuda_gpu_takes()
     from test_packing import WIDTH, masking, sentence_pairs
 
     from lightbert.model import BertForPreTraining
-    from lightbert.pretraining.packing import PackingCollator, packed_rows
+    from lightbert.tasks.pretraining.packing import PackingCollator, packed_rows
 
     torch.manual_seed(0)
     net = BertForPreTraining(PACKED).train()

@@ -20,11 +20,12 @@ from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.encoding import truncate_pair
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import ConfigError, UserError
-from lightbert.glue.data import TASKS, GlueDataModule, encode_examples
-from lightbert.glue.metrics import glue_metrics
-from lightbert.glue.module import SequenceClassificationModule
-from lightbert.run.architecture import size_name
 from lightbert.run.jobs import train
+from lightbert.run.weights import size_name
+from lightbert.tasks.glue.data import GlueDataModule, encode_examples
+from lightbert.tasks.glue.metrics import glue_metrics
+from lightbert.tasks.glue.module import SequenceClassificationModule
+from lightbert.tasks.glue.tasks import TASKS
 
 REFERENCE = {
     "accuracy": accuracy_score,
@@ -285,14 +286,16 @@ def test_a_fine_tune_records_the_checkpoints_model_not_the_model_default(hf_dir,
     ("given", "expected"), [(1.0, 1), ("0.0", 0), (True, 1), (False, 0), ("1", 1), ("positive", 1)]
 )
 def test_labels_written_as_floats_or_booleans_are_class_indices(given, expected):
-    from lightbert.glue.data import glue_task, label_to_number
+    from lightbert.tasks.glue.data import label_to_number
+    from lightbert.tasks.glue.tasks import glue_task
 
     assert label_to_number(given, 0, glue_task("sst2"), "train.csv") == {"label": expected}
 
 
 @pytest.mark.parametrize("given", [1.5, "1.5", 2.0, -1])
 def test_a_label_that_is_no_class_names_its_row(given):
-    from lightbert.glue.data import glue_task, label_to_number
+    from lightbert.tasks.glue.data import label_to_number
+    from lightbert.tasks.glue.tasks import glue_task
 
     with pytest.raises(UserError, match="train.csv, row 4: label"):
         label_to_number(given, 3, glue_task("sst2"), "train.csv")
@@ -315,7 +318,7 @@ def test_loader_workers_are_chosen_by_the_machine_and_said_once(monkeypatch, cap
 
     module = GlueDataModule.__new__(GlueDataModule)
     module.num_workers, module._said_workers, module.trainer = "auto", False, None
-    monkeypatch.setattr("lightbert.finetuning.datamodule.loader_workers", lambda *a: 4)
+    monkeypatch.setattr("lightbert.tasks.finetuning.datamodule.loader_workers", lambda *a: 4)
     with caplog.at_level(logging.INFO, logger="lightbert"):
         assert module.workers(500) == 4 and module.workers(500) == 4
     said = [r.getMessage() for r in caplog.records if "worker processes" in r.getMessage()]

@@ -8,7 +8,7 @@ import pytest
 
 from lightbert.data.tokenizer import train_wordpiece
 from lightbert.errors import UserError
-from lightbert.glue.data import GlueDataModule
+from lightbert.tasks.glue.data import GlueDataModule
 
 WORDS = ["na", "null", "none", "n/a", "nan", "the film was good", "the film was bad", "a river"]
 

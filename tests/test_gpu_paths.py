@@ -10,16 +10,16 @@ import lightning as L
 import pytest
 import torch
 
-from lightbert.checkpoints.saving import rng_states, set_rng_states
 from lightbert.errors import ConfigError
 from lightbert.model import BertConfig
-from lightbert.pretraining.resumable import StepSampler
+from lightbert.plugins.checkpointing import rng_states, set_rng_states
+from lightbert.tasks.pretraining.resumable import StepSampler
 
 
 def test_fsdp_is_fsdp2_with_full_state_checkpoints_and_refuses_what_it_does_not_shard():
     """trainer=fsdp builds torch's FSDP2 through Lightning's ModelParallelStrategy, on a machine without CUDA too
     (gloo); its sharding on real processes: tests/test_fsdp.py."""
-    from lightbert.run.strategies import FullyShardedStrategy, fsdp_strategy
+    from lightbert.plugins.strategies import FullyShardedStrategy, fsdp_strategy
 
     strategy = fsdp_strategy()
     assert isinstance(strategy, FullyShardedStrategy) and strategy.reshard_after_forward
@@ -91,9 +91,9 @@ def test_the_compile_mode_reaches_torch_compile(tmp_path):
     no mode. The losses are compiled too, never in CUDA graphs (a replay would overwrite the logged losses)."""
     from helpers.runs import compose_config
 
-    from lightbert.pretraining.module import PreTrainingModule, pretraining_losses
     from lightbert.run.settings import RunSettings, SpeedSettings
     from lightbert.run.speed import apply_speed_switches
+    from lightbert.tasks.pretraining.module import PreTrainingModule, pretraining_losses
 
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
     for mode, given in (("reduce-overhead", "reduce-overhead"), ("default", None)):

@@ -14,17 +14,17 @@ from helpers.models import write_hf_bert
 from helpers.runs import compose_config
 from torch import nn
 
-from lightbert.checkpoints.finetuned import load_finetuned
 from lightbert.data.encoding import encode_pair
 from lightbert.errors import UserError
-from lightbert.glue.module import SequenceClassificationModule
-from lightbert.glue.predictor import SequenceClassification
-from lightbert.heads import HEADS, Head, HeadArguments, register
 from lightbert.inference.predict import predict_records
 from lightbert.interop.convert import to_hf
 from lightbert.model import BertConfig, BertModel
 from lightbert.model.bert import init_weights
 from lightbert.run.jobs import evaluate, train
+from lightbert.tasks.finetuned import load_finetuned
+from lightbert.tasks.glue.module import SequenceClassificationModule
+from lightbert.tasks.glue.predictor import SequenceClassification
+from lightbert.tasks.heads import HEADS, Head, HeadArguments, register
 
 
 def test_every_record_names_its_module_and_a_distinct_hugging_face_class():
@@ -36,9 +36,9 @@ def test_every_record_names_its_module_and_a_distinct_hugging_face_class():
 
 
 FAMILY_HEAD = """
-from lightbert.glue.module import SequenceClassificationModule
-from lightbert.glue.predictor import SequenceClassification
-from lightbert.heads import Head, HeadArguments, register
+from lightbert.tasks.glue.module import SequenceClassificationModule
+from lightbert.tasks.glue.predictor import SequenceClassification
+from lightbert.tasks.heads import Head, HeadArguments, register
 from lightbert.model import BertForSequenceClassification
 
 
@@ -62,29 +62,29 @@ register(
 
 
 def test_a_family_folder_registers_its_head_with_nothing_edited_elsewhere(tmp_path, monkeypatch):
-    """A new family is its folder (here `toyfamily/`, on lightbert's package path) with a `head.py`: the registry
-    finds it at its first lookup, and reads the settings the family's runs record, its own included."""
+    """A new family is its folder (here `toyfamily/`, on lightbert.tasks' package path) with a `head.py`: the
+    registry finds it at its first lookup, and reads the settings the family's runs record, its own included."""
     import sys
 
-    import lightbert
-    from lightbert.heads import HeadRegistry
+    import lightbert.tasks
+    from lightbert.tasks.heads import HeadRegistry
 
     family = tmp_path / "toyfamily"
     family.mkdir()
     (family / "__init__.py").write_text("")
     (family / "head.py").write_text(FAMILY_HEAD)
-    monkeypatch.setattr(lightbert, "__path__", [*lightbert.__path__, str(tmp_path)])
+    monkeypatch.setattr(lightbert.tasks, "__path__", [*lightbert.tasks.__path__, str(tmp_path)])
     monkeypatch.setattr(HeadRegistry, "_found", False)  # as in a fresh process, which looks the families up once
     try:
         head = HEADS["toy_classification"]
-        assert head.module.__module__ == "lightbert.toyfamily.head"
+        assert head.module.__module__ == "lightbert.tasks.toyfamily.head"
         assert {"sequence_classification", "question_answering", "toy_classification"} <= set(HEADS)
         (tmp_path / "tuned.txt").write_text("0.25")
         recorded = head.recorded_settings({"window": "9", "name": "toy"}, tmp_path)
         assert recorded == {"window": 9, "tuned": 0.25}  # of the defaults' types; max_seq_length not recorded
     finally:
         dict.pop(HEADS, "toy_classification", None)
-        for name in [m for m in sys.modules if m.startswith("lightbert.toyfamily")]:
+        for name in [m for m in sys.modules if m.startswith("lightbert.tasks.toyfamily")]:
             del sys.modules[name]
 
 

@@ -13,8 +13,8 @@ from lightbert.checkpoints.reading import load_into, load_pretrained
 from lightbert.errors import ConfigError, UserError
 from lightbert.interop.convert import main as convert
 from lightbert.model import BertConfig, BertForPreTraining
-from lightbert.pretraining.module import PreTrainingModule
 from lightbert.run.jobs import train
+from lightbert.tasks.pretraining.module import PreTrainingModule
 
 ATOL = 1e-5
 

@@ -1,5 +1,6 @@
-"""The code's shape, held: imports flow one way (no cycle between modules, at import time or for type checkers), the
-run's stages read typed settings rather than the config's string keys, and the task families stay in their folders."""
+"""The code's shape, held: imports flow one way, down the floors of the house (every import, those inside functions
+and under `if TYPE_CHECKING:` included; no cycle between modules; no module imports a higher floor), the run's stages
+read typed settings rather than the config's string keys, and the task families stay in their folders."""
 
 from __future__ import annotations
 
@@ -10,7 +11,25 @@ from pathlib import Path
 from helpers.runs import REPO
 
 PACKAGE = REPO / "src" / "lightbert"
-FAMILIES = sorted(p.parent.name for p in PACKAGE.glob("*/head.py"))
+FAMILIES = sorted(p.parent.name for p in (PACKAGE / "tasks").glob("*/head.py"))
+
+# The house from the top floor down: a module may import its own floor and those below, never one above. Each room is
+# one kind of thing (docs/development.md draws it).
+FLOORS = (
+    ("cli",),  # the command line: entry points, checks before Hydra, completion
+    ("analysis",),  # finished runs: sweep summaries, reports, the paper's tables, the benchmark
+    ("run", "inference", "interop"),  # a job (settings, run directory, preflight, flows); predictions; exports
+    ("tasks",),  # the task base, the head registry, pre-training, the fine-tuning base and the families
+    ("plugins", "checkpoints"),  # what the Trainer is handed; checkpoint files read
+    ("data",),  # plumbing every task shares
+    ("model", "cluster", "optim", "files"),  # the encoder; processes and ranks; optimisers; atomic writes
+    ("distributed", "errors", "hub"),  # the ground
+)
+
+
+def floor_of(module: str) -> int:
+    room = module.split(".")[1]
+    return next(number for number, rooms in enumerate(FLOORS) if room in rooms)
 
 
 def module_name(path: Path) -> str:
@@ -18,22 +37,15 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def module_level_imports(path: Path) -> set[str]:
-    """The lightbert modules `path` imports outside functions (`if TYPE_CHECKING:` blocks included)."""
+def imports(path: Path) -> set[str]:
+    """Every lightbert module `path` imports, wherever the import stands (a function's body included)."""
     found: set[str] = set()
-
-    def visit(statements: list[ast.stmt]) -> None:
-        for node in statements:
-            if isinstance(node, ast.Import):
-                found.update(a.name for a in node.names if a.name.startswith("lightbert"))
-            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lightbert"):
-                found.add(node.module)
-                found.update(f"{node.module}.{a.name}" for a in node.names)  # `from package import module`
-            elif isinstance(node, ast.If | ast.Try):
-                visit(node.body)
-                visit(getattr(node, "orelse", []))
-
-    visit(ast.parse(path.read_text()).body)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("lightbert"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lightbert"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)  # `from package import module`
     return found
 
 
@@ -41,7 +53,7 @@ def import_graph() -> dict[str, set[str]]:
     modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph = {}
     for name, path in modules.items():
-        graph[name] = {m for m in module_level_imports(path) if m in modules and m != name}
+        graph[name] = {m for m in imports(path) if m in modules and m != name}
     return graph
 
 
@@ -62,6 +74,21 @@ def test_no_module_imports_itself_through_others():
         if start not in state:
             walk(start, [start], state)
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_module_imports_a_higher_floor():
+    """`lightbert/__init__.py` hands the public verbs on by name (importlib): it is above every floor."""
+    graph = import_graph()
+    rooms = {module.split(".")[1] for module in graph if module != "lightbert"}
+    assert rooms == {room for floor in FLOORS for room in floor}, "a room of the package is on no floor"
+    upward = [
+        f"{module} (floor {floor_of(module)}) imports {imported} (floor {floor_of(imported)})"
+        for module, imported_modules in sorted(graph.items())
+        if module != "lightbert"
+        for imported in sorted(imported_modules)
+        if imported != "lightbert" and floor_of(imported) < floor_of(module)
+    ]
+    assert not upward, "\n".join(upward)
 
 
 def test_below_the_settings_builder_no_stage_reads_the_config_by_its_keys():
@@ -98,16 +125,17 @@ def code_words(path: Path) -> list[tuple[int, str]]:
 
 
 def test_the_task_families_stay_in_their_folders():
-    """A family is its folder and its YAML: run/, inference/, checkpoints/ and the registry name none of them."""
+    """A family is its folder and its YAML: run/, inference/, checkpoints/, plugins/, cli/ and the registry name none
+    of them."""
     assert {"glue", "ner", "squad", "swag"} <= set(FAMILIES)
     mention = re.compile(r"\b(" + "|".join(FAMILIES) + r")\b|squad_|conll", re.IGNORECASE)
     found = [
         f"{path.relative_to(PACKAGE)}:{number}: {text}"
-        for folder in ("run", "inference", "checkpoints")
+        for folder in ("run", "inference", "checkpoints", "plugins", "cli", "cluster")
         for path in sorted((PACKAGE / folder).glob("*.py"))
         for number, text in code_words(path)
         if mention.search(text)
     ]
-    heads = (PACKAGE / "heads.py").read_text()
-    found += [f"heads.py mentions {family}" for family in FAMILIES if f"lightbert.{family}" in heads]
+    heads = (PACKAGE / "tasks" / "heads.py").read_text()
+    found += [f"heads.py mentions {family}" for family in FAMILIES if f"tasks.{family}" in heads]
     assert not found, "\n".join(found)

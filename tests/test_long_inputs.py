@@ -14,8 +14,8 @@ import textwrap
 import pytest
 
 from lightbert.data.encoding import truncate_pair
-from lightbert.pretraining.examples import truncate_seq_pair
-from lightbert.squad.data import doc_windows, max_context_flags
+from lightbert.tasks.pretraining.examples import truncate_seq_pair
+from lightbert.tasks.squad.data import doc_windows, max_context_flags
 
 GUARD_SECONDS = 120
 
@@ -32,7 +32,7 @@ def test_a_corpus_with_a_sentence_of_a_million_tokens_makes_its_pairs():
     out = run_child(
         """
         import datasets
-        from lightbert.pretraining.examples import create_pretraining_examples
+        from lightbert.tasks.pretraining.examples import create_pretraining_examples
         documents = [[[5 + (i % 50) for i in range(8)] for _ in range(6)] for _ in range(150)]
         documents[7] = [[5 + (i % 50) for i in range(1_200_000)]]  # one line of ~4.7 MB of text
         examples = create_pretraining_examples(
@@ -50,7 +50,7 @@ def test_a_squad_context_of_two_megabytes_gives_its_windows(tmp_path):
     out = run_child(
         """
         import datasets
-        from lightbert.squad.data import Windowing, make_windows
+        from lightbert.tasks.squad.data import Windowing, make_windows
         from lightbert.data.tokenizer import train_wordpiece
         tokenizer = train_wordpiece(["the river is blue and the sky is grey"] * 50, vocab_size=60)
         context = "the river is blue and the sky is grey. " * 46_000  # 1.8 MB

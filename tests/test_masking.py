@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from lightbert.errors import ParameterError
-from lightbert.pretraining.masking import IGNORE_INDEX, MaskingCollator
-from lightbert.pretraining.objectives import MaskingShares
+from lightbert.tasks.pretraining.masking import IGNORE_INDEX, MaskingCollator
+from lightbert.tasks.pretraining.objectives import MaskingShares
 
 PAD, UNK, CLS, SEP, MASK = range(5)
 VOCAB = 1000

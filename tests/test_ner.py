@@ -27,9 +27,9 @@ from lightbert.checkpoints.reading import load_into, load_pretrained
 from lightbert.data.tokenizer import train_wordpiece
 from lightbert.errors import UserError
 from lightbert.model import BertConfig, BertForTokenClassification
-from lightbert.ner.data import CONLL2003_LABELS, encode_sentences, read_conll_text
-from lightbert.ner.metrics import EntityF1, entities, entity_scores
 from lightbert.run.jobs import train
+from lightbert.tasks.ner.data import CONLL2003_LABELS, encode_sentences, read_conll_text
+from lightbert.tasks.ner.metrics import EntityF1, entities, entity_scores
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.errors import ConfigError
 from lightbert.model import BertConfig, BertModel
 from lightbert.model.layouts import Padded, attention_mask_for, explicit_attention_mask, length_groups
-from lightbert.pretraining.masking import NextTokenCollator
-from lightbert.pretraining.module import PreTrainingModule
 from lightbert.run.jobs import train
+from lightbert.tasks.pretraining.masking import NextTokenCollator
+from lightbert.tasks.pretraining.module import PreTrainingModule
 
 TINY = {
     "vocab_size": 120,
@@ -261,7 +261,7 @@ def test_the_bilstm_on_top_reads_real_tokens_only():
 
 @pytest.mark.slow
 def test_a_left_to_right_checkpoint_fine_tunes_with_a_bilstm_on_top(objective_runs, tmp_path):
-    from lightbert.checkpoints.finetuned import load_finetuned
+    from lightbert.tasks.finetuned import load_finetuned
 
     run_dir, _ = objective_runs["ltr"]
     results = fine_tune_sst2(run_dir, tmp_path, "task.module.bilstm=true")

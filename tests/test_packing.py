@@ -13,9 +13,9 @@ from helpers.runs import TINY_PRETRAIN, run_train_script, write_bert_corpus
 
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.model import BertConfig, BertForPreTraining, PackedRows
-from lightbert.pretraining.masking import MaskingCollator
-from lightbert.pretraining.module import PreTrainingModule
-from lightbert.pretraining.packing import PackingCollator, packed_rows
+from lightbert.tasks.pretraining.masking import MaskingCollator
+from lightbert.tasks.pretraining.module import PreTrainingModule
+from lightbert.tasks.pretraining.packing import PackingCollator, packed_rows
 
 VOCAB, WIDTH = 120, 64
 CONFIG = BertConfig(
@@ -145,8 +145,8 @@ def test_packing_through_the_command_line(tmp_path):
 
 def test_packing_refuses_the_left_to_right_objective(tmp_path, corpus_file):
     from lightbert.errors import ConfigError
-    from lightbert.pretraining.corpus import TextCorpus
-    from lightbert.pretraining.datamodule import PretrainDataModule
+    from lightbert.tasks.pretraining.corpus import TextCorpus
+    from lightbert.tasks.pretraining.datamodule import PretrainDataModule
 
     with pytest.raises(ConfigError, match="packing=true packs examples for a bidirectional encoder"):
         PretrainDataModule(TextCorpus([str(corpus_file)]), cache_dir=str(tmp_path), objective="ltr", packing=True)

@@ -17,8 +17,8 @@ from helpers.runs import compose_config, cpu_twin, free_port, pretrain_overrides
 from helpers.sharded_step import step
 
 from lightbert.optim import MasterWeights, clip_gradients
-from lightbert.pretraining.module import PreTrainingModule
 from lightbert.run.jobs import train
+from lightbert.tasks.pretraining.module import PreTrainingModule
 
 
 def recorded_norms(path: Path) -> list[tuple[float, float]]:
@@ -153,7 +153,7 @@ def test_losses_and_their_softmax_stay_fp32_under_bf16_autocast(monkeypatch):
         seen.append(logits.dtype)
         return original(logits, *args, **kwargs)
 
-    monkeypatch.setattr("lightbert.pretraining.module.F.cross_entropy", recording)
+    monkeypatch.setattr("lightbert.tasks.pretraining.module.F.cross_entropy", recording)
     config = {"vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
     module = PreTrainingModule({**config, "intermediate_size": 32}, {"lr": 1e-3})
     input_ids = torch.randint(5, 50, (2, 8))
@@ -238,7 +238,7 @@ def test_accuracies_are_fp32_under_a_bf16_models_forward():
     accuracy of 100/300 would be logged as bf16's 0.333984375."""
     from lightning.pytorch.plugins.precision import HalfPrecision
 
-    from lightbert.pretraining.module import accuracy
+    from lightbert.tasks.pretraining.module import accuracy
 
     logits = torch.zeros(300, 4)
     logits[:100, 1] = 1.0

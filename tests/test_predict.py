@@ -17,9 +17,9 @@ from helpers.ner_files import read_conlleval
 from helpers.predictions import predict, predict_config, records_of, rows
 from helpers.runs import REPO, run_script_forked
 
-from lightbert.checkpoints.finetuned import load_finetuned
 from lightbert.errors import UserError
 from lightbert.inference.predict import predict_records, predict_to_file, read_records
+from lightbert.tasks.finetuned import load_finetuned
 
 
 def predict_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:

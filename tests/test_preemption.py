@@ -9,23 +9,29 @@ on PATH that records what it was asked."""
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
+import itertools
 import json
 import os
+import queue
 import random
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers.runs import REPO, TINY_PRETRAIN, free_port, pythonpath_with_tests, write_bert_corpus
+from helpers.runs import REPO, TINY_PRETRAIN, pythonpath_with_tests, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
 TRIALS = int(os.environ.get("LIGHTBERT_TEST_TRIALS", 10))
+SIDE_BY_SIDE = int(os.environ.get("LIGHTBERT_TEST_SIDE_BY_SIDE", 5))  # trials run at once (two processes each)
 TINY = [
     *TINY_PRETRAIN,
     "trainer.strategy=ddp",
@@ -40,36 +46,59 @@ PATIENCE = 120  # seconds from the signal to the end of every task; a deadlock n
 
 
 class TaskServer:
-    """`helpers.task_server`: the tasks of a job forked from one process that has done the imports."""
+    """`helpers.task_server`: the tasks of jobs forked from one process that has done the imports, several jobs at
+    once (each test's trials run side by side, from threads of the test)."""
 
     def __init__(self) -> None:
         self.server: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+        self.replies: dict[int, queue.Queue] = {}
+        self.jobs = itertools.count()
 
-    def start(self, args: list[str], envs: list[dict], logs: Path) -> list[int]:
+    def _serve(self) -> None:
         if self.server is None or self.server.poll() is not None:
             command = [sys.executable, str(REPO / "tests" / "helpers" / "task_server.py")]
             env = {**os.environ, "PYTHONPATH": pythonpath_with_tests(), "OMP_NUM_THREADS": "1"}
             self.server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                            cwd=REPO, env=env)  # fmt: skip
             atexit.register(self.server.kill)
+            threading.Thread(target=self._read, args=(self.server,), daemon=True).start()
+
+    def _read(self, server: subprocess.Popen) -> None:
+        for line in server.stdout:  # each job's replies to the thread that started it
+            reply = json.loads(line)
+            self.replies[reply["job"]].put(reply)
+
+    def start(self, args: list[str], envs: list[dict], logs: Path) -> tuple[int, list[int]]:
+        """Starts a job's tasks; returns the job's number (for `wait`) and the tasks' pids."""
         tasks = [{"env": env, "stdout": str(logs / f"task{i}.out"), "stderr": str(logs / f"task{i}.err")}
                  for i, env in enumerate(envs)]  # fmt: skip
-        request = {"script": str(REPO / "src" / "train.py"), "args": args, "cwd": str(REPO), "tasks": tasks}
-        self.server.stdin.write(json.dumps(request) + "\n")
-        self.server.stdin.flush()
-        return json.loads(self.server.stdout.readline())["pids"]
+        with self.lock:
+            self._serve()
+            job = next(self.jobs)
+            self.replies[job] = queue.Queue()
+            request = {"job": job, "script": str(REPO / "src" / "train.py"), "args": args, "cwd": str(REPO)}
+            self.server.stdin.write(json.dumps({**request, "tasks": tasks}) + "\n")
+            self.server.stdin.flush()
+        return job, self.replies[job].get(timeout=PATIENCE)["pids"]
 
-    def wait(self, pids: list[int], seconds: float) -> list[int]:
+    def wait(self, job: int, pids: list[int], seconds: float) -> list[int]:
         """The tasks' exit statuses; a task still running after `seconds` is a deadlock: every one is killed."""
-        import select
-
-        if not select.select([self.server.stdout], [], [], seconds)[0]:
+        try:
+            return self.replies[job].get(timeout=seconds)["returncodes"]
+        except queue.Empty:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
-            json.loads(self.server.stdout.readline())
+            self.replies[job].get(timeout=PATIENCE)
             pytest.fail(f"the job's tasks were still running {seconds} s after the signal: a deadlock")
-        return json.loads(self.server.stdout.readline())["returncodes"]
+
+
+def side_by_side(trial, trials: int = TRIALS) -> None:
+    """`trial(0)`, ..., `trial(trials - 1)`, up to SIDE_BY_SIDE at once; the first failure is raised."""
+    with concurrent.futures.ThreadPoolExecutor(SIDE_BY_SIDE) as pool:
+        for done in [pool.submit(trial, t) for t in range(trials)]:
+            done.result()
 
 
 tasks = TaskServer()
@@ -97,11 +126,25 @@ def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("preemption")
     bin_dir = root / "bin"
     bin_dir.mkdir()
-    scontrol = bin_dir / "scontrol"  # records its arguments, one call per line
-    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {root / "scontrol.calls"}\n')
+    scontrol = bin_dir / "scontrol"  # records its arguments, one call per line, in a file per job
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {root}/scontrol-$SLURM_JOB_ID.calls\n')
     scontrol.chmod(0o755)
     corpus = write_bert_corpus(root / "corpus.txt", num_documents=16)
-    return {"root": root, "bin": bin_dir, "corpus": corpus, "calls": root / "scontrol.calls"}
+    return {"root": root, "bin": bin_dir, "corpus": corpus}
+
+
+def scontrol_calls(cluster, job: str) -> str:
+    calls = cluster["root"] / f"scontrol-{job}.calls"
+    return calls.read_text() if calls.exists() else ""
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` different TCP ports nobody listens on now: the MASTER_PORTs of jobs that run side by side."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def run_and_signal(cluster, run: Path, signum: signal.Signals, envs: list[dict], signalled: list[int] | None = None,
@@ -113,15 +156,15 @@ def run_and_signal(cluster, run: Path, signum: signal.Signals, envs: list[dict],
     args = [*TINY, f"corpus.paths=[{cluster['corpus']}]", where or f"hydra.run.dir={run}",
             f"+callbacks.mark.path={mark}", *extra]  # fmt: skip
     run.parent.mkdir(parents=True, exist_ok=True)
-    pids = tasks.start(args, envs, run.parent)
-    deadline = time.monotonic() + 120
+    job, pids = tasks.start(args, envs, run.parent)
+    deadline = time.monotonic() + 240
     while not mark.exists():
         assert time.monotonic() < deadline, (run.parent / "task0.err").read_text()[-3000:]
         time.sleep(0.05)
     time.sleep(random.uniform(0.0, 0.5))  # anywhere in a batch: the forward, the backward's all-reduce, the step
     for task in signalled if signalled is not None else range(len(pids)):
         os.kill(pids[task], signum)
-    return tasks.wait(pids, PATIENCE)
+    return tasks.wait(job, pids, PATIENCE)
 
 
 def saved_step(run: Path) -> int:
@@ -133,24 +176,32 @@ def saved_step(run: Path) -> int:
 )
 def test_a_signal_to_every_task_stops_the_job_with_a_checkpoint_every_time(cluster, tmp_path, signum, submitit):
     extra = {"SUBMITIT_EXECUTOR": "slurm"} if submitit else {}
-    for trial in range(TRIALS):
+    ports = free_ports(TRIALS)
+
+    def trial(trial: int) -> None:
         run = tmp_path / f"trial{trial}" / "run"
-        port = {"MASTER_PORT": str(free_port())}
+        port = {"MASTER_PORT": str(ports[trial])}
         envs = [slurm_env(task, str(1000 + trial), cluster["bin"], **port, **extra) for task in range(2)]
         codes = run_and_signal(cluster, run, signum, envs)
         assert codes == [128 + signum] * 2, (trial, codes, (run.parent / "task0.err").read_text()[-2000:])
         assert saved_step(run) >= 3, trial
         assert not list(run.glob("**/hpc_ckpt_*.ckpt"))
 
+    side_by_side(trial)
+
 
 def test_sigterm_to_one_task_stops_every_task_at_the_same_batch(cluster, tmp_path):
-    for trial in range(TRIALS):
+    ports = free_ports(TRIALS)
+
+    def trial(trial: int) -> None:
         run = tmp_path / f"trial{trial}" / "run"
-        port = {"MASTER_PORT": str(free_port())}
+        port = {"MASTER_PORT": str(ports[trial])}
         envs = [slurm_env(task, str(2000 + trial), cluster["bin"], **port) for task in range(2)]
         codes = run_and_signal(cluster, run, signal.SIGTERM, envs, signalled=[trial % 2])
         assert codes == [128 + signal.SIGTERM] * 2, (trial, codes, (run.parent / "task1.err").read_text()[-2000:])
         assert saved_step(run) >= 3, trial
+
+    side_by_side(trial)
 
 
 def test_slurms_requeue_signal_requeues_the_job_which_resumes_by_itself(cluster, tmp_path):
@@ -158,29 +209,38 @@ def test_slurms_requeue_signal_requeues_the_job_which_resumes_by_itself(cluster,
     `scontrol requeue` once, and SLURM's second start of the same job (SLURM_RESTART_COUNT=1), the same command,
     continues the run in the same directory without resume=true; Lightning's hpc_ckpt_*.ckpt is never written. No
     hydra.run.dir: the job's default run directory is named by its job id, so the restart finds it."""
-    for trial in range(TRIALS):
-        cluster["calls"].unlink(missing_ok=True)
-        job = str(3000 + trial)
-        outputs = tmp_path / f"trial{trial}" / "outputs"
-        where = f"paths.log_dir={outputs}"
-        run = outputs / "pretrain" / "runs" / f"slurm-{job}"
-        port = str(free_port())
-        envs = [slurm_env(task, job, cluster["bin"], MASTER_PORT=port) for task in range(2)]
-        codes = run_and_signal(cluster, run, signal.SIGUSR1, envs, where=where)
+    ports = free_ports(TRIALS + 1)
+    stopped: dict[int, int] = {}
+
+    def where(trial: int) -> str:
+        return f"paths.log_dir={tmp_path / f'trial{trial}' / 'outputs'}"
+
+    def run_dir(trial: int) -> Path:
+        return tmp_path / f"trial{trial}" / "outputs" / "pretrain" / "runs" / f"slurm-{3000 + trial}"
+
+    def envs(trial: int, port: int) -> list[dict]:
+        return [slurm_env(task, str(3000 + trial), cluster["bin"], MASTER_PORT=str(port)) for task in range(2)]
+
+    def trial(trial: int) -> None:
+        job, run = str(3000 + trial), run_dir(trial)
+        codes = run_and_signal(cluster, run, signal.SIGUSR1, envs(trial, ports[trial]), where=where(trial))
         assert codes == [128 + signal.SIGUSR1] * 2, (trial, codes, (run.parent / "task0.err").read_text()[-2000:])
-        assert cluster["calls"].read_text() == f"requeue {job}\n", trial
-        stopped = saved_step(run)
-        assert stopped >= 3 and not list(run.glob("**/hpc_ckpt_*.ckpt"))
+        assert scontrol_calls(cluster, job) == f"requeue {job}\n", trial
+        stopped[trial] = saved_step(run)
+        assert stopped[trial] >= 3 and not list(run.glob("**/hpc_ckpt_*.ckpt"))
+
+    side_by_side(trial)
     # The last trial's job, started again by SLURM: the same command, the same job id.
-    port = str(free_port())
-    again = [{**env, "SLURM_RESTART_COUNT": "1", "MASTER_PORT": port} for env in envs]
+    last = TRIALS - 1
+    job, run = str(3000 + last), run_dir(last)
+    again = [{**env, "SLURM_RESTART_COUNT": "1"} for env in envs(last, ports[TRIALS])]
     mark = run.parent / "training-again"
-    args = [*TINY, f"corpus.paths=[{cluster['corpus']}]", where, f"+callbacks.mark.path={mark}"]
-    args += ["+callbacks.stop._target_=helpers.loss_recorder.StopAtStep", f"+callbacks.stop.step={stopped + 2}"]
-    pids = tasks.start(args, again, tmp_path)
-    assert tasks.wait(pids, PATIENCE) == [0, 0], (tmp_path / "task0.err").read_text()[-3000:]
+    args = [*TINY, f"corpus.paths=[{cluster['corpus']}]", where(last), f"+callbacks.mark.path={mark}"]
+    args += ["+callbacks.stop._target_=helpers.loss_recorder.StopAtStep", f"+callbacks.stop.step={stopped[last] + 2}"]
+    started, pids = tasks.start(args, again, tmp_path)
+    assert tasks.wait(started, pids, PATIENCE) == [0, 0], (tmp_path / "task0.err").read_text()[-3000:]
     out = (tmp_path / "task0.out").read_text() + (tmp_path / "task0.err").read_text()
     assert f"SLURM job {job} was requeued (1 restart(s)): continuing its run" in out
-    assert json.loads((run / "results.json").read_text())["global_step"] == stopped + 2  # continued, not restarted
+    assert json.loads((run / "results.json").read_text())["global_step"] == stopped[last] + 2  # continued
     assert [d.name for d in run.parent.iterdir() if d.is_dir()] == [f"slurm-{job}"]  # one directory, both starts
     assert not list(run.glob("**/hpc_ckpt_*.ckpt"))

@@ -8,9 +8,9 @@ from helpers.runs import write_bert_corpus
 
 from lightbert.data.tokenizer import train_wordpiece
 from lightbert.errors import UserError
-from lightbert.pretraining.corpus import TextCorpus, read_bert_format
-from lightbert.pretraining.datamodule import PretrainDataModule
-from lightbert.pretraining.masking import IGNORE_INDEX
+from lightbert.tasks.pretraining.corpus import TextCorpus, read_bert_format
+from lightbert.tasks.pretraining.datamodule import PretrainDataModule
+from lightbert.tasks.pretraining.masking import IGNORE_INDEX
 
 
 def datamodule(path, cache, **kwargs) -> PretrainDataModule:
@@ -50,7 +50,14 @@ def test_batches_are_masked_and_validation_masks_repeat(tmp_path, corpus_file):
     dm.prepare_data()
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
-    assert set(batch) == {"input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label"}
+    assert set(batch) == {
+        "input_ids",
+        "token_type_ids",
+        "attention_mask",
+        "labels",
+        "next_sentence_label",
+        "masked_positions",
+    }
     assert batch["input_ids"].shape[0] == 4 and batch["input_ids"].shape[1] % 8 == 0
     assert (batch["labels"] != IGNORE_INDEX).sum() > 0
     first, again = next(iter(dm.val_dataloader())), next(iter(dm.val_dataloader()))
@@ -107,7 +114,7 @@ def test_the_held_out_split_and_each_validation_are_bounded(tmp_path, corpus_fil
 def test_examples_are_offsets_into_documents_stored_once_in_16_bits(tmp_path, corpus_file):
     import datasets
 
-    from lightbert.pretraining.examples import create_pretraining_examples
+    from lightbert.tasks.pretraining.examples import create_pretraining_examples
 
     sizes = {}
     for dupe_factor in (1, 3):
@@ -136,7 +143,7 @@ def test_examples_are_offsets_into_documents_stored_once_in_16_bits(tmp_path, co
 
 
 def test_sentences_that_tokenize_to_nothing_and_documents_left_empty_are_dropped():
-    from lightbert.pretraining.datamodule import _tokenize_documents
+    from lightbert.tasks.pretraining.datamodule import _tokenize_documents
 
     tokenizer = train_wordpiece(["the dog runs home", "a cat sleeps"] * 20, vocab_size=60)
     batch = {"sentences": [["the dog", "\x00", "a cat"], ["\x01", " "], [], ["runs home"]]}

@@ -7,7 +7,7 @@ from itertools import accumulate
 import datasets
 import pytest
 
-from lightbert.pretraining.examples import (
+from lightbert.tasks.pretraining.examples import (
     IS_NEXT,
     NOT_NEXT,
     Span,

@@ -125,3 +125,117 @@ def test_a_stop_during_data_preparation_is_one_line_and_leaves_no_process(tmp_pa
         f"hydra.run.dir={tmp_path / 'run'} resume=true"
     ]
     assert wait_until_gone(process.pid) == []
+
+
+# A run of two DDP processes on CPU, as `python src/train.py trainer.devices=2` starts them: the first launches the
+# second (Lightning runs the command line again), checkpoints every 4 steps.
+DDP = [*BASE, "trainer.strategy=ddp", "trainer.devices=2", "trainer.max_steps=10", "trainer.enable_progress_bar=false"]
+
+
+def start_logged(args: list[str], stderr: Path) -> subprocess.Popen:
+    """`start`, with stderr to a file that the test reads while the run goes on."""
+    env = {**os.environ, "PYTHONPATH": pythonpath_with_tests()}
+    return subprocess.Popen([sys.executable, str(REPO / "src" / "train.py"), *args], stdout=subprocess.DEVNULL,
+                            stderr=stderr.open("w"), text=True, cwd=REPO, env=env, start_new_session=True,
+                            preexec_fn=default_sigint)  # fmt: skip
+
+
+def launched_rank(pid: int) -> int | None:
+    """The DDP process that `pid` launched (its child with LOCAL_RANK=1), once it exists."""
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            if b"LOCAL_RANK=1" in Path(f"/proc/{child}/environ").read_bytes().split(b"\0"):
+                return int(child)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_while_the_ddp_processes_meet_is_one_line_and_leaves_no_process(tmp_path, signum):
+    """SIGTERM to the first process once the second is joining the process group, or Ctrl-C (to the whole group, as
+    a terminal sends it) while the second is still starting: the first says its one line; the second prints nothing
+    (it printed c10d's C++ frame dump and a DistNetworkError traceback, or a KeyboardInterrupt traceback) and is not
+    left waiting for a rendezvous that will never come."""
+    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=10, seed=21)
+    log = tmp_path / "stderr"
+    process = start_logged([*DDP, f"corpus.paths=[{corpus}]", f"hydra.run.dir={tmp_path / 'run'}"], log)
+    deadline = time.monotonic() + 300
+    while (child := launched_rank(process.pid)) is None or (
+        signum == signal.SIGTERM and "GLOBAL_RANK: 1" not in log.read_text()  # joining: about to meet the first
+    ):
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.02)
+    if signum == signal.SIGTERM:
+        os.kill(process.pid, signum)
+    else:
+        os.killpg(process.pid, signum)
+    process.wait(timeout=120)
+    assert wait_until_gone(process.pid, seconds=30) == [], f"left running: the second process {child}"
+    stderr = log.read_text()
+    assert process.returncode == 128 + signum, stderr[-3000:]
+    assert "Traceback" not in stderr and "frame #" not in stderr, stderr[-3000:]
+    stops = [line for line in stderr.splitlines() if line.startswith("lightbert:")]
+    assert stops == [
+        f"lightbert: stopped by {signum.name} before training started. To continue, rerun the same command with "
+        f"hydra.run.dir={tmp_path / 'run'} resume=true"
+    ], stderr[-3000:]
+
+
+@pytest.mark.parametrize("when", ["mid-run", "at the end"])
+def test_the_first_ddp_process_killed_the_second_names_it_and_the_checkpoint_it_resumes_from(tmp_path, when):
+    """kill -9 (or the out-of-memory killer) of the first process, which launched the second: mid-run (step 6, the
+    checkpoint of step 4 written) or once training has ended (the checkpoint of step 10 written, the results not).
+    The second process says in one line which process died and what is saved (it printed gloo's "Connection reset
+    by peer" traceback through Hydra's handler, from the stop agreement or the end's barrier); resume=true continues
+    from that checkpoint."""
+    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=10, seed=22)
+    run = tmp_path / "run"
+    args = [*DDP, f"corpus.paths=[{corpus}]", f"hydra.run.dir={run}"]
+    kill = (
+        ["+callbacks.kill._target_=helpers.loss_recorder.KillRankAtStep", "+callbacks.kill.step=6",
+         "+callbacks.kill.rank=0"]
+        if when == "mid-run"
+        else ["+callbacks.kill._target_=helpers.loss_recorder.KillRankAtTrainEnd", "+callbacks.kill.rank=0"]
+    )  # fmt: skip
+    process = start([*args, *kill])
+    _, stderr = process.communicate(timeout=600)  # its end: when the second process, which shares it, has ended too
+    killed = subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
+    assert killed.returncode == -signal.SIGKILL
+    assert wait_until_gone(process.pid, seconds=30) == []
+    assert "Traceback" not in killed.stderr, killed.stderr[-3000:]
+    step = 4 if when == "mid-run" else 10
+    said = [line for line in killed.stderr.splitlines() if line.startswith("lightbert:")]
+    assert said == [
+        "lightbert: error: DDP process 0 of 2 (the first of this node, which started this one) ended without "
+        "finishing: killed (kill -9, or the kernel's out-of-memory killer) or crashed; the newest checkpoint, "
+        f"{run / 'checkpoints' / 'last.ckpt'} (step {step}), is kept; to continue, rerun the same command with "
+        f"hydra.run.dir={run} resume=true"
+    ], killed.stderr[-3000:]
+
+    resumed = finish([*args, "resume=true"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {step}" in resumed.stdout
+    assert json.loads((run / "results.json").read_text())["global_step"] == 10
+
+
+def test_the_second_ddp_process_killed_at_the_last_step_leaves_the_newest_checkpoint_and_one_line(tmp_path):
+    """kill -9 of the second process at the last step (10; checkpoints at 4 and 8): the first says in one line which
+    process died and what is saved, and the checkpoint is there to resume from. Lightning's watch SIGKILLed the first
+    process within 5 s of the death, wherever it was: exit 137 and no line (seen at the end of a run)."""
+    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=10, seed=23)
+    run = tmp_path / "run"
+    args = [*DDP, f"corpus.paths=[{corpus}]", f"hydra.run.dir={run}"]
+    kill = ["+callbacks.kill._target_=helpers.loss_recorder.KillRankAtStep", "+callbacks.kill.step=10"]
+    killed = finish([*args, *kill])
+    assert killed.returncode == 2, killed.stderr[-3000:]
+    assert "Traceback" not in killed.stderr, killed.stderr[-3000:]
+    said = [line for line in killed.stderr.splitlines() if line.startswith("lightbert:")]
+    assert len(said) == 1 and said[0].startswith("lightbert: error: DDP process 1 of 2 was killed by SIGKILL"), said
+    step = int(said[0].split("last.ckpt (step ")[1].split(")")[0])
+    assert step in (8, 10), said  # the step-10 save needs both processes: it may or may not have been written
+
+    resumed = finish([*args, "resume=true"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {step}" in resumed.stdout
+    assert json.loads((run / "results.json").read_text())["global_step"] == 10

@@ -198,3 +198,29 @@ def test_paper_recipe_runs_both_phases_and_phase_two_starts_from_phase_one(tmp_p
     schedule = checkpoint["lr_schedulers"][0]
     assert schedule["last_epoch"] == 10 and checkpoint["optimizer_states"][0]["state"]  # one schedule, one optimizer
     assert checkpoint["hyper_parameters"]["model"]["max_position_embeddings"] == 512
+
+
+def test_a_fine_tune_resumed_within_an_epoch_says_what_that_epoch_trains(tmp_path):
+    """A fine-tune killed at step 3 of an epoch of 6 (its last checkpoint at step 2), resumed: one line says what
+    the rest of that epoch trains, and Lightning's "your dataloader is not resumable" warning (once on
+    every such resume, naming nothing a user can do) is gone."""
+    from helpers.glue_files import glue_data_files, glue_overrides
+    from helpers.models import write_hf_bert
+
+    files = glue_data_files(tmp_path / "data", "sst2", "jsonl", num_rows=48)  # 48 rows, batches of 8: 6 steps
+    args = [*glue_overrides("sst2", files, write_hf_bert(tmp_path / "bert")), "trainer.max_epochs=1",
+            "+task.checkpoint_every_n_steps=2", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    killed = run_train_recorded(
+        *args, "+callbacks.kill._target_=helpers.loss_recorder.KillAtStep", "+callbacks.kill.step=3", new_session=True
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = run_train_recorded(*args, "resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    console = resumed.stdout + resumed.stderr
+    said = (
+        "lightbert: resumed at step 2, 2 of the 6 steps of epoch 1: fine-tuning data does not resume mid-epoch, "
+        "so that epoch's last 4 steps take the first batches of a pass over the training set started again"
+    )
+    assert console.count(said) == 1, console[-3000:]
+    assert "not resumable" not in console and "Traceback" not in console
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["global_step"] == 6

@@ -23,8 +23,8 @@ from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError
 from lightbert.model import BertConfig, BertForQuestionAnswering
 from lightbert.run.jobs import train
-from lightbert.squad.answers import NO_CANDIDATE_ODDS, SquadAnswers
-from lightbert.squad.data import (
+from lightbert.tasks.squad.answers import NO_CANDIDATE_ODDS, SquadAnswers
+from lightbert.tasks.squad.data import (
     Windowing,
     doc_windows,
     locate_answer,
@@ -32,8 +32,8 @@ from lightbert.squad.data import (
     max_context_flags,
     read_official_file,
 )
-from lightbert.squad.module import QuestionAnsweringModule, span_loss
-from lightbert.squad.official_eval import evaluate_v2
+from lightbert.tasks.squad.module import QuestionAnsweringModule, span_loss
+from lightbert.tasks.squad.official_eval import evaluate_v2
 
 
 @pytest.fixture(scope="module")
@@ -369,7 +369,7 @@ def squad_overrides(version: str, files: dict, hf_dir, extra: tuple = ()) -> lis
 
 def squad_eval_cli(*args) -> dict:
     run = subprocess.run(
-        [sys.executable, "-m", "lightbert.squad.official_eval", *map(str, args)], capture_output=True, text=True
+        [sys.executable, "-m", "lightbert.tasks.squad.official_eval", *map(str, args)], capture_output=True, text=True
     )
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)
@@ -446,7 +446,7 @@ def test_bad_input_is_reported_with_counts(hf_dir, tmp_path, caplog):
         "train": write_official(tmp_path / "train.json", articles),
         "validation": write_official(tmp_path / "dev.json", squad_articles(2, seed=2)),
     }
-    with caplog.at_level(logging.WARNING, logger="lightbert.squad.data"):
+    with caplog.at_level(logging.WARNING, logger="lightbert.tasks.squad.data"):
         train(compose_config(squad_overrides("1.1", files, hf_dir, ("trainer.max_epochs=1",)), tmp_path / "run"))
     messages = "\n".join(r.getMessage() for r in caplog.records)
     assert "SQuAD train: 1 answers do not start at their answer_start" in messages

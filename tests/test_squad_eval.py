@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchmetrics.text import SQuAD
 
-from lightbert.squad.official_eval import (
+from lightbert.tasks.squad.official_eval import (
     best_threshold,
     evaluate_v1,
     evaluate_v2,
@@ -153,7 +153,7 @@ def official_file(path, questions: dict[str, list[str]], version: str) -> str:
 
 def squad_eval(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "lightbert.squad.official_eval", *args], capture_output=True, text=True
+        [sys.executable, "-m", "lightbert.tasks.squad.official_eval", *args], capture_output=True, text=True
     )
 
 

@@ -8,9 +8,9 @@ from helpers.runs import compose_config, write_bert_corpus
 
 from lightbert.data.tokenizer import iter_sentences, train_wordpiece
 from lightbert.errors import UserError
-from lightbert.pretraining.corpus import HFCorpus, TextCorpus, read_bert_format, read_shard
-from lightbert.pretraining.streaming import StreamingExamples, tokenized
 from lightbert.run.jobs import train
+from lightbert.tasks.pretraining.corpus import HFCorpus, TextCorpus, read_bert_format, read_shard
+from lightbert.tasks.pretraining.streaming import StreamingExamples, tokenized
 
 
 @pytest.fixture(scope="module")

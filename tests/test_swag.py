@@ -19,8 +19,8 @@ from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError
 from lightbert.model import BertConfig, BertForMultipleChoice
 from lightbert.run.jobs import train
-from lightbert.swag.data import ChoiceCollator, encode_choices
-from lightbert.swag.module import MultipleChoiceModule
+from lightbert.tasks.swag.data import ChoiceCollator, encode_choices
+from lightbert.tasks.swag.module import MultipleChoiceModule
 
 SWAG_WORDS = " ".join(SUBJECTS + ACTIONS).split()
 

@@ -112,7 +112,7 @@ def test_every_multirun_job_is_its_own_wandb_run_in_the_sweeps_group(tmp_path):
     from hydra.types import RunMode
     from omegaconf import open_dict
 
-    from lightbert.run.loggers import wandb_logger
+    from lightbert.plugins.loggers import wandb_logger
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["task=glue/rte"], return_hydra_config=True)

@@ -13,9 +13,9 @@ from helpers.wandb_files import offline_run
 
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.errors import ConfigError, UserError
-from lightbert.pretraining.module import PreTrainingModule
 from lightbert.run.instantiation import instantiate_config
 from lightbert.run.jobs import train
+from lightbert.tasks.pretraining.module import PreTrainingModule
 
 # A tiny model on short sequences: a run of a few steps takes a second or two.
 SMALL = [

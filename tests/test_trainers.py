@@ -242,6 +242,7 @@ def test_a_ddp_process_killed_by_the_oom_killer_is_named(corpus, tmp_path):
     assert said == [
         "lightbert: error: DDP process 1 of 2 was killed by SIGKILL, which is what the kernel's out-of-memory killer "
         "sends: each process holds the whole model, its gradients and the optimizer's state; use a smaller model= or "
-        "fewer trainer.devices"
+        f"fewer trainer.devices; no checkpoint was saved before it; rerun the same command with "
+        f"hydra.run.dir={tmp_path / 'run'} resume=true to start again"
     ], result.stderr[-3000:]
     assert "Traceback" not in result.stderr

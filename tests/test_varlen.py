@@ -13,8 +13,8 @@ from test_packing import CONFIG, WIDTH, masking, sentence_pairs
 
 from lightbert.model import BertForPreTraining
 from lightbert.model.varlen import Segments, segmentwise_attention, varlen_attention
-from lightbert.pretraining.packing import PackingCollator, packed_rows
 from lightbert.run.speed import unpadding_for
+from lightbert.tasks.pretraining.packing import PackingCollator, packed_rows
 
 
 def test_packed_rows_are_each_example_then_the_padding_as_sequences():
@@ -145,9 +145,9 @@ def test_the_speed_switches_set_the_encoders_unpadding_and_it_takes_only_known_m
     it does not know and keeps the one it had."""
     from helpers.runs import compose_config
 
-    from lightbert.glue.module import SequenceClassificationModule
     from lightbert.run.settings import RunSettings, SpeedSettings
     from lightbert.run.speed import apply_speed_switches
+    from lightbert.tasks.glue.module import SequenceClassificationModule
 
     module = SequenceClassificationModule(CONFIG.to_dict(), {"lr": 1e-4}, task="sst2")
     trainer = RunSettings.from_config(compose_config(["trainer=cpu"], tmp_path)).trainer

@@ -23,8 +23,9 @@ import traceback
 
 
 def serve() -> None:
+    import lightbert.cli.commands
     import lightbert.inference.predict
-    import lightbert.run.commands
+    import lightbert.run.flows
     import lightbert.run.jobs  # noqa: F401  (the imports are the point: every child starts with them done)
 
     reply = os.fdopen(os.dup(1), "w", buffering=1)

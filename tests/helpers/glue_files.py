@@ -8,7 +8,7 @@ from pathlib import Path
 
 import datasets
 
-from lightbert.glue.data import TASKS
+from lightbert.tasks.glue.tasks import TASKS
 
 WORDS = "the film was good bad great awful city river team game music album house war school people new old".split()
 

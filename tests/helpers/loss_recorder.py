@@ -112,14 +112,14 @@ class KillDuringSave(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_step >= self.step and trainer.global_rank == 0:
-            import lightbert.checkpoints.saving
+            import lightbert.plugins.checkpointing
             from lightbert.files import temporary_path
 
             def write_then_die(path, write):
                 write(temporary_path(path))
                 os.killpg(os.getpgid(0), signal.SIGKILL)
 
-            lightbert.checkpoints.saving.replace_atomically = write_then_die
+            lightbert.plugins.checkpointing.replace_atomically = write_then_die
 
 
 class TouchAtStep(L.Callback):
@@ -184,3 +184,15 @@ class RecordShards(L.Callback):
                 local = weight.to_local() if isinstance(weight, DTensor) else weight
                 shape = "x".join(map(str, local.shape)), "x".join(map(str, weight.shape))
                 f.write(f"{trainer.global_rank} {name} {shape[0]} {shape[1]} {type(weight).__name__} {tied}\n")
+
+
+class KillRankAtTrainEnd(L.Callback):
+    """SIGKILLs DDP process `rank` alone once training has ended (its last checkpoint written), before the run's
+    results: a death at the end of a run."""
+
+    def __init__(self, rank: int = 0):
+        self.rank = rank
+
+    def on_train_end(self, trainer, module):
+        if trainer.global_rank == self.rank:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import datasets
 
-from lightbert.ner.data import CONLL2003_LABELS
+from lightbert.tasks.ner.data import CONLL2003_LABELS
 
 FILLER = "the of and to in was for on that by with as at from his her are were this which".split()
 # Entities of each type: the words decide the type, so a model can learn it.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from lightbert.run.cli import compose_config as lightbert_compose_config
+from lightbert.run.configs import compose_config as lightbert_compose_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from lightbert.model import BertConfig, BertForPreTraining
 from lightbert.optim import OptimConfig, build_optimizer, clip_gradients
-from lightbert.run.strategies import shard_bert
+from lightbert.plugins.strategies import shard_bert
 
 CONFIG = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
@@ -65,7 +65,7 @@ def step(
             results["tied"] = model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
             layers = model.bert.encoder.layer
             results["checkpointed"] = sum("checkpoint" in (_get_registry(layer) or {}) for layer in layers)
-        # No process tears down gloo while the other still works (as run.jobs._end_distributed): one fresh-clone run
+        # No process tears down gloo while the other still works (as run.flows._end_distributed): one fresh-clone run
         # saw a process abort (SIGABRT) at the end of this step without it.
         dist.barrier()
     finally:

@@ -6,7 +6,9 @@ jobs whose directory holds a `results.json`: the same command run again finishes
 job is recorded (the sweep summary lists it) and the others go on.
 """
 
+import fcntl
 import logging
+import os
 import re
 import sys
 import traceback
@@ -25,6 +27,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from lightbert.analysis.benchmark_plan import BenchmarkJob, plan, record_plan, settings, task_option
+from lightbert.cluster import processes
 from lightbert.errors import UserError
 from lightbert.files import RESULTS_FILE
 
@@ -48,6 +51,7 @@ class BenchmarkSweeper(Sweeper):
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.launcher = None
+        self._lock: int | None = None  # the sweep directory's, held until the process ends
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
@@ -95,20 +99,42 @@ class BenchmarkSweeper(Sweeper):
             group = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{sweep_dir.parent.name}-{sweep_dir.name}")
             combinations = [[*c, f"logger.wandb.group={group}"] for c in combinations]
         bench = settings(self.config)
-        splits_of = {}
         for task in bench["tasks"]:
-            # Each task's config: its data splits (task.data_files), and a check that the jobs compose, as Hydra's
-            # basic sweeper checks every job before it launches any.
+            # A check that the jobs compose, as Hydra's basic sweeper checks every job before it launches any.
             option = f"task={task_option(bench['family'], task)}"
             common = [o for o in combinations[0] if not o.startswith("task=")]
-            task_config = self.hydra_context.config_loader.load_sweep_config(self.config, [*common, option])
-            splits_of[task] = [str(k) for k in task_config.task.data_files or {}]
-        jobs = plan(self.config, combinations, splits_of)
+            self.hydra_context.config_loader.load_sweep_config(self.config, [*common, option])
+        jobs = plan(self.config, combinations)
+        from lightbert.checkpoints.reading import check_init_from
+
+        for checkpoint in dict.fromkeys(job.checkpoint for job in jobs):
+            check_init_from(checkpoint)  # once, not once per job: every job would fail with the same line
         for job in jobs:
             _check_finished_job_matches(sweep_dir / job.name, job)
+        self._lock = _hold(sweep_dir)  # the last check; the first write is the next line
         record_plan(sweep_dir, bench["family"], jobs)  # refuses another family's directory before writing
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         return jobs, sweep_dir
+
+
+def _hold(sweep_dir: Path) -> int:
+    """Holds the sweep directory for this benchmark until the process ends (its summary and submission.zip are
+    written after the last job): a second benchmark command into it at the same time is refused before it writes
+    anything, where it used to run into the first one's jobs, whose own locks refused it job by job, and mark them
+    failed. A directory that does not exist yet is made: no benchmark is running there."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    handle = os.open(sweep_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(handle)
+        raise UserError(
+            f"another benchmark is running in {sweep_dir} right now; wait for it to finish (the same command then "
+            "skips its finished jobs), or run this one into another directory with hydra.sweep.dir=..."
+        ) from None
+    processes.install()
+    processes.hold_in_this_process_only(handle)  # DataLoader workers of the jobs run here must not keep it
+    return handle
 
 
 def _check_finished_job_matches(job_dir: Path, job: BenchmarkJob) -> None:

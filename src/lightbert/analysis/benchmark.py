@@ -24,6 +24,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from lightbert.analysis.benchmark_plan import checkpoint_key, read_plan
 from lightbert.errors import UserError, exits_on_user_error
 from lightbert.files import RESULTS_FILE, replace_atomically, write_atomically
@@ -117,13 +119,14 @@ def build(sweep_dir: Path) -> dict[str, Any]:
     for checkpoint in dict.fromkeys(job["checkpoint"] for job in planned):
         jobs = [job for job in planned if job["checkpoint"] == checkpoint]
         row: dict[str, Any] = {"checkpoint": checkpoint, "key": checkpoint_key(checkpoint), "tasks": {}}
-        finished = failed = 0
+        finished = failed = unscored = 0
         for task in dict.fromkeys(job["task"] for job in jobs):
             task_jobs = [job for job in jobs if job["task"] == task]
             groups: dict[str, list[tuple[dict, float, list[float]]]] = {}
             for job in task_jobs:
                 values = _job_values(sweep_dir / job["name"], family, columns[task])
                 failed += values is None and (sweep_dir / job["name"] / "failed.txt").is_file()
+                unscored += values is None and (sweep_dir / job["name"] / RESULTS_FILE).is_file()
                 if values is not None:
                     key = json.dumps(job["configuration"], sort_keys=True)
                     groups.setdefault(key, []).append((job, *values))
@@ -149,7 +152,7 @@ def build(sweep_dir: Path) -> dict[str, Any]:
             }
         if family == "glue":
             row["average"] = glue_average({t: [m["mean"] for m in c["metrics"]] for t, c in row["tasks"].items()})
-        row.update(finished=finished, failed=failed, planned=len(jobs))
+        row.update(finished=finished, failed=failed, unscored=unscored, planned=len(jobs))
         rows.append(row)
     tasks = [task for task, _, _ in COLUMNS[family] if any(job["task"] == task for job in planned)]
     table = {"family": family, "sweep_dir": str(sweep_dir), "tasks": tasks, "rows": rows, "paper": PAPER_ROWS[family]}
@@ -186,6 +189,7 @@ def markdown(table: dict) -> str:
         if family == "glue":
             cells.append(f"{row['average']:.1f}" if row["average"] is not None else "-")
         status = f"{row['finished']}/{row['planned']}" + (f", {row['failed']} failed" if row["failed"] else "")
+        status += f", {row['unscored']} without a validation score" if row.get("unscored") else ""
         lines.append("| " + " | ".join(cells + [status]) + " |")
     for name, paper in table["paper"].items():
         cells = [name] + ["/".join(f"{v:.1f}" for v in paper.get(task, [])) or "-" for task, _, _ in columns]
@@ -217,10 +221,27 @@ def write_submissions(sweep_dir: Path, table: dict) -> tuple[list[Path], list[st
     """submission.zip (one per checkpoint, `submission-<key>.zip`, when the directory holds several): the test TSVs
     of each task's best job under the GLUE server's names, AX.tsv from the MNLI model's. Refused, writing none, when a
     task of the benchmark has no finished job or its best job no test predictions. Returns the files and notes."""
-    from lightbert.glue.data import TASKS  # the server's file names, one per test split
-
     if table["family"] != "glue":
         return [], []
+    try:
+        zips, notes = _submission_files(sweep_dir, table)
+    except UserError as error:
+        # A zip from before would stand beside a table it no longer matches (a job since rerun or its files gone).
+        stale = [p for p in (sweep_dir / SUBMISSION, *sorted(sweep_dir.glob("submission-*.zip"))) if p.is_file()]
+        for path in stale:
+            path.unlink()
+        if stale:
+            raise UserError(f"{error} (the earlier {', '.join(p.name for p in stale)} is removed)") from None
+        raise
+    for path, files in zips.items():  # only once every row can be written: a refusal writes no zip
+        replace_atomically(path, lambda tmp, files=files: _zip(tmp, files))
+    return list(zips), notes
+
+
+def _submission_files(sweep_dir: Path, table: dict) -> tuple[dict[Path, dict[str, Path]], list[str]]:
+    """Each zip's files (server name -> the best job's predictions), checked; refused when one cannot be made."""
+    from lightbert.tasks.glue.tasks import TASKS  # the server's file names, one per test split
+
     recorded = read_plan(sweep_dir) or {"jobs": {}}
     zips, notes = {}, []
     for row in table["rows"]:
@@ -230,20 +251,40 @@ def write_submissions(sweep_dir: Path, table: dict) -> tuple[list[Path], list[st
         files: dict[str, Path] = {}
         for task in tasks:
             cell = row["tasks"].get(task)
+            no = f"no {SUBMISSION} for {row['checkpoint']}"
             if cell is None:
+                task_jobs = [j["name"] for j in recorded["jobs"].values() if j["task"] == task]
+                unscored = [n for n in task_jobs if (sweep_dir / n / RESULTS_FILE).is_file()]
+                if unscored:
+                    raise UserError(
+                        f"{no}: {task}'s {len(unscored)} finished job(s) have no validation score, which picks the "
+                        f"task's best job: {_why_unscored(sweep_dir / unscored[0])}. Run the benchmark with "
+                        "validation into another directory, hydra.sweep.dir=..."
+                    )
                 raise UserError(
-                    f"no {SUBMISSION} for {row['checkpoint']}: {task} has no finished job in {sweep_dir} yet; run the "
-                    "same benchmark command again to finish it"
+                    f"{no}: {task} has no finished job in {sweep_dir} yet; run the same benchmark command again to "
+                    "finish it"
                 )
             spec = TASKS[task]
+            job_dir = sweep_dir / cell["best_job"]
+            written = {Path(p).name for p in json.loads((job_dir / RESULTS_FILE).read_text()).get("predictions") or []}
             for split, name in zip(spec.test_splits, spec.submission_files, strict=True):
-                path = sweep_dir / cell["best_job"] / "predictions" / name
+                path = job_dir / "predictions" / name
+                if not path.is_file() and name in written:
+                    raise UserError(
+                        f"{no}: {path} is gone (the job wrote it; it was deleted or moved since). Delete {job_dir} "
+                        "and run the same benchmark command again: that job runs again"
+                    )
                 if not path.is_file():
                     raise UserError(
-                        f"no {SUBMISSION} for {row['checkpoint']}: {task}'s best job ({sweep_dir / cell['best_job']}) "
-                        f"has no test predictions for {split} ({name}): it ran without that test file. Run the "
-                        f"benchmark with every test file (benchmark.data_dir=DIR with DIR/{task}/{split}.tsv, or the "
-                        "hub's data) into another directory, hydra.sweep.dir=..."
+                        f"{no}: {task}'s best job ({job_dir}) has no test predictions for {split} ({name}): it ran "
+                        f"without that test file. Run the benchmark with every test file (benchmark.data_dir=DIR with "
+                        f"DIR/{task}/{split}.tsv, or the hub's data) into another directory, hydra.sweep.dir=..."
+                    )
+                if not path.read_bytes().strip():
+                    raise UserError(
+                        f"{no}: {path} is empty (0 bytes; a job writes a header line at least). Delete {job_dir} "
+                        "and run the same benchmark command again: that job runs again"
                     )
                 files[name] = path
         if "wnli" not in tasks:
@@ -253,9 +294,28 @@ def write_submissions(sweep_dir: Path, table: dict) -> tuple[list[Path], list[st
             )
         name = SUBMISSION if len(table["rows"]) == 1 else f"submission-{row['key']}.zip"
         zips[sweep_dir / name] = files
-    for path, files in zips.items():  # only once every row can be written: a refusal writes no zip
-        replace_atomically(path, lambda tmp, files=files: _zip(tmp, files))
-    return list(zips), notes
+    return zips, notes
+
+
+def _why_unscored(job_dir: Path) -> str:
+    """Why a finished job has no validation score, from its results.json and its config (.hydra/config.yaml)."""
+    results = json.loads((job_dir / RESULTS_FILE).read_text())
+    if results.get("best_score") is not None:
+        return (
+            f"{job_dir} validated, but the metrics of the task's column are missing (results.json's best_metrics come "
+            "from its metrics.csv, SQuAD's from predictions/eval.json)"
+        )
+    config_path = job_dir / ".hydra" / "config.yaml"
+    trainer = (yaml.safe_load(config_path.read_text()) or {}).get("trainer") or {} if config_path.is_file() else {}
+    every, epochs = trainer.get("check_val_every_n_epoch") or 1, trainer.get("max_epochs")
+    if trainer.get("limit_val_batches") == 0:
+        return f"{job_dir} ran with trainer.limit_val_batches=0, which runs no validation"
+    if isinstance(epochs, int) and every > epochs:
+        return (
+            f"{job_dir} ran with trainer.check_val_every_n_epoch={every}, more than its trainer.max_epochs={epochs}, "
+            "so no epoch ended with a validation"
+        )
+    return f"{job_dir} ended at step {results.get('global_step')} before its first validation (trainer.max_steps?)"
 
 
 def _zip(path: Path, files: dict[str, Path]) -> None:

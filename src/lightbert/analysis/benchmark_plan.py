@@ -11,6 +11,7 @@ Light to import: no torch, no Lightning (the sweeper plans before any job loads 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import itertools
 import json
@@ -23,10 +24,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightbert.errors import UserError
 from lightbert.files import write_atomically
-from lightbert.run.cli import group_options
+from lightbert.run.configs import group_options
 
 PLAN_FILE = "benchmark.json"  # in the sweep directory: every job any benchmark command planned there
-DATA_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")  # what task.data_files reads (data.local_files)
+# What benchmark.data_dir's files may be, per family: what task.data_files reads (data.local_files); SQuAD's answers
+# are nested ({text, answer_start}), which a csv or tsv cannot hold, so its config lists json, jsonl and parquet only.
+DATA_SUFFIXES = {
+    "glue": (".tsv", ".csv", ".json", ".jsonl", ".parquet"),
+    "squad": (".json", ".jsonl", ".parquet"),
+}
 # Short names of the swept keys in job directory names; any other swept key goes by its last part.
 SHORT = {"optim.lr": "lr", "task.batch_size": "b", "trainer.max_epochs": "e"}
 
@@ -63,27 +69,48 @@ def job_name(key: str, task: str, configuration: dict[str, Any], seed: int) -> s
     return "-".join([key, task, *parts, f"s{seed}"])
 
 
-def data_file_overrides(data_dir: Path | None, task: str, splits: list[str]) -> list[str]:
-    """`task.data_files.<split>=<data_dir>/<task>/<split>.<ext>` for every split of the task with such a file."""
+def task_splits(family: str, task: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A task's splits as its DataModule reads them: those every job needs (train and the validation sets) and the
+    test sets, predicted where there is a file."""
+    if family == "glue":
+        from lightbert.tasks.glue.tasks import TASKS  # imported here: the plan stays light unless data_dir is given
+
+        spec = TASKS[task]
+        return ("train", *spec.validation_splits), spec.test_splits
+    from lightbert.tasks.squad.data import SquadDataModule
+
+    return ("train", *SquadDataModule.validation_splits), SquadDataModule.test_splits
+
+
+def data_file_overrides(data_dir: Path | None, family: str, task: str) -> list[str]:
+    """`task.data_files.<split>=<data_dir>/<task>/<split>.<ext>` for every split of the task with such a file; a
+    split every job needs (train, validation) without one is refused here, before any job, naming the file."""
     if data_dir is None:
         return []
+    required, tests = task_splits(family, task)
+    suffixes = DATA_SUFFIXES[family]
+    folder = data_dir / task
     overrides = []
-    for split in splits:
-        found = sorted(p for p in (data_dir / task).glob(f"{split}.*") if p.suffix in DATA_SUFFIXES)
+    for split in (*required, *tests):
+        found = sorted(p for p in folder.glob(f"{split}.*") if p.suffix in suffixes and p.is_file())
         if len(found) > 1:
             raise UserError(
-                f"benchmark.data_dir: {data_dir / task} holds {len(found)} files for the {split} split "
+                f"benchmark.data_dir: {folder} holds {len(found)} files for the {split} split "
                 f"({', '.join(p.name for p in found)}); keep one"
             )
         if found:
             overrides.append(f"task.data_files.{split}={found[0].resolve()}")
-    if not any(o.startswith("task.data_files.train=") for o in overrides):
-        others = ", ".join(s for s in splits if s != "train")
-        raise UserError(
-            f"benchmark.data_dir={data_dir} has no training file for {task}: write it as {data_dir / task}/train.tsv "
-            f"(or .csv, .json, .jsonl, .parquet; the other splits beside it: {others}), or leave "
-            "benchmark.data_dir unset to read the hub's data"
-        )
+        elif split in required:
+            if folder.is_dir():
+                there = sorted(p.name for p in folder.iterdir())
+                holds = f"{folder} holds " + (", ".join(there[:6]) + (" ..." if len(there) > 6 else "") or "nothing")
+            else:
+                holds = f"there is no folder {folder}"
+            raise UserError(
+                f"benchmark.data_dir={data_dir} has no {split} file for {task} ({holds}): write it as "
+                f"{folder / split}{suffixes[0]} (or {', '.join(suffixes[1:])}), or leave benchmark.data_dir unset to "
+                "read the hub's data"
+            )
     return overrides
 
 
@@ -117,20 +144,71 @@ def settings(config: DictConfig) -> dict[str, Any]:
             raise UserError(
                 f"benchmark.data_dir={data_dir} is not a directory (one folder per task: {data_dir}/rte/...)"
             )
+    grids[bench["grid"]] = checked_grid(config, bench["grid"], grids[bench["grid"]])
+    if OmegaConf.select(config, "trainer.limit_val_batches") == 0:
+        raise UserError(
+            "trainer.limit_val_batches=0 runs no validation, and the benchmark picks each task's best configuration "
+            "by its validation score: leave trainer.limit_val_batches unset (the whole validation set)"
+        )
     return {**bench, "tasks": tasks, "data_dir": data_dir}
 
 
-def plan(
-    config: DictConfig,
-    combinations: list[list[str]],
-    splits_of: dict[str, list[str]],
-) -> list[BenchmarkJob]:
-    """Every job of the benchmark `config` describes, for each combination of the command line's own overrides
-    (`init_from=a,b` gives one row of the table per checkpoint).
+def _flat(grid: dict, prefix: str = "") -> dict[str, Any]:
+    """A grid with its nested keys dotted: `+benchmark.grids.fast.optim.weight_decay=[0,0.01]` (what the command
+    line can add) nests {optim: {weight_decay: [...]}}, the YAML files write `optim.weight_decay: [...]`: one key."""
+    flat: dict[str, Any] = {}
+    for key, value in grid.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
-    `splits_of`: each task's data splits (its task.data_files keys), for the files of benchmark.data_dir.
-    """
+
+def checked_grid(config: DictConfig, name: str, grid: dict) -> dict[str, list]:
+    """The grid's keys as config keys, each with one value or more: a misspelt key or an empty list is refused here,
+    before any job (a job would fail on the key, or the benchmark run no job at all)."""
+    checked = {}
+    for key, values in _flat(grid or {}).items():
+        where = f"benchmark.grids.{name}: {key}"
+        if not isinstance(values, list) or any(isinstance(v, (dict, list)) for v in values):
+            example = f"[{values}]" if not isinstance(values, (dict, list)) else "[VALUE, VALUE]"
+            raise UserError(f"{where}={values} must be a list of plain values, as {example}")
+        if not values:
+            raise UserError(
+                f"{where} is empty: give it one value or more (on the command line, {key}=VALUE,VALUE sets the "
+                "values the benchmark runs)"
+            )
+        options = group_options(key) if "." not in key else []
+        if options:  # a config group: its values are options
+            unknown = [v for v in values if str(v) not in options]
+            if unknown:
+                raise UserError(
+                    f"{where} has {', '.join(map(str, unknown))}, not options of {key}: {', '.join(options)}"
+                )
+        elif OmegaConf.select(config, key, default=_ABSENT, throw_on_resolution_failure=False) is _ABSENT:
+            parent = key.rpartition(".")[0]
+            node = OmegaConf.select(config, parent) if parent else config
+            valid = [f"{parent}.{k}" if parent else str(k) for k in node] if isinstance(node, DictConfig) else []
+            close = difflib.get_close_matches(key, valid, n=1)
+            raise UserError(
+                f"{where} is not a config key"
+                + (f" (did you mean {close[0]}?)" if close else "")
+                + "; a grid runs config keys as the command line names them, e.g. optim.lr: [5e-5, 3e-5]"
+            )
+        checked[key] = values
+    return checked
+
+
+_ABSENT = object()
+
+
+def plan(config: DictConfig, combinations: list[list[str]]) -> list[BenchmarkJob]:
+    """Every job of the benchmark `config` describes, for each combination of the command line's own overrides
+    (`init_from=a,b` gives one row of the table per checkpoint). Each task's files in benchmark.data_dir are found
+    once, before any job."""
     bench = settings(config)
+    files_of = {task: data_file_overrides(bench["data_dir"], bench["family"], task) for task in bench["tasks"]}
     family, grid = bench["family"], bench["grids"][bench["grid"]]
     # A key the command line sweeps (optim.lr=5e-5,3e-5) is part of each job's configuration, as the grid's are.
     values: dict[str, set[str]] = {}
@@ -163,7 +241,7 @@ def plan(
         common = [o for o in combination if not o.startswith(("seed=", "benchmark."))]
         for task in bench["tasks"]:
             seeds = bench["restarts"] if task in bench["restart_tasks"] else 1
-            files = data_file_overrides(bench["data_dir"], task, splits_of[task])
+            files = files_of[task]
             for point in grid_points(grid, fixed):
                 configuration = {**{k: given[k] for k in configuration_keys}, **point}
                 for seed in range(first_seed, first_seed + seeds):

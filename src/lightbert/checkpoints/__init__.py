@@ -1,3 +1,3 @@
-"""Checkpoints, in one place: reading any a run starts from (`reading`: a lightbert .ckpt or run directory, a Hugging
-Face directory, a hub id) and a fine-tuned model's head and settings (`finetuned`); writing them atomically during
-training and resuming from them exactly (`saving`). Converting to and from other formats is `lightbert.interop`'s."""
+"""Checkpoint files: reading any a run starts from (`reading`: a lightbert .ckpt or run directory, a Hugging Face
+directory, a hub id) and Hugging Face's parameter names both ways (`hf_format`). Writing them during training is the
+Trainer's (`lightbert.plugins.checkpointing`); building a fine-tuned head from one is `lightbert.tasks.finetuned`'s."""

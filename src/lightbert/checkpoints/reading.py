@@ -11,11 +11,7 @@ from pathlib import Path
 
 import torch
 
-from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
-from lightbert.errors import UserError
-from lightbert.files import RESULTS_FILE
-from lightbert.hub import hub_reachable
-from lightbert.interop.hf_format import (
+from lightbert.checkpoints.hf_format import (
     HF_TOKENIZER_FILES,
     HF_WEIGHT_FILES,
     HUB_ID,
@@ -25,6 +21,10 @@ from lightbert.interop.hf_format import (
     hf_lowercase,
     hf_state_dict_to_lightbert,
 )
+from lightbert.data.tokenizer import BertTokenizer, load_tokenizer
+from lightbert.errors import UserError
+from lightbert.files import RESULTS_FILE
+from lightbert.hub import hub_reachable
 from lightbert.model import BertConfig, BertModel
 
 log = logging.getLogger(__name__)
@@ -43,19 +43,44 @@ class Pretrained:
     hyper_parameters: dict = field(default_factory=dict)
     hf_config: dict = field(default_factory=dict)
     run_dir: Path | None = None
-    head: str | None = None  # a lightbert checkpoint's fine-tuned head, as its module recorded it (lightbert.heads)
+    head: str | None = (
+        None  # a lightbert checkpoint's fine-tuned head, as its module recorded it (lightbert.tasks.heads)
+    )
 
 
 def load_pretrained(init_from: str) -> Pretrained:
     """A lightbert .ckpt or run directory, a Hugging Face BERT directory, or a hub id (needs a network)."""
+    check_init_from(init_from)
     path = Path(init_from).expanduser()
     if path.is_file():
         return _from_lightning_checkpoint(path)
     if path.is_dir():
         if (path / "config.json").is_file():
             return _from_hf_dir(path, source=str(path))
+        return _from_run_dir(path)
+    return _from_hub(init_from)
+
+
+def check_init_from(init_from: str) -> None:
+    """Refuses (`UserError`) an init_from that names nothing a run can start from, found without reading weights:
+    a path that does not exist, a directory that is neither a model nor a run, a run without its checkpoint, a hub
+    id that is neither cached nor reachable. A command that starts many runs from one (a benchmark) checks once,
+    before any of them."""
+    path = Path(init_from).expanduser()
+    if path.is_file():
+        return
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return
         if (path / RESULTS_FILE).is_file():
-            return _from_run_dir(path)
+            try:
+                results = json.loads((path / RESULTS_FILE).read_text())
+            except (OSError, ValueError) as error:
+                raise UserError(f"could not read {path / RESULTS_FILE}: {error}; give a .ckpt file instead") from None
+            checkpoint = results.get("best_checkpoint") or results.get("last_checkpoint")
+            if not checkpoint or not Path(checkpoint).is_file():
+                raise UserError(f"the run in {path} has no checkpoint on disk; give a .ckpt file instead")
+            return
         raise UserError(
             f"init_from={init_from} is a directory with neither config.json (a Hugging Face model) nor "
             f"{RESULTS_FILE} (a lightbert run); point it at one of those or at a .ckpt file"
@@ -64,7 +89,6 @@ def load_pretrained(init_from: str) -> Pretrained:
         raise UserError(
             f"init_from={init_from} does not exist; give a .ckpt file, a run directory or a model directory"
         )
-    return _from_hub(init_from)
 
 
 def _from_lightning_checkpoint(path: Path) -> Pretrained:
@@ -97,11 +121,9 @@ def _from_lightning_checkpoint(path: Path) -> Pretrained:
 
 
 def _from_run_dir(path: Path) -> Pretrained:
-    results = json.loads((path / RESULTS_FILE).read_text())
+    results = json.loads((path / RESULTS_FILE).read_text())  # check_init_from read it and found its checkpoint
     which = "best" if results.get("best_checkpoint") else "last"
     checkpoint = results.get("best_checkpoint") or results.get("last_checkpoint")
-    if not checkpoint or not Path(checkpoint).is_file():
-        raise UserError(f"the run in {path} has no checkpoint on disk; give a .ckpt file instead")
     log.info(f"init_from={path}: its {which} checkpoint, {checkpoint}")
     return _from_lightning_checkpoint(Path(checkpoint))
 
@@ -112,9 +134,15 @@ def _from_hf_dir(path: Path, source: str) -> Pretrained:
     except (OSError, json.JSONDecodeError) as error:
         raise UserError(f"could not read {path / 'config.json'}: {error}") from None
     config = hf_config_to_lightbert(hf_config, path / "config.json")
-    weights = next((path / name for name in HF_WEIGHT_FILES if (path / name).is_file()), None)
-    if weights is None:
+    present = [path / name for name in HF_WEIGHT_FILES if (path / name).is_file()]
+    if not present:
         raise UserError(f"{path} holds no weights: expected one of {list(HF_WEIGHT_FILES)}")
+    weights = present[0]  # model.safetensors first, as transformers' from_pretrained prefers it
+    if len(present) > 1:  # the two may hold different weights (one left from an older save): say which is read
+        others = ", ".join(p.name for p in present[1:])
+        log.info(
+            f"{source}: read {weights.name}, not {others} (both are there; safetensors first, as transformers does)"
+        )
     try:
         if weights.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -146,7 +174,7 @@ def _from_hub(repo_id: str) -> Pretrained:
 
 @dataclass(frozen=True)
 class HeadCarry:
-    """Whether a checkpoint's fine-tuned head goes into a task's model (lightbert.checkpoints.finetuned.carry_head
+    """Whether a checkpoint's fine-tuned head goes into a task's model (lightbert.tasks.finetuned.carry_head
     decides, by what the head means: its kind and its labels).
 
     `rows` puts the checkpoint's label rows in the task's label order (row i of the task is row rows[i] of the
@@ -172,7 +200,7 @@ def load_into(
     With `head`, a fine-tuned head (any weight outside `bert.` and the pre-training heads `cls.`) is carried as it
     says; without, every head whose shape fits is carried (the pre-training heads, or a fine-tuned model's own).
     Returns the names of parameters left as initialised (a new task head). The encoder must match exactly. Without
-    `say` the caller says what starts fresh (pre-training: `lightbert.checkpoints.continued.carried_line`).
+    `say` the caller says what starts fresh (pre-training: `lightbert.tasks.pretraining.continued.carried_line`).
     """
     expected = model.state_dict()
     encoder_keys = {k for k in expected if k.startswith("bert.")}

@@ -134,6 +134,14 @@ def is_padding(batch: dict) -> bool:
     return bool(batch.get(PADDING, False))
 
 
+def examples_in(batch: dict) -> int | torch.Tensor:
+    """The examples a batch holds: its first dimension ((B, T), or (B, C, T) for multiple choice), or in packed rows
+    the filled slots (a device tensor: nothing waits for the GPU)."""
+    if "example_index" in batch:
+        return (batch["example_index"] >= 0).sum()
+    return batch["attention_mask"].shape[0]
+
+
 def evaluation_shares(
     dataset: Dataset, collate_fn: Callable, batch_size: int
 ) -> tuple[Dataset, Sampler | None, Callable]:

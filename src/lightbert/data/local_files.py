@@ -23,6 +23,40 @@ log = logging.getLogger(__name__)
 
 LOCAL_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
+# Byte-order marks of the wide Unicode encodings, longest first (UTF-32LE's begins with UTF-16LE's).
+WIDE_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32LE"), (b"\x00\x00\xfe\xff", "UTF-32BE"),
+    (b"\xff\xfe", "UTF-16LE"), (b"\xfe\xff", "UTF-16BE"),
+)  # fmt: skip
+
+
+def wide_encoding(head: bytes) -> tuple[str, str] | None:
+    """(encoding, iconv's name for reading it) when the first bytes of a file are UTF-16 or UTF-32, else None: by
+    the byte-order mark (iconv's UTF-16 reads the mark and drops it), or without one (Windows' "Unicode" text saved
+    without a mark) by the NUL bytes that every ASCII character carries there. UTF-8 and Latin-1 text hold no NUL
+    byte, so advice to convert from Latin-1 would be wrong for it."""
+    for bom, name in WIDE_BOMS:
+        if head.startswith(bom):
+            return name, name[:6]
+    sample = head[: len(head) - len(head) % 4]
+    if len(sample) < 4 or sample.count(0) < len(sample) // 4:
+        return None
+    for width, name in ((4, "UTF-32"), (2, "UTF-16")):  # ASCII in the low byte: NULs at fixed places of each unit
+        for order, zeros in (("LE", range(1, width)), ("BE", range(width - 1))):
+            if all(sample[i + z] == 0 for i in range(0, len(sample), width) for z in zeros):
+                return name + order, name + order
+    return "UTF-16 or UTF-32", "UTF-16"
+
+
+def conversion_advice(path: Path) -> str:
+    """How to make `path` UTF-8: iconv from the wide encoding its first bytes show, else from Latin-1 (the commonest
+    8-bit encoding)."""
+    with path.open("rb") as handle:
+        wide = wide_encoding(handle.read(4096))
+    source = wide[1] if wide else "latin1"
+    found = f"it is {wide[0]} text; " if wide else ""
+    return f"{found}convert it, e.g. `iconv -f {source} -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}`"
+
 
 def check_data_files(
     data_files: dict[str, str],
@@ -70,6 +104,9 @@ def read_local(file: Path, cache_dir: Path, where: str) -> datasets.Dataset:
             **options,
         )
     except Exception as error:
+        reason = cache_write_failure(error, cache_dir)  # the file may be fine: datasets converts it into the cache
+        if reason is not None:
+            raise cache_error(cache_dir / "datasets", reason) from None
         raise UserError(f"could not read {where}: {diagnose(file, error)}") from None
 
 
@@ -98,9 +135,7 @@ def check_table_shape(file: Path, where: str) -> None:
             f"could not read {where}: line {started}: {error} (a quote opened there and never closed?)"
         ) from None
     except UnicodeDecodeError as error:
-        raise UserError(
-            f"could not read {where}: it is not UTF-8 text ({error}); convert it, e.g. iconv -f latin1 -t utf-8"
-        ) from None
+        raise UserError(f"could not read {where}: it is not UTF-8 text ({error}); {conversion_advice(file)}") from None
     finally:
         csv.field_size_limit(limit)
 
@@ -111,7 +146,7 @@ def diagnose(file: Path, error: Exception) -> str:
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as bad:
-        return f"it is not UTF-8 text ({bad}); convert it, e.g. iconv -f latin1 -t utf-8"
+        return f"it is not UTF-8 text ({bad}); {conversion_advice(file)}"
     lines = [line for line in text.splitlines() if line.strip()]
     suffix = file.suffix.lower()
     if not lines:
@@ -178,13 +213,41 @@ def cache_writes(where: Path) -> Iterator[None]:
     message naming it and where to move it; `publish_directory` has already removed the half-written copy."""
     try:
         yield
-    except OSError as error:
-        if error.errno not in (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT):
+    except UserError:
+        raise
+    except Exception as error:
+        reason = cache_write_failure(error)
+        if reason is None:
             raise
-        raise UserError(
-            f"could not write the cache {where}: {error.strerror}. Free space there, or move the cache with "
-            "paths.cache_dir=... (or the LIGHTBERT_CACHE environment variable)"
-        ) from None
+        raise cache_error(where, reason) from None
+
+
+def cache_error(where: Path, reason: str) -> UserError:
+    return UserError(
+        f"could not write the cache {where}: {reason}. Free space there, or move the cache with paths.cache_dir=... "
+        "(or the LIGHTBERT_CACHE environment variable)"
+    )
+
+
+WRITE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT)
+
+
+def cache_write_failure(error: BaseException, cache: Path | None = None) -> str | None:
+    """Why a write into the cache failed, where `error` is one (else None): an OSError of a failed write, itself or
+    the one it was raised from (datasets wraps ENOSPC, met while it writes a split's Arrow file, in a
+    DatasetGenerationError), or datasets' own check of the free space before it writes (an OSError without errno).
+    With `cache`, an error naming a file outside it is not the cache's (a data file the user may not read)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        named = getattr(error, "filename", None)
+        elsewhere = cache is not None and named and not Path(str(named)).resolve().is_relative_to(cache.resolve())
+        if isinstance(error, OSError) and error.errno in WRITE_ERRORS and not elsewhere:
+            return error.strerror
+        if isinstance(error, OSError) and str(error).startswith("Not enough disk space"):
+            return "No space left on device (too little for datasets to start writing)"
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def load_cached(cached_dir: Path, rebuild: Callable[[], None]) -> datasets.DatasetDict:

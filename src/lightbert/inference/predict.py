@@ -34,13 +34,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from lightbert.checkpoints.finetuned import FineTuned, load_finetuned
 from lightbert.data.batches import GPU_EVAL_BATCH_SIZE, pad_batch
 from lightbert.data.encoding import check_max_seq_length
 from lightbert.errors import UserError
 from lightbert.files import open_atomically, read_input_text
-from lightbert.finetuning.predictor import Predictor, Record, Unit
-from lightbert.heads import HEADS
+from lightbert.tasks.finetuned import FineTuned, load_finetuned
+from lightbert.tasks.finetuning.predictor import Predictor, Record, Unit
+from lightbert.tasks.heads import HEADS
 
 
 def say(message: str) -> None:

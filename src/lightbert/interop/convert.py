@@ -21,10 +21,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from lightbert.checkpoints.finetuned import finetuned_from, head_of
 from lightbert.checkpoints.reading import load_pretrained
 from lightbert.errors import exits_on_user_error
 from lightbert.interop.hf import export_hf, hf_head_config, import_hf, pretraining_head_config
+from lightbert.tasks.finetuned import finetuned_from, head_of
 
 
 def to_hf(checkpoint: str, out_dir: str) -> Path:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import torch
 
-from lightbert.checkpoints.finetuned import FineTuned
+from lightbert.checkpoints.hf_format import lightbert_config_to_hf, lightbert_state_dict_to_hf, write_tokenizer_files
 from lightbert.checkpoints.reading import Pretrained, load_into
 from lightbert.errors import UserError
 from lightbert.files import publish_directory, readable_as_usual
-from lightbert.heads import HEADS
-from lightbert.interop.hf_format import lightbert_config_to_hf, lightbert_state_dict_to_hf, write_tokenizer_files
 from lightbert.model import BertConfig, BertForPreTraining
+from lightbert.tasks.finetuned import FineTuned
+from lightbert.tasks.heads import HEADS
 
 
 def check_export_dir(out_dir: Path) -> None:
@@ -116,7 +116,7 @@ def hf_head_config(finetuned: FineTuned) -> dict:
 
 
 def pretraining_head_config(pretrained: Pretrained) -> dict:
-    """config.json's architecture for a pre-trained model of each objective (lightbert.pretraining.objectives):
+    """config.json's architecture for a pre-trained model of each objective (lightbert.tasks.pretraining.objectives):
     MLM + NSP is `BertForPreTraining`, MLM alone `BertForMaskedLM`, the left-to-right LM `BertLMHeadModel` as a
     decoder (its causal self-attention is this model's)."""
     if BertConfig.from_dict(pretrained.config).causal:

@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lightbert.checkpoints.finetuned import FineTuned, finetuned_from, head_of
+from lightbert.checkpoints.hf_format import lightbert_config_to_hf, write_tokenizer_files
 from lightbert.checkpoints.reading import load_encoder, load_pretrained
 from lightbert.errors import UserError
 from lightbert.files import publish_directory
-from lightbert.heads import HEADS
 from lightbert.interop.hf import check_export_dir, hf_head_config
-from lightbert.interop.hf_format import lightbert_config_to_hf, write_tokenizer_files
 from lightbert.model import BertModel
+from lightbert.tasks.finetuned import FineTuned, finetuned_from, head_of
+from lightbert.tasks.heads import HEADS
 
 INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 OPSET = 18

@@ -345,7 +345,7 @@ class BertForPreTraining(nn.Module):
         if masked_positions is not None and masked_positions.dtype == torch.bool:
             sequence_output = sequence_output[masked_positions]  # (M, H)
         elif masked_positions is not None:
-            index = masked_positions[:, :, None].expand(-1, -1, sequence_output.shape[-1])
+            index = masked_positions.unsqueeze(-1).expand(-1, -1, sequence_output.shape[-1])  # (B, P, H)
             sequence_output = sequence_output.gather(1, index)  # (B, P, H)
         mlm_logits = self.cls.predictions(sequence_output)
         nsp_logits = self.cls.seq_relationship(pooled_output) if self.cls.seq_relationship is not None else None

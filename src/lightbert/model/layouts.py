@@ -29,7 +29,7 @@ UNPADDING = ("off", "groups", "varlen")  # BertModel.unpad
 
 
 class PackedRows(NamedTuple):
-    """Where the examples of packed rows sit (`lightbert.pretraining.packing`): `document_ids` (B, T) each token's
+    """Where the examples of packed rows sit (`lightbert.tasks.pretraining.packing`): `document_ids` (B, T) each token's
     example in its row (1, 2, ...; 0 at padding), `position_ids` (B, T) its position within that example, and
     `cls_positions` (B, K) each example's [CLS] (0 for a row's empty slots)."""
 

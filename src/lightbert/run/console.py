@@ -5,10 +5,13 @@ also goes to the run's `train.log`."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import ClassVar
 
-from lightbert.run.cluster import is_global_zero
-from lightbert.run.settings import RunSettings
+from lightbert.cluster.environment import is_global_zero
+from lightbert.run.settings import RunSettings, Start
 
 
 class RankZero(logging.Filter):
@@ -93,12 +96,54 @@ class RunLogFile(logging.FileHandler):
                 handler.emit(record)
 
 
-def describe_run(settings: RunSettings, model: dict, evaluation: bool = False, matmuls: str | None = None) -> str:
-    """The run line: what is trained on what data, where, how long, in which batches."""
+@contextmanager
+def logging_like_the_command(output_dir: Path) -> Iterator[None]:
+    """Outside a Hydra run (`lightbert.train(cfg)` from a notebook or a script, `cfg` from `compose_config`), the
+    console and `train.log` as the command has them for the run: the same logging config, Hydra's `job_logging`,
+    applied as Hydra applies it before a job, and put back as it was afterwards. Nothing to do in a Hydra run, whose
+    handlers already write into `output_dir`, nor where the caller has logging of its own (a handler on the root
+    logger: a script's `logging.basicConfig`, pytest's capture), which lightbert leaves as it is."""
+    from hydra.core.hydra_config import HydraConfig
+
+    ours = any(Path(h.baseFilename).parent == output_dir for h in RunLogFile._configured)
+    if ours or logging.getLogger().handlers or not HydraConfig.initialized():
+        yield
+        return
+    from hydra.core.utils import configure_log
+    from omegaconf import OmegaConf
+
+    touched = [logging.getLogger(), logging.getLogger("lightbert")]
+    before = [(lg, list(lg.handlers), lg.level, lg.propagate, lg.disabled) for lg in touched]
+    hydra_config = OmegaConf.create({"hydra": HydraConfig.get()}).hydra  # its ${hydra.runtime...} resolve from here
+    configure_log(hydra_config.job_logging, hydra_config.verbose)
+    try:
+        yield
+    finally:
+        for lg, handlers, level, propagate, disabled in before:
+            for handler in lg.handlers:
+                if handler not in handlers:
+                    handler.close()
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate, lg.disabled = propagate, disabled
+
+
+def describe_run(
+    settings: RunSettings,
+    model: dict,
+    evaluation: bool = False,
+    matmuls: str | None = None,
+    left_to_right: str | None = None,
+    start: Start | None = None,
+) -> str:
+    """The run line: what is trained on what data, where, how long, in which batches. `left_to_right` says why the
+    model attends left to right (`preflight.left_to_right_because`), where it does."""
     sizes = f"L{model['num_hidden_layers']}/H{model['hidden_size']}/A{model['num_attention_heads']}"
+    if left_to_right:
+        sizes += f", attention left to right ({left_to_right})"
     source = f"init_from={settings.init_from}" if settings.init_from else "from scratch"
-    if settings.start.resuming:
-        source = f"resumed from step {settings.start.step} of {settings.start.resume_from}"
+    if start is not None and start.resuming:
+        source = f"resumed from step {start.step} of {start.resume_from}"
     task, trainer, batches = settings.task, settings.trainer, settings.batches
     if not task.fine_tuning:
         data = f"corpus {settings.corpus.get('name') or ','.join(settings.corpus.get('paths') or []) or 'demo'}"

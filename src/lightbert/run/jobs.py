@@ -1,243 +1,72 @@
-"""`train` and `evaluate`: one experiment from a composed Hydra config. `src/train.py` and `src/evaluate.py` call them
-(through `run.commands`, which builds the settings first); so do the tests and notebooks.
+"""`train` and `evaluate`: one experiment from a composed Hydra config, the one path of a run. `src/train.py` and
+`src/evaluate.py` (and `lightbert-train`, `lightbert-evaluate`) call them; so do notebooks and tests.
 
-The path of one run: its settings, checked (`run.settings`); the run directory held and how it starts decided
-(`run_dir.held`); the checks on this machine, then the run's record (`run.preflight`); the DataModule and the
-LightningModule with init_from's weights; the Trainer; fit; the results.
+The path of one run: its settings, built once and checked (`run.settings`), before torch and Lightning load, so a
+bad value is refused in a second; the run directory held and how it starts decided (`run_dir.held`); then the flow
+(`run.flows`): the checks on this machine and the record, the DataModule and the LightningModule with init_from's
+weights, the Trainer, fit, the results.
 """
 
 from __future__ import annotations
 
-import logging
-import math
-import os
-import time
-from pathlib import Path
+import sys
 from typing import Any
 
-import lightning as L
-import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from lightbert.checkpoints.continued import with_added_words
-from lightbert.checkpoints.reading import Pretrained
-from lightbert.checkpoints.saving import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
-from lightbert.data.tokenizer import load_tokenizer
+from lightbert.cluster import processes
+from lightbert.cluster.environment import adopt_submitit_local_ranks
 from lightbert.errors import UserError
-from lightbert.finetuning.predictions import write_test_predictions
-from lightbert.run import processes
-from lightbert.run.agreement import SameResumeOnEveryNode
-from lightbert.run.architecture import check_head, load_pretrained_weights, with_vocabulary
-from lightbert.run.callbacks import RunProgressBar
-from lightbert.run.instantiation import instantiate_config, parameters_named_by
-from lightbert.run.loggers import RunCSVLogger, finish_wandb, summarise_in_wandb
-from lightbert.run.preflight import prepare
-from lightbert.run.run_dir import LAST_CHECKPOINT, held, save_tokenizer, write_results
-from lightbert.run.run_dir import results as run_results
+from lightbert.run.console import logging_like_the_command
+from lightbert.run.run_dir import held
 from lightbert.run.settings import RunSettings
-from lightbert.run.speed import apply_speed_switches, fix_batch_shapes
-
-log = logging.getLogger(__name__)
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Train and validate as `cfg` says; write `results.json` in the run directory and return its content.
+    """Train and validate as `cfg` says; write `results.json` in the run directory and return its content. The one
+    path of a training run: `python src/train.py` (and `lightbert-train`) calls it, and so do notebooks and tests.
 
     The run directory is the user's record: it is held for this run alone, and a command refused by the checks
-    before training writes nothing into it."""
+    before training writes nothing into it. SIGTERM or Ctrl-C ends the process as they end the command: during
+    training after the current batch, with `last.ckpt` saved and one line that says how to continue, then exit
+    128 + the signal's number; before or after training at once, with one line."""
+    adopt_submitit_local_ranks()  # before anything asks which process this is
     settings = RunSettings.from_config(cfg)  # a bad value is refused here, before anything is read or written
     processes.install()  # its DataLoader workers and data-preparation pool die with it, and hold no lock
-    with held(settings) as settings:
-        return fit(settings)
+    with (
+        logging_like_the_command(settings.output_dir),
+        held(settings) as start,
+        processes.stops_cleanly(settings.output_dir),
+    ):
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        from lightbert.plugins import checkpointing
+        from lightbert.run.flows import fit
+
+        try:
+            return fit(settings, start)
+        except SIGTERMException:
+            # Lightning stopped after the current batch and LatestCheckpoint saved it; exit as a process killed by
+            # the signal does (SIGTERM, or SIGINT for Ctrl-C).
+            stopped_by = checkpointing.stopped_by
+            print(
+                f"lightbert: stopped by {stopped_by.name}; the latest state is in "
+                f"{settings.output_dir}/checkpoints/last.ckpt. To continue, rerun the same command with "
+                f"hydra.run.dir={settings.output_dir} resume=true",
+                file=sys.stderr,
+            )
+            sys.exit(128 + stopped_by)
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Score the fine-tuned model `init_from` names on the task's validation splits and write the prediction files a
     training run writes, into a new run directory (`results.json` there); the checkpoint's own is never touched."""
+    adopt_submitit_local_ranks()
     settings = RunSettings.from_config(cfg)
     if not settings.init_from:
         raise UserError("src/evaluate.py scores a fine-tuned model: set init_from=<run directory | .ckpt | HF dir>")
     processes.install()
-    with held(settings, evaluation=True) as settings:
-        return validate(settings)
+    with logging_like_the_command(settings.output_dir), held(settings, evaluation=True) as start:
+        from lightbert.run.flows import validate
 
-
-def fit(settings: RunSettings) -> dict[str, Any]:
-    """The training run of held settings (`run_dir.held`)."""
-    started, start, output_dir = time.time(), settings.start, settings.output_dir
-    log.info(f"run directory: {output_dir}")  # first on the console (train.log holds it until the checks pass)
-    _say_how_it_starts(settings)
-    settings, pretrained, model_config = prepare(settings)
-    try:
-        tokenizer = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}
-        if start.resuming and (output_dir / "tokenizer.json").is_file():
-            # The run's own tokenizer: the ids its checkpoint was trained on, whatever the corpus now holds (and the
-            # words task.datamodule.add_words added when it began: none are added again).
-            tokenizer = {"tokenizer": load_tokenizer(output_dir / "tokenizer.json")}
-            if "add_words" in settings.task.datamodule:
-                tokenizer["add_words"] = None
-        datamodule, module, _ = _data_and_module(settings, pretrained, model_config, tokenizer)
-        # metrics.csv continues from the checkpoint's step, or after every row of an attempt that left no checkpoint
-        keep_rows_before = start.step if start.resuming else (math.inf if settings.resume or start.requeued else None)
-        loggers = _loggers(settings, keep_rows_before)
-        if not start.resuming:
-            save_tokenizer(datamodule.tokenizer, output_dir)
-        resume_from, phases = start.resume_from, settings.phases
-        for number, phase in enumerate(phases, start=1):
-            if len(phases) > 1:
-                if phase.end_step <= start.step and number < len(phases):
-                    continue  # finished before the checkpoint this run resumes from
-                log.info(f"phase {number}/{len(phases)}: steps {phase.first_step}-{phase.end_step}, {phase.datamodule}")
-                phase_kwargs = {"tokenizer": datamodule.tokenizer, "first_step": phase.first_step, "add_words": None}
-                datamodule = _datamodule(settings, phase_kwargs, phase.datamodule)
-            # Fresh callbacks for each phase: their state comes back from the checkpoint the phase starts from.
-            callbacks = [
-                *_callbacks(settings),
-                SameResumeOnEveryNode(output_dir, start.step if start.resuming else None),
-            ]
-            trainer = _trainer(
-                settings, callbacks, loggers, **({"max_steps": phase.end_step} if len(phases) > 1 else {})
-            )
-            with processes.naming_killed_ranks(trainer):
-                trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
-            resume_from = output_dir / LAST_CHECKPOINT  # the next phase starts from this one's weights and optimizer
-        results = run_results(trainer, output_dir, time.time() - started)
-        results["predictions"] = write_test_predictions(trainer, module, datamodule, output_dir)
-        return _finish(trainer, results, output_dir)
-    finally:
-        finish_wandb()
-
-
-# What evaluation runs without: it saves no checkpoint and trains no step.
-TRAINING_ONLY_CALLBACKS = (ModelCheckpoint, LatestCheckpoint, ResumableRNG, LearningRateMonitor)
-
-
-def validate(settings: RunSettings) -> dict[str, Any]:
-    """The evaluation run of held settings: init_from's fine-tuned model on the task's validation splits."""
-    started = time.time()
-    log.info(f"run directory: {settings.output_dir}")
-    settings, pretrained, model_config = prepare(settings, lambda p: check_head(settings, p), evaluation=True)
-    try:
-        kwargs = {"tokenizer": pretrained.tokenizer} if pretrained.tokenizer else {}
-        if settings.task.fine_tuning:  # fine-tuning data: no training split needed
-            kwargs["fit"] = False
-        datamodule, module, fresh = _data_and_module(settings, pretrained, model_config, kwargs, training=False)
-        task = settings.task
-        if fresh:
-            raise UserError(
-                f"init_from={settings.init_from} has no fine-tuned {task.name} head: {', '.join(fresh[:3])} would be "
-                f"untrained. Evaluate a model fine-tuned for task={task.option or '...'} (its run directory or .ckpt)"
-            )
-        trained_for = pretrained.hyper_parameters.get("task")
-        if trained_for and trained_for != task.name:
-            log.warning(
-                f"init_from={settings.init_from} was fine-tuned on {trained_for}, and is evaluated on {task.name}"
-            )
-        callbacks = [c for c in _callbacks(settings) if not isinstance(c, TRAINING_ONLY_CALLBACKS)]
-        trainer = _trainer(settings, callbacks, _loggers(settings))
-        trainer.validate(module, datamodule=datamodule)
-        results = {
-            "evaluated": pretrained.source,
-            "metrics": {name: float(value) for name, value in sorted(trainer.callback_metrics.items())},
-            "predictions": write_test_predictions(trainer, module, datamodule, settings.output_dir),
-            "output_dir": str(settings.output_dir),
-            "seconds": round(time.time() - started, 1),
-        }
-        return _finish(trainer, results, settings.output_dir)
-    finally:
-        finish_wandb()
-
-
-def _say_how_it_starts(settings: RunSettings) -> None:
-    start, output_dir = settings.start, settings.output_dir
-    if start.requeued:
-        job, restarts = os.environ["SLURM_JOB_ID"], os.environ["SLURM_RESTART_COUNT"]
-        log.info(f"SLURM job {job} was requeued ({restarts} restart(s)): continuing its run")
-    if (settings.resume or start.requeued) and not start.resuming:
-        kept = _metric_rows(output_dir / "metrics.csv")
-        also = f"; metrics.csv keeps the {kept} row(s) of the earlier attempt and continues after them" if kept else ""
-        log.info(f"resume=true and no {output_dir / LAST_CHECKPOINT} yet: starting from the beginning{also}")
-
-
-def _datamodule(settings: RunSettings, kwargs: dict, changes: dict | None = None):
-    """The task's DataModule (a phase's `changes` to task.datamodule applied), with batches of the shapes the speed
-    switches need (said once, for the first). Partial, then called: objects passed through instantiate() would be
-    turned into configs."""
-    with parameters_named_by(settings.task.datamodule):
-        datamodule = instantiate_config(settings.task.datamodule, **(changes or {}), _partial_=True)(**kwargs)
-        datamodule.tokenizer  # noqa: B018  (its first use: a bad tokenizer_path is named as the key here)
-    shapes = fix_batch_shapes(datamodule, settings.speed)
-    if shapes and changes is None:
-        log.info(shapes)
-    return datamodule
-
-
-def _data_and_module(
-    settings: RunSettings, pretrained: Pretrained | None, model_config: dict, kwargs: dict, training: bool = True
-):
-    """The task's DataModule and LightningModule, the module holding init_from's weights; and the fresh ones."""
-    datamodule = _datamodule(settings, kwargs)
-    growth = None
-    if pretrained is not None:  # rows for the words task.datamodule.add_words added to its tokenizer
-        pretrained, growth = with_added_words(pretrained, datamodule.tokenizer)
-    module = instantiate_config(
-        settings.task.module,
-        model=with_vocabulary(model_config, datamodule.tokenizer, pretrained),
-        optim=settings.optim,
-        _convert_="all",
-    )
-    fresh = load_pretrained_weights(settings, module, pretrained, growth) if pretrained is not None else []
-    apply_speed_switches(module, settings.speed, settings.trainer, settings.task.packing, training)
-    return datamodule, module, fresh
-
-
-def _callbacks(settings: RunSettings) -> list:
-    return [instantiate_config(c) for c in settings.callbacks]
-
-
-def _loggers(settings: RunSettings, resumed_step: float | None = None) -> list:
-    loggers = [instantiate_config(c) for c in settings.loggers]
-    for logger in loggers:  # the resolved config, and the command line that made it
-        if isinstance(logger, RunCSVLogger) and resumed_step is not None:
-            logger.resumed_step = resumed_step  # metrics.csv continues from the checkpoint's step
-        logger.log_hyperparams(OmegaConf.to_container(settings.config, resolve=True))
-    return loggers
-
-
-def _trainer(settings: RunSettings, callbacks: list, loggers: list, **overrides: Any) -> L.Trainer:
-    if settings.trainer.progress_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
-        callbacks = [*callbacks, RunProgressBar()]  # lightbert's bar, not Lightning's default (Rich where installed)
-    overrides.setdefault("accumulate_grad_batches", settings.batches.accumulate)
-    plugins = [instantiate_config(p) for p in settings.trainer.config.get("plugins") or []]
-    return instantiate_config(
-        settings.trainer.config,
-        callbacks=callbacks,
-        logger=loggers or False,
-        plugins=[AtomicCheckpointIO(), *plugins],
-        **overrides,
-    )
-
-
-def _metric_rows(path: Path) -> int:
-    if not path.is_file():
-        return 0
-    with path.open(newline="") as file:
-        return max(0, sum(1 for _ in file) - 1)
-
-
-def _finish(trainer: L.Trainer, results: dict[str, Any], output_dir: Path) -> dict[str, Any]:
-    """results.json and the console's last line, the W&B summary, and the end of the process group."""
-    write_results(results, output_dir)
-    summarise_in_wandb(trainer, results)
-    _end_distributed()
-    return results
-
-
-def _end_distributed() -> None:
-    """Ends the process group Lightning's DDP started, once every process has finished (a failed run leaves it to
-    the exit, as a barrier could wait for a process that is gone). Left to the interpreter's exit, gloo's threads
-    were seen to abort a finished DDP run ("terminate called without an active exception", exit -6)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()  # no process leaves while another still gathers predictions
-        torch.distributed.destroy_process_group()
+        return validate(settings, start)

@@ -14,29 +14,32 @@ from typing import Any
 import lightning as L
 import torch
 from datasets.utils import logging as datasets_logging
+from omegaconf import DictConfig
 
 from lightbert.checkpoints.reading import Pretrained, load_pretrained
-from lightbert.checkpoints.saving import saved_job_shape
 from lightbert.data.local_files import file_identity
 from lightbert.errors import ConfigError, UserError
 from lightbert.model.fp8 import check_fp8_device
-from lightbert.pretraining.corpus import TextCorpus
-from lightbert.run.architecture import check_vocabulary, checked_model_config, size_name
+from lightbert.plugins.checkpointing import saved_job_shape
 from lightbert.run.console import RunLogFile, describe_run, tidy_lightning_console
 from lightbert.run.instantiation import instantiate_config
 from lightbert.run.run_dir import check_data_unchanged, record_run, remove_stale_temporaries
-from lightbert.run.settings import MATMUL_PRECISIONS, RunSettings
+from lightbert.run.settings import MATMUL_PRECISIONS, RunSettings, Start
+from lightbert.run.weights import check_vocabulary, checked_model_config, size_name
+from lightbert.tasks.pretraining.corpus import TextCorpus
 
 log = logging.getLogger(__name__)
 
 
 def prepare(
-    settings: RunSettings, check: Callable[[Pretrained], None] | None = None, evaluation: bool = False
-) -> tuple[RunSettings, Pretrained | None, dict]:
+    settings: RunSettings, start: Start, check: Callable[[Pretrained], None] | None = None, evaluation: bool = False
+) -> tuple[Pretrained | None, dict, DictConfig]:
     """The checks, then the record. `check` refuses an init_from the command cannot use (evaluation: one without
-    the task's head). Returns the settings (naming init_from's model), its checkpoint, and the architecture."""
+    the task's head). Returns init_from's checkpoint, the architecture, and the config as recorded (naming the
+    model that runs)."""
     _quiet_known_warnings()
     check_devices(settings)
+    check_cache_dir(settings)
     settings.batches  # noqa: B018  (a global batch these devices cannot make is refused here)
     matmuls = set_fp32_matmuls(settings)
     if settings.speed.fp8 and not evaluation:  # evaluation runs no fp8: it trains nothing
@@ -56,17 +59,31 @@ def prepare(
         check(pretrained)
     pretrained = check_vocabulary(settings, pretrained)
     model_config = checked_model_config(settings, pretrained)
-    if pretrained is not None:
-        settings = settings.with_model(model_config, size_name(model_config))
-    start, output_dir = settings.start, settings.output_dir
-    resized = _resized(settings) if start.resuming else False
+    config = settings.config_naming(model_config, size_name(model_config)) if pretrained else settings.config
+    output_dir = settings.output_dir
+    resized = _resized(settings, start) if start.resuming else False
     # A resume that changes a setting is refused here (the devices and nodes may change where the global batch stays).
-    record_run(settings.config, settings.overrides, output_dir, resuming=start.resuming, resized=resized)
+    record_run(config, settings.overrides, output_dir, resuming=start.resuming, resized=resized)
     check_data_unchanged(output_dir, data_sources(settings), resuming=start.resuming)  # or its data: here
     RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
     remove_stale_temporaries(output_dir)
-    log.info(describe_run(settings, model_config, evaluation=evaluation, matmuls=matmuls))
-    return settings, pretrained, model_config
+    log.info(
+        describe_run(settings, model_config, evaluation, matmuls, left_to_right_because(settings, pretrained), start)
+    )
+    return pretrained, model_config, config
+
+
+def left_to_right_because(settings: RunSettings, pretrained: Pretrained | None) -> str | None:
+    """Why the model attends left to right, for the run line; None where it attends both ways. A decoder BERT
+    fine-tuned on a sentence task keeps the attention it was trained with (as transformers runs it), which a user
+    expecting BERT's bidirectional encoder would not guess."""
+    if pretrained is None:
+        return f"task.objective={settings.task.objective}" if settings.task.objective == "ltr" else None
+    if pretrained.config.get("attention") != "left_to_right":
+        return None
+    if pretrained.hf_config.get("is_decoder"):
+        return "is_decoder: true in init_from's config.json; transformers runs it so too"
+    return "init_from's model was trained left to right, and fine-tuning keeps its attention"
 
 
 def _quiet_known_warnings() -> None:
@@ -81,6 +98,9 @@ def _quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     # A short epoch logs once per epoch instead (callbacks.ShortEpochLogging): nothing left for the user to do.
     warnings.filterwarnings("ignore", message=".*is smaller than the logging interval.*")
+    # A fine-tuning run resumed within an epoch: run.callbacks.FineTuningResume says what that epoch trains instead
+    # (pre-training's loaders resume by step and never raise it).
+    warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
     # The feature-based tasks keep their frozen encoder in eval mode on purpose (no dropout in the features).
     warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode at the start of training.*")
 
@@ -96,6 +116,32 @@ def check_devices(settings: RunSettings) -> None:
         )
 
 
+def check_cache_dir(settings: RunSettings) -> None:
+    """Refuses, before anything is written, a cache every run writes (tokenizers, encoded examples, datasets' own
+    files) that cannot be written: a read-only mount, a file in its place, a directory of another user's. Found
+    later, it was a traceback from `datasets` after the run's record was written. (`os.access` asks the system:
+    it says a read-only file system is not writable even to root, for whom permissions are no obstacle.)"""
+    given = settings.task.datamodule.get("cache_dir")
+    if not given:
+        return
+    path = Path(str(given)).expanduser()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent  # the cache is made when first used: where it would be made
+    if not existing.is_dir():
+        problem = f"{existing} is a file, not a directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
+        problem = f"{existing} is on a read-only file system" if read_only else f"{existing} is not writable"
+    else:
+        return
+    raise UserError(
+        f"the cache paths.cache_dir={path} cannot be written: {problem}; every run writes its tokenizer and encoded "
+        "data there. Point it at a writable directory with paths.cache_dir=... (or the LIGHTBERT_CACHE environment "
+        "variable)"
+    )
+
+
 def set_fp32_matmuls(settings: RunSettings) -> str | None:
     """On CUDA, fp32 matrix multiplications on TF32 tensor cores by default (`speed.matmul_precision: high`, the
     advice torch and Lightning give for Ampere and later GPUs; bf16-mixed runs most matmuls in bf16 anyway, TF32
@@ -106,12 +152,12 @@ def set_fp32_matmuls(settings: RunSettings) -> str | None:
     return MATMUL_PRECISIONS[settings.speed.matmul_precision]
 
 
-def _resized(settings: RunSettings) -> bool:
+def _resized(settings: RunSettings, start: Start) -> bool:
     """Whether a resume runs on another number of devices with the checkpoint's global batch: the data continues
     exactly (its position is the step, each step the same examples), said once. Another global batch would re-train
     or skip examples: refused with the key that keeps it. A checkpoint from before lightbert recorded its job's
     shape resumes only as it was recorded."""
-    resume_from = settings.start.resume_from
+    resume_from = start.resume_from
     shape = saved_job_shape(resume_from)
     if not shape or shape.get("global_batch") is None:
         return False
@@ -129,7 +175,7 @@ def _resized(settings: RunSettings) -> bool:
     if world != shape["world_size"]:
         log.info(
             f"resuming on {world} device(s), the checkpoint's job had {shape['world_size']}: the global batch stays "
-            f"{batches.global_batch} ({now}), and the data continues at step {settings.start.step}"
+            f"{batches.global_batch} ({now}), and the data continues at step {start.step}"
         )
     return world != shape["world_size"] or batches.accumulate != shape["accumulate"]
 

@@ -19,10 +19,10 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from lightbert.cluster import processes
+from lightbert.cluster.environment import is_global_zero
 from lightbert.errors import UserError
 from lightbert.files import RESULTS_FILE, write_atomically
-from lightbert.run import processes
-from lightbert.run.cluster import is_global_zero
 from lightbert.run.settings import RunSettings, Start
 
 log = logging.getLogger(__name__)
@@ -107,19 +107,53 @@ def _is_temporary(path: Path) -> bool:
     return path.name.startswith(".") and ".tmp-" in path.name  # a killed save's (remove_stale_temporaries)
 
 
-def checkpoint_step(path: Path) -> int:
+def checkpoint_step(path: Path, settings: RunSettings | None = None) -> int:
     """The global step of a checkpoint to resume from, read without loading its weights (mmap); a file that is no
-    checkpoint (truncated by a full disk, or something else) is one message, not torch's traceback."""
+    checkpoint (truncated by a full disk, or something else) is one message, not torch's traceback. With
+    `settings`, a checkpoint of another kind of run than theirs is refused too (`check_same_kind`)."""
     try:
         import torch
 
-        return int(torch.load(path, mmap=True, weights_only=True)["global_step"])
+        checkpoint = torch.load(path, mmap=True, weights_only=True)
+        step = int(checkpoint["global_step"])
     except Exception as error:
         raise UserError(
             f"{path} cannot be read as a checkpoint ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
             "the run cannot resume from it. Start a new run directory (init_from=<an earlier checkpoint of it> starts "
             "from its weights), or restore a good last.ckpt"
         ) from None
+    if settings is not None:
+        check_same_kind(path, checkpoint, settings)
+    return step
+
+
+def check_same_kind(path: Path, checkpoint: dict, settings: RunSettings) -> None:
+    """Refuses a checkpoint that another kind of run wrote (a fine-tune's last.ckpt copied into a pre-training run,
+    a SQuAD one into a GLUE run, an MRPC one into an SST-2 run): Lightning would restore its step, then fail to load
+    its weights into this task's model. The kind is the head a fine-tuning module records (`TaskModule.head`; none
+    for pre-training) and the GLUE task it was trained on."""
+    from hydra.utils import get_class
+
+    wanted = getattr(get_class(str(settings.task.module._target_)), "head", None)
+    hyper_parameters = checkpoint.get("hyper_parameters") or {}
+    found = checkpoint.get("head")
+    if found is None and "objective" not in hyper_parameters:
+        return  # written before lightbert recorded heads: nothing to judge it by
+    found_task, wanted_task = hyper_parameters.get("task"), settings.task.module.get("task")
+    if found == wanted and (found_task is None or wanted_task is None or found_task == wanted_task):
+        return
+
+    def kind(head: str | None, task: str | None) -> str:
+        if head is None:
+            return "pre-training"
+        return f"fine-tuning ({head.replace('_', ' ')}{f', {task}' if task else ''})"
+
+    raise UserError(
+        f"{path} is a checkpoint of {kind(found, found_task)}, and this command (task="
+        f"{settings.task.option or settings.task.name}) runs {kind(wanted, wanted_task)}: resume=true continues a run "
+        "with the task that wrote the checkpoint. Rerun that run's own command to resume it, or start a new run "
+        f"directory from its weights with init_from={path}"
+    )
 
 
 def remove_stale_temporaries(output_dir: Path) -> None:
@@ -231,12 +265,40 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): node}
 
 
+# Where lightbert's classes lived before the package took its present layout (the Trainer's plug-ins in run/ and
+# checkpoints/, each task folder at the top), so that a run recorded then resumes now: a recorded `_target_` under an
+# old module path names the class the new path names.
+PLUGINS_MOVED = {
+    "run.callbacks": "plugins.callbacks",
+    "run.agreement": "plugins.agreement",
+    "run.loggers": "plugins.loggers",
+    "run.strategies": "plugins.strategies",
+    "checkpoints.saving": "plugins.checkpointing",
+}
+
+
+def _moved_to_today(value: Any) -> Any:
+    import pkgutil
+
+    import lightbert.tasks
+
+    moved = {f"lightbert.{old}.": f"lightbert.{new}." for old, new in PLUGINS_MOVED.items()}
+    moved |= {
+        f"lightbert.{p.name}.": f"lightbert.tasks.{p.name}." for p in pkgutil.iter_modules(lightbert.tasks.__path__)
+    }
+    if isinstance(value, str):
+        for old, new in moved.items():
+            if value.startswith(old):
+                return new + value[len(old) :]
+    return value
+
+
 def _override_key(override: str) -> str:
     """The key of a command-line override: `speed.fp8` for `speed.fp8=true`, `+callbacks.x=...`, `~logger`."""
     return override.split("=", 1)[0].lstrip("+~")
 
 
-# What a resume may change when the checkpoint says the global batch stays the same (`jobs._resized`): the devices
+# What a resume may change when the checkpoint says the global batch stays the same (`preflight._resized`): the devices
 # and nodes a requeued job gets, and the accumulation that keeps the global batch.
 RESIZABLE_ON_RESUME = ("trainer.devices", "trainer.num_nodes", "trainer.accumulate_grad_batches")
 
@@ -272,6 +334,7 @@ def record_run(
     config = OmegaConf.to_container(config, resolve=False)
     if resuming and (record / "config.yaml").is_file():
         recorded = _flat(OmegaConf.to_container(OmegaConf.load(record / "config.yaml"), resolve=False))
+        recorded = {key: _moved_to_today(v) if key.endswith("_target_") else v for key, v in recorded.items()}
         now = _flat(config)
         # A setting that an earlier lightbert did not have (e.g. speed.fp8) is not in that run's record: at its
         # default, it changes nothing, so the run resumes; set on this command line, it is a change like any other.
@@ -347,17 +410,17 @@ def refused_leaves_nothing(output_dir: Path) -> Iterator[None]:
 
 
 @contextmanager
-def held(settings: RunSettings, evaluation: bool = False) -> Iterator[RunSettings]:
+def held(settings: RunSettings, evaluation: bool = False) -> Iterator[Start]:
     """The run directory held for this run (`locked`), what a refused command wrote there taken back
-    (`refused_leaves_nothing`), and the job's DDP processes ended with it. Yields the settings with how the run
-    starts (`Start`), decided here once, under the lock: from the beginning, or from the checkpoint that resume=true
+    (`refused_leaves_nothing`), and the job's DDP processes ended with it. Yields how the run starts (`Start`),
+    decided here once, under the lock: from the beginning, or from the checkpoint that resume=true
     (or a requeued SLURM job) continues. An evaluation starts a new directory."""
     output_dir = settings.output_dir
     with locked(output_dir), refused_leaves_nothing(output_dir), processes.ddp_children_of_this_job():
         again = not evaluation and requeued(output_dir)
         resume_from = check_output_dir(output_dir, (settings.resume and not evaluation) or again)
-        step = checkpoint_step(resume_from) if resume_from is not None else 0
-        yield settings.starting(Start(resume_from, step, again))
+        step = checkpoint_step(resume_from, settings) if resume_from is not None else 0
+        yield Start(resume_from, step, again)
 
 
 @contextmanager

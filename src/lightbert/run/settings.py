@@ -10,7 +10,7 @@ Torch-free at import, so that a refused command is refused before torch loads; t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError
 
 from lightbert.errors import ConfigError, ParameterError
-from lightbert.pretraining.objectives import OBJECTIVES, MaskingShares
 from lightbert.run.phases import Phase, phases_of
+from lightbert.tasks.pretraining.objectives import OBJECTIVES, MaskingShares
 
 # Lightning's precisions (lightning.fabric.connector._PRECISION_INPUT), here so that a refusal needs no torch.
 PRECISIONS = ("16-true", "16-mixed", "bf16-true", "bf16-mixed", "32-true", "64-true", "16", "bf16", "32", "64",
@@ -227,13 +227,15 @@ class TrainerSettings:
         )
 
 
-# task.datamodule's numbers: key -> (kind, smallest value allowed, whether null is allowed, "auto" allowed).
+# task.datamodule's numbers: key -> what `checked_number` allows (kind, smallest value, null, "auto", ...).
 DATAMODULE_NUMBERS = {
-    "eval_batch_size": (int, 1, True, False),
-    "dupe_factor": (int, 1, False, False),
-    "max_predictions_per_seq": (int, 1, False, False),
-    "num_workers": (int, 0, False, True),  # "auto": fine-tuning's loaders pick by the machine
-    "vocab_size": (int, 1, False, False),
+    "eval_batch_size": {"kind": int, "minimum": 1, "nullable": True},
+    "dupe_factor": {"kind": int, "minimum": 1},
+    "max_predictions_per_seq": {"kind": int, "minimum": 1, "nullable": True},  # null: from the length and rate
+    "num_workers": {"kind": int, "minimum": 0, "or_auto": True},  # "auto": fine-tuning's loaders pick by the machine
+    "vocab_size": {"kind": int, "minimum": 1},
+    # A share of the training batches between two validations (pre-training); null reads the whole held-out split.
+    "validation_share": {"kind": float, "positive": True, "largest": 1, "nullable": True},
 }
 
 
@@ -257,10 +259,9 @@ class TaskSettings:
     def __post_init__(self) -> None:
         if self.objective is not None and self.objective not in OBJECTIVES:
             raise ConfigError(f"task.objective={self.objective!r} is not known; valid: {list(OBJECTIVES)}")
-        for key, (kind, minimum, nullable, or_auto) in DATAMODULE_NUMBERS.items():
+        for key, allowed in DATAMODULE_NUMBERS.items():
             if key in self.datamodule:
-                value = self.datamodule[key]
-                checked_number(f"task.datamodule.{key}", value, kind, minimum, nullable, or_auto=or_auto)
+                checked_number(f"task.datamodule.{key}", self.datamodule[key], **allowed)
         add = self.datamodule.get("add_words")
         if add is not None and not isinstance(add, str) and (_as_number(add, int) is None or add < 0):
             raise ConfigError(
@@ -354,9 +355,7 @@ class RunSettings:
     optim: dict
     phases: tuple[Phase, ...]
     callbacks: tuple[DictConfig, ...] = field(repr=False)
-    loggers: tuple[DictConfig, ...] = field(repr=False)
     corpus: DictConfig | None = field(repr=False)  # pre-training's corpus= group
-    start: Start = Start()
 
     def __post_init__(self) -> None:
         checked_number("seed", self.seed, int, 0, largest=2**32 - 1)  # numpy's and Python's seeds
@@ -445,13 +444,11 @@ class RunSettings:
             )
         return Batches(per_device, devices, nodes, accumulate, wanted)
 
-    def starting(self, start: Start) -> RunSettings:
-        return replace(self, start=start)
-
-    def with_model(self, model: dict, name: str) -> RunSettings:
-        """Under init_from the checkpoint decides the model: the recorded config, the run's name and its W&B tags
-        say the model that runs (`name`, e.g. bert_tiny), not the `model=` default (a fine-tune of a bert_tiny
-        checkpoint is not "sst2-bert_mini")."""
+    def config_naming(self, model: dict, name: str) -> DictConfig:
+        """The config as recorded and given to the loggers: under init_from the checkpoint decides the model, and
+        the record, the run's name and its W&B tags say the model that runs (`name`, e.g. bert_tiny), not the
+        `model=` default (a fine-tune of a bert_tiny checkpoint is not "sst2-bert_mini"). The settings stay as
+        they were built."""
         config = self.config.copy()
         default_name = f"{self.task.name}-{self.model_option}"
         with open_dict(config):
@@ -461,8 +458,7 @@ class RunSettings:
             wandb = (config.get("logger") or {}).get("wandb")
             if wandb is not None and self.model_option in (wandb.get("tags") or []):
                 wandb.tags = [name if tag == self.model_option else tag for tag in wandb.tags]
-        loggers = tuple(config.logger.values()) if config.get("logger") else ()
-        return replace(self, config=config, model=model, loggers=loggers)
+        return config
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> RunSettings:
@@ -487,7 +483,6 @@ class RunSettings:
             optim=OmegaConf.to_container(cfg.optim, resolve=True),
             phases=tuple(phases_of(cfg.task.get("phases"), trainer.max_steps)),
             callbacks=tuple((cfg.get("callbacks") or {}).values()),
-            loggers=tuple((cfg.get("logger") or {}).values()),
             corpus=cfg.get("corpus"),
         )
 

@@ -1,0 +1,291 @@
+"""What makes a killed run resumable bit for bit: atomic checkpoint files, RNG states, a checkpoint on SIGTERM.
+
+Lightning's checkpoints hold the weights, optimizer, schedule, loop counters and callback states. The data
+position needs nothing more: `StepSampler` restarts from the global step. What is missing is the RNG, which
+draws dropout: `ResumableRNG` saves every device's generators as they were right after the last optimizer step,
+and sets them back right before the first step after a resume, when the DataLoader has started and would
+not draw from them any more. `LatestCheckpoint` writes the latest checkpoint at the end and when the process is told to
+stop (SIGTERM, which SLURM sends before a preemption or at the time limit).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from lightbert.cluster import processes
+from lightbert.distributed import is_distributed
+from lightbert.errors import UserError
+from lightbert.files import replace_atomically
+
+log = logging.getLogger(__name__)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes a checkpoint next to its destination, then renames it into place.
+
+    A crash during the write leaves the previous file whole (rename is atomic on POSIX file systems).
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        path = Path(path)
+        try:
+            with processes.writing_checkpoint():  # a process of the job dying meanwhile does not cut it short
+                replace_atomically(path, lambda tmp: super(AtomicCheckpointIO, self).save_checkpoint(checkpoint, tmp))
+        except (OSError, RuntimeError) as error:  # torch reports a failed write as a RuntimeError around the OSError
+            cause = error if isinstance(error, OSError) else error.__cause__ or error.__context__ or error
+            kept = f"the previous {path.name} is kept whole" if path.exists() else f"no {path.name} was written"
+            raise UserError(
+                f"could not write the checkpoint {path} ({cause}): is the disk full, or the directory not writable? "
+                f"{kept}, and the temporary file was removed. Make room and rerun the command with resume=true"
+            ) from None
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's generators, as plain containers and tensors (loadable with weights_only=True)."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    states = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": [kind, keys.tolist(), position, has_gauss, cached],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class ResumableRNG(L.Callback):
+    """Saves each device's RNG states as of the last optimizer step; restores them before the next step."""
+
+    def __init__(self) -> None:
+        self._at_last_step: dict[str, Any] | None = None
+        self._pending: dict[str, Any] | None = None
+        self._step_seen = -1
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if self._pending is not None:
+            set_rng_states(self._pending)
+            self._pending = None
+        if self._step_seen != trainer.global_step:  # a step begins: what a checkpoint of the last one restores
+            self._at_last_step, self._step_seen = rng_states(), trainer.global_step
+
+    def on_save_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # Saved after the step that the checkpoint holds: the states the next step will start from.
+        states = rng_states() if trainer.global_step != self._step_seen else self._at_last_step
+        per_rank = [states]
+        if is_distributed():  # the file is written by rank 0 alone: it needs every rank's states
+            per_rank = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(per_rank, states)
+        checkpoint["rng_states"] = per_rank
+        checkpoint["job_shape"] = job_shape(trainer)
+
+    def on_load_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        shape = checkpoint.get("job_shape") or {}
+        if shape.get("accumulate") and shape["accumulate"] != trainer.accumulate_grad_batches:
+            rescale_batch_progress(checkpoint, trainer.accumulate_grad_batches / shape["accumulate"])
+        per_rank = checkpoint.get("rng_states")
+        if per_rank and len(per_rank) == trainer.world_size:
+            self._pending = per_rank[trainer.global_rank]
+        elif per_rank:
+            # Another number of devices: no state belongs to this rank. Seeded from (seed, step, rank), so that the
+            # same resize resumes the same way twice.
+            seed = int(os.environ.get("PL_GLOBAL_SEED", "0"))
+            derived = (seed * 1_000_003 + int(checkpoint.get("global_step", 0)) * 1_009 + trainer.global_rank) % 2**32
+            random.seed(derived)
+            np.random.seed(derived)
+            torch.manual_seed(derived)
+            self._pending = rng_states()
+            if trainer.global_rank == 0:
+                log.warning(
+                    f"the checkpoint holds the RNG states of {len(per_rank)} device(s), this job has "
+                    f"{trainer.world_size}: each device's generators are seeded from (seed, step, rank) instead"
+                )
+
+
+def rescale_batch_progress(checkpoint: dict[str, Any], factor: float) -> None:
+    """Lightning counts the epoch's batches done in this process's micro-batches; a job that accumulates another
+    number per step (a resize that keeps the global batch) has done `factor` times as many of its own. Left as they
+    were, Lightning would end the epoch early and the data would move on an epoch too soon. Changed in the loaded
+    checkpoint before Lightning restores its loops from it (callbacks load first)."""
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+    if not progress:
+        return
+    for part in ("total", "current"):
+        counts = progress.get(part, {})
+        if "processed" not in counts:
+            continue
+        # Scaled at `processed`; the others keep their offsets from it, by which Lightning tells where the checkpoint
+        # was saved (completed == processed - 1: at a batch's end, whose completion it then counts).
+        processed = counts["processed"]
+        for key, value in counts.items():
+            counts[key] = round(processed * factor) - (processed - value)
+
+
+def job_shape(trainer: L.Trainer) -> dict[str, int | None]:
+    """How the job that saves a checkpoint makes a step: what a resume on another number of devices must keep."""
+    per_device = getattr(trainer.datamodule, "batch_size", None)
+    accumulate = int(trainer.accumulate_grad_batches)
+    global_batch = per_device * trainer.world_size * accumulate if isinstance(per_device, int) else None
+    return {"world_size": trainer.world_size, "batch_size": per_device, "accumulate": accumulate,
+            "global_batch": global_batch}  # fmt: skip
+
+
+def saved_job_shape(path: Path) -> dict | None:
+    """The job shape a checkpoint recorded (None for one saved before lightbert recorded it), read with mmap."""
+    try:
+        return torch.load(path, mmap=True, weights_only=True).get("job_shape")
+    except Exception:
+        return None  # checkpoint_step has already judged the file
+
+
+def submitit_signal() -> signal.Signals | None:
+    """The signal SLURM sends a submitit job before its time limit or a preemption; None outside SLURM jobs."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return None
+    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+
+
+def slurm_requeue_signal(trainer: L.Trainer) -> signal.Signals | None:
+    """The signal after which this job requeues itself: Lightning's SLURM environment with `auto_requeue` (its
+    default when a job runs under srun; cluster=slurm turns it off, as submitit requeues), USR1 unless set."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    environment = trainer._accelerator_connector.cluster_environment
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+        return environment.requeue_signal or signal.SIGUSR1
+    return None
+
+
+# The signal that stopped this process's training, for the entry point's message and exit code.
+stopped_by: signal.Signals = signal.SIGTERM
+
+
+class LatestCheckpoint(L.Callback):
+    """Writes the latest checkpoint (the `ModelCheckpoint` without a monitor) when training ends, and when the
+    job is told to stop: SIGTERM (what SLURM sends before a preemption or at the time limit), Ctrl-C, submitit's
+    signal (USR2, cluster=slurm) and Lightning's SLURM requeue signal (USR1 under srun).
+
+    A handler only notes the signal: a collective inside a handler deadlocks when the signal lands while the process
+    is in another collective (Lightning's own SIGTERM handler broadcasts, its USR1 handler saves with a barrier).
+    Before every optimizer step the processes agree, in one all-reduce that each reaches at the same point, whether
+    any of them was signalled; if so every one stops there, after the step it was running, `last.ckpt` is written,
+    and the job exits (128 + the signal) or requeues itself: submitit's handler (cluster=slurm), or
+    `scontrol requeue` for the USR1 of a job under srun, which then resumes by itself in the same run directory
+    (`run_dir.requeued`).
+
+    A process started with SIGINT ignored (a shell's background job) keeps ignoring it.
+    """
+
+    def __init__(self) -> None:
+        self._received: signal.Signals | None = None
+        self._handlers: dict[signal.Signals, Any] = {}  # the handlers these replaced, put back after training
+        self._requeue: signal.Signals | None = None
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        processes.training_started()
+        self._received = None
+        self._requeue = submitit_signal() or slurm_requeue_signal(trainer)
+        stops = [signal.SIGTERM, signal.SIGINT] + ([self._requeue] if self._requeue is not None else [])
+        for signum in stops:
+            if signum in self._handlers or signal.getsignal(signum) is signal.SIG_IGN:
+                continue
+            self._handlers[signum] = signal.getsignal(signum)  # Lightning's, for SIGTERM and USR1
+            signal.signal(signum, self._note)
+
+    def _note(self, signum: int, frame: Any) -> None:
+        if self._received is None:  # the first signal names the stop; a second one changes nothing
+            self._received = signal.Signals(signum)
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if batch_idx % trainer.accumulate_grad_batches:
+            return  # within an optimizer step: the stop waits for the step's end (every process is at the same batch)
+        received = self._agreed(trainer)
+        if received is not None:
+            global stopped_by
+            self._received = stopped_by = received
+            raise SIGTERMException  # Lightning's stop: on_exception below saves, on every process at this batch
+
+    def _agreed(self, trainer: L.Trainer) -> signal.Signals | None:
+        """The signal any process received (the lowest number, where two differ); None when none did."""
+        mine = int(self._received or 0)
+        if is_distributed() and trainer.world_size > 1:
+            flag = torch.tensor([mine or 1 << 16], device=trainer.strategy.root_device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+            mine = int(flag.item()) % (1 << 16)
+        return signal.Signals(mine) if mine else None
+
+    def teardown(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
+        processes.training_ended()
+        for signum, handler in self._handlers.items():  # Ctrl-C outside training (predictions) is Python's again
+            signal.signal(signum, handler)
+        self._handlers = {}
+
+    def _save(self, trainer: L.Trainer, why: str) -> None:
+        checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
+        latest = next((c for c in checkpoints if not c.monitor), None)
+        if latest is None or latest.dirpath is None:
+            return
+        path = Path(latest.dirpath) / f"{latest.filename or 'last'}{latest.FILE_EXTENSION}"
+        trainer.save_checkpoint(path, weights_only=False)  # the whole state: what resume=true continues from
+        if why:
+            log.warning(
+                f"{why}: saved {path} at step {trainer.global_step}; to continue, rerun the command with "
+                f"hydra.run.dir={path.parent.parent} resume=true"
+            )
+
+    def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self._save(trainer, "")
+
+    def on_exception(self, trainer: L.Trainer, module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException):
+            return
+        received = self._received or signal.SIGTERM
+        self._save(trainer, received.name)
+        if received != self._requeue:
+            return
+        handler = self._handlers.get(received)
+        if submitit_signal() is not None and callable(handler):
+            handler(received, None)  # submitit's: requeues this job (its first task) and exits
+        elif trainer.is_global_zero:
+            requeue_slurm_job()
+
+
+def requeue_slurm_job() -> None:
+    """`scontrol requeue` this SLURM job (an array job's own task): SLURM starts it again with the same job id, which
+    resumes from last.ckpt in the same run directory."""
+    import subprocess
+
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if os.environ.get("SLURM_ARRAY_JOB_ID"):
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    try:
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        log.warning(f"could not requeue SLURM job {job} ({error}); resubmit the same command to continue")
+        return
+    if result.returncode == 0:
+        log.warning(f"requeued SLURM job {job}: it continues from its last.ckpt in the same run directory")
+    else:
+        log.warning(f"scontrol requeue {job} failed ({result.stderr.strip()[:200]}); resubmit the command to continue")

@@ -1,0 +1,184 @@
+"""The model a run trains: its sizes checked before any data work (init_from's checkpoint decides them), its name,
+and init_from's weights loaded into it, with the fine-tuned head where that head means what the task's does."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import lightning as L
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+
+from lightbert.checkpoints.reading import Pretrained, load_into
+from lightbert.data.tokenizer import load_tokenizer
+from lightbert.errors import ConfigError, UserError
+from lightbert.model import BertConfig
+from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
+from lightbert.run.configs import CONF_DIR
+from lightbert.run.settings import RunSettings
+from lightbert.tasks.finetuned import carry_head, head_of
+from lightbert.tasks.heads import Head, HeadArguments, head_of_module
+from lightbert.tasks.pretraining.continued import Growth, carried_line, check_added_words_fit
+from lightbert.tasks.pretraining.domain_words import read_word_file
+
+log = logging.getLogger(__name__)
+
+
+def checked_model_config(settings: RunSettings, pretrained: Pretrained | None) -> dict:
+    """The architecture as a plain dict, validated before any data work so a bad size fails at once.
+
+    With init_from the checkpoint decides the sizes; a `model=` asking for other sizes is an error rather than
+    a silent choice. Dropout set on the command line still applies (it does not change the weights).
+    """
+    model = dict(settings.model)
+    if pretrained is not None:
+        explicit = settings.model_overrides
+        # model=<size> asks for every size; model.<key>=... for that key only.
+        keys = [o.lstrip("+~").split("=", 1)[0] for o in explicit]
+        asked = SIZE_FIELDS if "model" in keys else [k.removeprefix("model.") for k in keys]
+        differ = [f for f in SIZE_FIELDS if f in asked and f in model and model[f] != pretrained.config[f]]
+        if differ:
+            sizes = ", ".join(f"{f} {pretrained.config[f]} (asked {model[f]})" for f in differ)
+            raise ConfigError(
+                f"init_from={settings.init_from} has other sizes than {' '.join(explicit)} asks for: {sizes}. "
+                "The checkpoint sets the architecture: drop the model override"
+            )
+        regularisation = {f: model[f] for f in REGULARISATION_FIELDS if f in model} if explicit else {}
+        model = {**pretrained.config, **regularisation}
+    config = BertConfig.from_dict({k: v for k, v in model.items() if k != "vocab_size"})
+    lengths = {"task.max_seq_length": settings.task.max_seq_length}
+    for number, phase in enumerate(settings.phases):
+        if "max_seq_length" in phase.datamodule:
+            lengths[f"task.phases[{number}].datamodule.max_seq_length"] = phase.datamodule["max_seq_length"]
+    for key, max_seq_length in lengths.items():
+        if max_seq_length and max_seq_length > config.max_position_embeddings:
+            raise ConfigError(
+                f"{key} ({max_seq_length}) exceeds model.max_position_embeddings "
+                f"({config.max_position_embeddings}); shorten the sequences or raise max_position_embeddings"
+            )
+    _check_token_types(settings, config.type_vocab_size, pretrained)
+    return model
+
+
+def _check_token_types(settings: RunSettings, type_vocab_size: int, pretrained: Pretrained | None) -> None:
+    """A model with fewer segment embeddings than the task's inputs use would fail at its first batch (an index
+    out of range in the token-type embedding): said before anything is written instead."""
+    segments = settings.task.token_types
+    if type_vocab_size >= segments:
+        return
+    has = f"init_from={settings.init_from} has" if pretrained is not None else "model.type_vocab_size is"
+    raise ConfigError(
+        f"{has} type_vocab_size {type_vocab_size}, and task={settings.task.option or '...'} feeds {segments} segments "
+        "(a sentence pair); fine-tune it on a task of single sentences, or start from a "
+        f"model with type_vocab_size {segments}"
+    )
+
+
+def size_name(model: dict, conf_dir: Path = CONF_DIR) -> str:
+    """The conf/model/ size with these sizes (e.g. bert_base), else L<layers>-H<hidden>-A<heads>."""
+    for path in sorted((conf_dir / "model").glob("*.yaml")):
+        sizes = OmegaConf.to_container(OmegaConf.load(path))
+        if all(model.get(field) == sizes.get(field) for field in SIZE_FIELDS if field in sizes):
+            return path.stem
+    return f"L{model['num_hidden_layers']}-H{model['hidden_size']}-A{model['num_attention_heads']}"
+
+
+def with_vocabulary(model_config: dict, tokenizer, pretrained: Pretrained | None) -> dict:
+    """The size files leave the vocabulary to the tokenizer; a checkpoint brings its own embedding size (grown by
+    the words `task.datamodule.add_words` added: `with_added_words`)."""
+    if pretrained is None:
+        return {**model_config, "vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_id}
+    model_config = {**model_config, "vocab_size": pretrained.config["vocab_size"]}
+    if tokenizer.vocab_size > model_config["vocab_size"]:
+        raise UserError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but init_from={pretrained.source} embeds only "
+            f"{model_config['vocab_size']}; use the tokenizer that came with the checkpoint"
+        )
+    return model_config
+
+
+def check_vocabulary(settings: RunSettings, pretrained: Pretrained | None) -> Pretrained | None:
+    """Refuses, before anything is written, a tokenizer that does not fit init_from's embeddings, and what
+    `task.datamodule.add_words` cannot do: add words without a checkpoint, to one whose MLM decoder is not tied to
+    its embeddings, from a file that does not exist (or holds a line that is not one word). Returns the checkpoint
+    with the tokenizer that words are added to (`task.datamodule.tokenizer_path`'s, when it came without one)."""
+    datamodule, key = settings.task.datamodule, "task.datamodule.add_words"
+    add = datamodule.get("add_words")
+    if pretrained is None or settings.start.resuming:  # a resumed run's tokenizer.json holds its words already
+        if add and pretrained is None:
+            raise ConfigError(
+                f"{key}={add} adds words to init_from's vocabulary; without init_from the vocabulary is trained on "
+                "the corpus (task.datamodule.vocab_size): set init_from=<checkpoint> or drop add_words"
+            )
+        return pretrained
+    tokenizer = pretrained.tokenizer
+    if tokenizer is None and settings.task.tokenizer_path:  # the tokenizer the run reads, as its DataModule loads it
+        try:
+            tokenizer = load_tokenizer(settings.task.tokenizer_path, lowercase=datamodule.get("lowercase", True))
+        except UserError as error:
+            raise ConfigError(f"task.datamodule.tokenizer_path: {error}") from None
+        pretrained = replace(pretrained, tokenizer=tokenizer)
+    if tokenizer is None:
+        return pretrained
+    rows = pretrained.config["vocab_size"]
+    if tokenizer.vocab_size > rows:
+        raise UserError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but init_from={pretrained.source} embeds only {rows}; "
+            "use the tokenizer that came with the checkpoint"
+        )
+    if add:
+        check_added_words_fit(pretrained, tokenizer, key)
+        if isinstance(add, str):
+            read_word_file(add, tokenizer)  # a missing file, a line of two words: said now, not after the record
+    return pretrained
+
+
+def wanted_head(settings: RunSettings) -> tuple[Head, HeadArguments] | None:
+    """The fine-tuned head the task trains, and what it is built with (its labels); None for pre-training."""
+    head = head_of_module(get_class(str(settings.task.module._target_)))
+    if head is None:
+        return None
+    return head, head.arguments(OmegaConf.to_container(settings.task.module, resolve=True))
+
+
+def load_pretrained_weights(
+    settings: RunSettings, module: L.LightningModule, pretrained: Pretrained, growth: Growth | None = None
+) -> list[str]:
+    """init_from's weights into the task's model: the encoder, and its fine-tuned head where that head means what
+    the task's does (one console line says whether it was carried, how its labels matched, or why not). Returns
+    the weights that start fresh."""
+    wanted = wanted_head(settings)
+    if wanted is None:  # pre-training: what is carried and what starts fresh, in one line
+        fresh = load_into(module.model, pretrained, say=False)
+        log.info(carried_line(module.model, pretrained, fresh, growth))
+        return fresh
+    carry = carry_head(pretrained, *wanted)
+    log.info(carry.line)
+    return load_into(module.model, pretrained, carry)
+
+
+def check_head(settings: RunSettings, pretrained: Pretrained) -> None:
+    """Refuses, before anything is written, a checkpoint whose head is not the task's, or whose labels are not the
+    task's: evaluating it would score a head that starts untrained, or name its predictions wrongly."""
+    wanted = wanted_head(settings)
+    if wanted is None:
+        return  # pre-training is evaluated on its own heads; the fresh-weights check after loading still holds
+    head, arguments = wanted
+    task = f"task={settings.task.option or '...'}"
+    found = head_of(pretrained)
+    if found is not None and found[0] == head.name:
+        if carry_head(pretrained, head, arguments).carry:
+            return
+        if head.labelled:
+            raise UserError(
+                f"init_from={settings.init_from} is a {head.name.replace('_', ' ')} model with the labels "
+                f"{list(found[1].labels)}, and {task} evaluates the labels {list(arguments.labels)}; evaluate a model "
+                "fine-tuned on this label set (its names may be in any order)"
+            )
+    what = f"a {found[0].replace('_', ' ')} model" if found else "a pre-trained model without a fine-tuned head"
+    raise UserError(
+        f"init_from={settings.init_from} is {what}, and {task} evaluates a {head.name.replace('_', ' ')} head of its "
+        "own; evaluate a model fine-tuned for this task (its run directory or .ckpt)"
+    )

@@ -1,0 +1,59 @@
+"""Token classification: CoNLL-2003 NER, by fine-tuning (paper §5.3) or from fixed features (Table 7).
+
+Fine-tuning: the shared encoder plus one linear layer over the label set, every parameter trained.
+Feature-based (`layer_combination=` one of `lightbert.model.feature_based.layer_combinations`): the encoder frozen, its
+layers combined and fed to a two-layer BiLSTM; only the BiLSTM, the layer weights and the classifier train.
+
+Either way the loss is the cross-entropy on each word's first sub-token, and validation logs entity-level
+precision, recall and F1 (`val/f1`, plus `val/f1_<TYPE>`) over whole sentences, from every device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from lightbert.data.encoding import IGNORE_INDEX
+from lightbert.tasks.heads import HEADS
+from lightbert.tasks.ner.metrics import EntityF1
+from lightbert.tasks.task_module import TaskModule
+
+
+class TokenClassificationModule(TaskModule):
+    head = "token_classification"
+
+    def __init__(
+        self,
+        model: dict,
+        optim: dict,
+        label_names: Sequence[str],
+        layer_combination: str | None = None,
+        lstm_hidden_size: int = 768,
+        lstm_layers: int = 2,
+    ):
+        super().__init__(model, optim)
+        self.label_names = list(label_names)
+        arguments = {"label_names": self.label_names, "layer_combination": layer_combination}
+        arguments |= {"lstm_hidden_size": lstm_hidden_size, "lstm_layers": lstm_layers}
+        self.model = HEADS[self.head].network(self.config, arguments)
+        self.outside = self.label_names.index("O")
+        self.val_f1 = EntityF1(self.label_names)
+
+    def loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX)
+
+    def prediction(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        """(B, W) label of each word, read at its first sub-token; "O" for a word that was cut off."""
+        word_starts = batch["word_starts"]
+        predicted = logits.argmax(-1).gather(1, word_starts.clamp(min=0))
+        return predicted.masked_fill(word_starts < 0, self.outside)
+
+    def update_metrics(self, logits: torch.Tensor, batch: dict, dataloader_idx: int) -> None:
+        self.val_f1.update(self.prediction(logits, batch), batch["word_labels"])
+
+    def log_metrics(self) -> None:
+        for name, value in self.val_f1.compute().items():  # compute() sums the counts of every device
+            self.log_computed(f"val/{name}", value, prog_bar=name == "f1")
+        self.val_f1.reset()

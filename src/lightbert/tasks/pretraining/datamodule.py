@@ -1,0 +1,633 @@
+"""The pre-training DataModule: corpus -> WordPiece tokenizer -> sentence-pair examples -> masked batches.
+
+The examples come from one of two sources, chosen by `streaming`:
+
+- `CachedExamples` (the default): built once in `prepare_data` (local rank 0 of each node) from the whole corpus
+  through `datasets.map` and saved under the cache directory, keyed by everything they depend on; `setup` only
+  loads them. The tokenized documents are stored once and each example as offsets into them (`PairExamples`), so
+  `dupe_factor` pairings per document cost 21 bytes an example. `validation_fraction` of the documents held out
+  (at most `validation_documents`).
+- `StreamedExamples`: made on the fly from the corpus read as a stream, for corpora larger than the disk cache
+  (`lightbert.tasks.pretraining.streaming` says how it differs); the first `validation_documents` are held out.
+
+Either way the tokenizer is trained (or loaded) once when first asked for, and masking happens in the collator,
+per batch. A validation reads at most `validation_share` of the training batches between two validations (the
+same examples every time), so that it costs a few percent of the run however large the held-out split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import multiprocessing
+import os
+import shutil
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import islice
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import NamedTuple
+
+import datasets
+import lightning as L
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from lightbert.data.batches import evaluation_shares
+from lightbert.data.encoding import check_max_seq_length
+from lightbert.data.local_files import cache_writes, digest, progress_bars_for
+from lightbert.data.tokenizer import BertTokenizer, load_tokenizer, train_wordpiece_once
+from lightbert.errors import ParameterError, UserError
+from lightbert.files import publish_directory, publish_file_once
+from lightbert.tasks.pretraining import domain_words
+from lightbert.tasks.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus
+from lightbert.tasks.pretraining.examples import PairExamples, StoredDocuments, create_pretraining_pairs
+from lightbert.tasks.pretraining.masking import MaskingCollator, NextTokenCollator, max_predictions_for
+from lightbert.tasks.pretraining.objectives import MaskingShares, check_objective
+from lightbert.tasks.pretraining.packing import PackingCollator, fixed_row_counts
+from lightbert.tasks.pretraining.resumable import SeededExamples, StepSampler
+from lightbert.tasks.pretraining.streaming import StreamingExamples, held_out_examples
+
+log = logging.getLogger(__name__)
+
+Corpus = TextCorpus | HFCorpus | DemoCorpus
+# Bump when example creation changes, so cached examples are rebuilt. 3: binomial truncation; 4: documents stored once
+# (uint16 ids) and examples as offsets into them, read through MANIFEST.
+EXAMPLES_VERSION = 4
+MANIFEST = "examples.json"  # the files of an examples cache entry
+
+
+def _file_names(dataset: datasets.Dataset) -> list[str]:
+    return [Path(f["filename"]).name for f in dataset.cache_files]
+
+
+TOKENIZER_VERSION = 2  # bump when tokenizer training changes (2: the cached path trains on tokenizer_documents)
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (a job scheduler's share of the host, not the whole host)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _tokenize_documents(batch: dict, tokenizer: BertTokenizer, id_type: str) -> pa.Table:
+    """Token ids of every sentence; empty sentences dropped, and documents left with none (fewer rows out). Built as
+    Arrow arrays from numpy: datasets would convert nested lists of Python ints one int at a time."""
+    documents = batch["sentences"]
+    tokens, lengths = tokenizer.encode_flat([s for document in documents for s in document])
+    tokens = tokens.astype(id_type)
+    owner = np.repeat(np.arange(len(documents)), [len(document) for document in documents])
+    kept = lengths > 0
+    per_document = np.bincount(owner[kept], minlength=len(documents))
+    sentences = pa.ListArray.from_arrays(
+        np.concatenate([[0], np.cumsum(lengths[kept])]).astype(np.int32), pa.array(tokens)
+    )
+    column = pa.ListArray.from_arrays(
+        np.concatenate([[0], np.cumsum(per_document[per_document > 0])]).astype(np.int32), sentences
+    )
+    return pa.table({"sentence_ids": column})
+
+
+@dataclass
+class CachedExamples:
+    """Examples built once from the whole corpus and cached; shuffled by `StepSampler`, resumable by step."""
+
+    corpus: Corpus
+    cache_dir: Path
+    max_seq_length: int
+    short_seq_prob: float
+    seed: int
+    dupe_factor: int = 10
+    validation_fraction: float = 0.05
+    preprocessing_workers: int = 1
+    tokenizer_documents: int = 100000  # the first documents, which a new vocabulary is trained on
+    validation_documents: int = 1000  # at most this many held out
+    datasets: dict[str, PairExamples] | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.validation_fraction < 1:
+            raise ParameterError(f"{{0}} must be in (0, 1), got {self.validation_fraction}", "validation_fraction")
+        if self.validation_documents < 1:
+            raise ParameterError(f"{{0}} must be >= 1, got {self.validation_documents}", "validation_documents")
+
+    def tokenizer_sample(self) -> tuple[Callable[[], Iterable[list[str]]], list]:
+        """The documents a new vocabulary is trained on (the first `tokenizer_documents`), and what else its cache
+        key needs."""
+        documents = self.documents  # loaded here, before the training process forks: read by both
+        first = documents.select(range(min(self.tokenizer_documents, len(documents))))
+
+        def read() -> Iterator[list[str]]:
+            for batch in first.iter(batch_size=1000):
+                yield from batch["sentences"]
+
+        return read, [self.tokenizer_documents]
+
+    @cached_property
+    def documents(self) -> datasets.Dataset:
+        """The corpus as a dataset of documents; loaded once, shared by tokenizer training and example creation.
+        First read for the tokenizer, outside `prepare_data`: its cache's writes fail in one message here too."""
+        with cache_writes(self.cache_dir):
+            return self.corpus.load(self.cache_dir, num_proc=self.preprocessing_workers)
+
+    def examples_dir(self, tokenizer: BertTokenizer) -> Path:
+        key = digest(
+            [
+                EXAMPLES_VERSION,
+                self.corpus.fingerprint,
+                hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest(),
+                self.max_seq_length,
+                self.short_seq_prob,
+                self.dupe_factor,
+                self.validation_fraction,
+                self.validation_documents,
+                self.seed,
+            ]
+        )
+        return self.cache_dir / "examples" / key
+
+    def prepare(self, tokenizer: BertTokenizer) -> None:
+        examples_dir = self.examples_dir(tokenizer)
+        if (examples_dir / MANIFEST).is_file():
+            return
+        with cache_writes(examples_dir):
+            publish_directory(examples_dir, lambda tmp: self._write(tokenizer, tmp))
+
+    def _write(self, tokenizer: BertTokenizer, out: Path) -> None:
+        """The tokenized documents, once, in the smallest integer type that holds the vocabulary, and each split's
+        examples as offsets into them (`create_pretraining_pairs`). Every map writes its files straight into `out`,
+        which is renamed into place whole: nothing is copied, so the peak on disk is the cache itself."""
+        out.mkdir(parents=True)
+        documents = self.documents
+        ids = datasets.Value("uint16" if tokenizer.vocab_size <= 1 << 16 else "uint32")
+        with progress_bars_for(len(documents)):
+            documents = documents.map(
+                _tokenize_documents,
+                batched=True,
+                remove_columns=documents.column_names,
+                fn_kwargs={"tokenizer": tokenizer, "id_type": ids.dtype},
+                features=datasets.Features({"sentence_ids": datasets.Sequence(datasets.Sequence(ids))}),
+                num_proc=self._num_proc(len(documents)),
+                cache_file_name=str(out / "documents.arrow"),
+                load_from_cache_file=False,  # cached as a whole, under a key datasets' hash can't compute
+                desc="Tokenizing sentences",
+            )
+        if len(documents) < 2:
+            raise UserError(
+                f"the corpus has {len(documents)} usable document(s) (documents with at least one sentence that "
+                "has text); pre-training needs at least 2, for next-sentence pairs and a validation split. "
+                "In corpus=text files, separate documents with a blank line"
+            )
+        share = min(self.validation_documents, max(1, round(self.validation_fraction * len(documents))))
+        num_validation = min(len(documents) - 1, share)
+        splits = documents.train_test_split(
+            test_size=num_validation,
+            seed=self.seed,
+            train_indices_cache_file_name=str(out / "train_documents.arrow"),  # 8 bytes a document; deleted below
+            test_indices_cache_file_name=str(out / "validation_documents.arrow"),
+        )
+        pairing = {name: getattr(self, name) for name in ("max_seq_length", "short_seq_prob", "dupe_factor", "seed")}
+        files = {"documents": _file_names(documents)}
+        for name, split in (("train", splits["train"]), ("validation", splits["test"])):
+            pairs = create_pretraining_pairs(
+                split, **pairing, cache_file_name=str(out / f"{name}.arrow"), num_proc=self._num_proc(len(split))
+            )
+            files[name] = _file_names(pairs)
+        for name in ("train_documents.arrow", "validation_documents.arrow"):
+            (out / name).unlink(missing_ok=True)  # the pairs name the documents' rows themselves
+        (out / MANIFEST).write_text(json.dumps(files))  # last: a directory without it was never finished
+
+    def _load(self, examples_dir: Path, tokenizer: BertTokenizer) -> dict[str, PairExamples]:
+        files = json.loads((examples_dir / MANIFEST).read_text())
+
+        def table(names: list[str]) -> datasets.Dataset:
+            return datasets.concatenate_datasets([datasets.Dataset.from_file(str(examples_dir / n)) for n in names])
+
+        documents = StoredDocuments(table(files["documents"]), "sentence_ids")
+        return {
+            name: PairExamples(documents, table(files[name]), tokenizer.cls_id, tokenizer.sep_id)
+            for name in ("train", "validation")
+        }
+
+    def _num_proc(self, num_rows: int) -> int | None:
+        # Forking workers costs about a second per map: worth it from a few MB of text (~1000 documents) on.
+        workers = min(self.preprocessing_workers, num_rows // 1000)
+        return workers if workers > 1 else None
+
+    def setup(self, tokenizer: BertTokenizer) -> None:
+        if self.datasets is not None:
+            return
+        examples_dir = self.examples_dir(tokenizer)
+        try:
+            self.datasets = self._load(examples_dir, tokenizer)
+            return
+        except Exception as error:  # a file cut short by a full disk, a copy that stopped: Arrow raises many kinds
+            if (examples_dir / MANIFEST).is_file():
+                log.warning(
+                    f"the cache entry {examples_dir} could not be read ({type(error).__name__}: {str(error)[:120]}); "
+                    "it is rebuilt"
+                )
+        shutil.rmtree(examples_dir, ignore_errors=True)
+        self.prepare(tokenizer)
+        self.datasets = self._load(examples_dir, tokenizer)
+
+    def train(self, tokenizer: BertTokenizer, batch_size: int, position: Position) -> tuple[Dataset, Sampler]:
+        assert self.datasets is not None, "call setup() first"
+        train = self.datasets["train"]
+        sampler = StepSampler(len(train), batch_size, self.seed, *position)
+        return SeededExamples(train, self.seed), sampler
+
+    def validation(self) -> Sequence[dict]:
+        assert self.datasets is not None, "call setup() first"
+        return self.datasets["validation"]
+
+
+@dataclass
+class StreamedExamples:
+    """Examples made on the fly from the corpus read as a stream; every device and DataLoader worker takes its
+    own documents. Nothing is tokenised into the cache."""
+
+    corpus: Corpus
+    cache_dir: Path
+    max_seq_length: int
+    short_seq_prob: float
+    seed: int
+    validation_documents: int = 1000  # the first documents of the stream, held out
+    tokenizer_documents: int = 100000  # the first documents, which a new vocabulary is trained on
+    shuffle_buffer: int = 10000  # examples shuffled together
+    validation_examples: list[dict] | None = None
+
+    def stream(self, shard: tuple[int, int] | None = None):
+        """The corpus's documents, read one at a time; with `shard` (index, count) only that reader's share."""
+        return self.corpus.stream(self.cache_dir, shard)
+
+    def tokenizer_sample(self) -> tuple[Callable[[], Iterable[list[str]]], list]:
+        return self.stream, [self.tokenizer_documents]
+
+    def prepare(self, tokenizer: BertTokenizer) -> None:
+        """Nothing to build ahead: the tokenizer, trained and cached once per node, is all."""
+
+    def setup(self, tokenizer: BertTokenizer) -> None:
+        if self.validation_examples is None:
+            documents = islice(self.stream(), self.validation_documents)
+            self.validation_examples = held_out_examples(
+                documents, tokenizer, self.max_seq_length, self.short_seq_prob, self.seed
+            )
+
+    def train(self, tokenizer: BertTokenizer, batch_size: int, position: Position) -> tuple[Dataset, None]:
+        rank, world_size, accumulate, steps_done = position
+        examples = StreamingExamples(
+            self.stream,
+            tokenizer,
+            self.max_seq_length,
+            self.short_seq_prob,
+            self.seed,
+            batch_size,
+            skip_documents=self.validation_documents,
+            rank=rank,
+            world_size=world_size,
+            start_batch=steps_done * accumulate,
+            shuffle_buffer=self.shuffle_buffer,
+        )
+        return examples, None
+
+    def validation(self) -> Sequence[dict]:
+        assert self.validation_examples is not None, "call setup() first"
+        return self.validation_examples
+
+
+def _train_tokenizer_child(
+    documents: Callable[[], Iterable[list[str]]],
+    path: Path,
+    vocab_size: int,
+    lowercase: bool,
+    limit: int,
+    send: Connection,
+) -> None:
+    try:
+        count = {"documents": 0, "sentences": 0, "characters": 0}
+
+        def sentences() -> Iterator[str]:
+            for document in islice(documents(), limit):
+                count["documents"] += 1
+                count["sentences"] += len(document)
+                count["characters"] += sum(map(len, document))
+                yield from document
+
+        spill = path.parent / f"sample.{os.getpid()}.txt"
+        tokenizer = train_wordpiece_once(sentences(), spill, vocab_size=vocab_size, lowercase=lowercase)
+        # Training is deterministic; publishing once still matters for two runs started at once on a cold cache:
+        # both use the first file, and neither reads one half-written.
+        publish_file_once(path, lambda tmp: tokenizer.backend.save(str(tmp)))
+        send.send(
+            f"tokenizer: {tokenizer.vocab_size} WordPiece tokens trained on the first {count['documents']} documents "
+            f"of the corpus ({count['sentences']} sentences, {count['characters'] / 1e6:.1f}M characters; at most "
+            f"task.datamodule.tokenizer_documents={limit})"
+        )
+    except BaseException as error:  # handed to the parent, which raises it as if it had trained itself
+        send.send(error)
+
+
+class Position(NamedTuple):
+    """Where a run stands: its rank, world size, batches accumulated per step and steps this data has given."""
+
+    rank: int
+    world_size: int
+    accumulate: int
+    steps_done: int
+
+
+class StepResumedLoader(DataLoader):
+    """A DataLoader that Lightning treats as resumable, which it is by construction: its sampler (`StepSampler`, or
+    the stream's position) starts from the step the run resumes at, computed from the trainer's global step, so
+    there is no state of its own to save (without these two methods Lightning warns on every mid-epoch resume that
+    the loader "is not resumable")."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Nothing to restore: the position follows from the global step (`PretrainDataModule._position`)."""
+
+
+class PretrainDataModule(L.LightningDataModule):
+    """The tokenizer, one example source (`streaming` picks which; each takes its own settings) and masked batches."""
+
+    @classmethod
+    def token_types(cls, settings: Mapping) -> int:
+        return 2  # segments A and B of every example
+
+    def __init__(
+        self,
+        corpus: Corpus,
+        cache_dir: str,
+        tokenizer: BertTokenizer | None = None,
+        tokenizer_path: str | None = None,
+        add_words: int | str | None = None,
+        vocab_size: int = 30522,
+        lowercase: bool = True,
+        max_seq_length: int = 128,
+        max_predictions_per_seq: int | None = None,
+        masked_lm_prob: float = 0.15,
+        short_seq_prob: float = 0.1,
+        whole_word_masking: bool = False,
+        masking: dict[str, float] | None = None,
+        objective: str = "mlm_nsp",
+        batch_size: int = 32,
+        num_workers: int = 2,
+        pad_to_multiple_of: int | None = 8,
+        seed: int = 12345,
+        first_step: int = 0,
+        streaming: bool = False,
+        packing: bool = False,
+        max_examples_per_row: int = 8,
+        # CachedExamples' settings
+        dupe_factor: int = 10,
+        validation_fraction: float = 0.05,
+        preprocessing_workers: int | None = None,
+        validation_documents: int = 1000,
+        tokenizer_documents: int = 100000,
+        validation_share: float | None = 0.05,  # in (0, 1], or None: checked with the run's settings (run.settings)
+        # StreamedExamples' settings
+        shuffle_buffer: int = 10000,
+    ):
+        super().__init__()
+        check_max_seq_length(max_seq_length)
+        if not 0 < masked_lm_prob < 1:
+            raise ParameterError(f"{{0}} must be in (0, 1), got {masked_lm_prob}", "masked_lm_prob")
+        self.corpus = corpus
+        self.cache_dir = Path(cache_dir).expanduser()
+        self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
+        self.add_words = add_words  # lightbert.tasks.pretraining.domain_words: words added to the given tokenizer
+        self.vocab_size, self.lowercase = vocab_size, lowercase
+        self.max_seq_length = max_seq_length
+        # Each row's prediction slots and the cap on its masked tokens; null: from the length and rate (20 at 128).
+        if max_predictions_per_seq is None:
+            max_predictions_per_seq = max_predictions_for(max_seq_length, masked_lm_prob)
+        if max_predictions_per_seq < 1:
+            raise ParameterError(f"{{0}} must be >= 1 (or null: from max_seq_length and masked_lm_prob), got "
+                                 f"{max_predictions_per_seq}", "max_predictions_per_seq")  # fmt: skip
+        self.max_predictions_per_seq, self.masked_lm_prob = max_predictions_per_seq, masked_lm_prob
+        self.whole_word_masking = whole_word_masking
+        self.masking = MaskingShares(**(masking or {}))
+        check_objective(objective)
+        self.objective = objective  # the same sentence pairs for every objective; ltr's batches are not masked
+        if packing and objective == "ltr":
+            raise ParameterError("{0}=true packs examples for a bidirectional encoder; objective ltr reads no [CLS]",
+                                 "packing")  # fmt: skip
+        if max_examples_per_row < 1:
+            raise ParameterError(f"{{0}} must be >= 1, got {max_examples_per_row}", "max_examples_per_row")
+        self.packing, self.max_examples_per_row = (
+            packing,
+            max_examples_per_row,
+        )  # lightbert/tasks/pretraining/packing.py
+        self.fixed_rows = False  # packed row counts padded up to a few (CUDA graphs: `run.speed.fix_batch_shapes`)
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
+        self.first_step = first_step  # the global step this data starts at (a recipe's later phase)
+        if tokenizer_documents < 1:
+            raise ParameterError(f"{{0}} must be >= 1, got {tokenizer_documents}", "tokenizer_documents")
+        self.validation_share, self.validation_documents = validation_share, validation_documents
+        self._said_validation = False
+        shared = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "seed": seed}
+        self.examples: CachedExamples | StreamedExamples
+        if streaming:
+            self.examples = StreamedExamples(
+                corpus, self.cache_dir, **shared, validation_documents=validation_documents,
+                tokenizer_documents=tokenizer_documents, shuffle_buffer=shuffle_buffer,
+            )  # fmt: skip
+        else:
+            workers = preprocessing_workers or _usable_cores()
+            self.examples = CachedExamples(
+                corpus, self.cache_dir, **shared, dupe_factor=dupe_factor,
+                validation_fraction=validation_fraction, preprocessing_workers=workers,
+                tokenizer_documents=tokenizer_documents, validation_documents=validation_documents,
+            )  # fmt: skip
+
+    # -- tokenizer ---------------------------------------------------------------------------------------
+
+    @cached_property
+    def tokenizer(self) -> BertTokenizer:
+        """The given tokenizer (with `add_words`' words), or one trained on this corpus (cached, so every rank and
+        rerun shares it)."""
+        if self._tokenizer is not None:  # from init_from's checkpoint
+            return self._with_added_words(self._tokenizer)
+        if self.tokenizer_path:
+            try:
+                tokenizer = load_tokenizer(self.tokenizer_path, lowercase=self.lowercase)
+            except UserError as error:
+                raise ParameterError.about("tokenizer_path", error) from None
+            return self._with_added_words(tokenizer)
+        if self.add_words:
+            raise ParameterError("{0} adds words to init_from's vocabulary; a vocabulary trained on the corpus has "
+                                 "them already (start from a checkpoint with init_from=...)", "add_words")  # fmt: skip
+        documents, sample = self.examples.tokenizer_sample()
+        key = digest([TOKENIZER_VERSION, self.corpus.fingerprint, self.vocab_size, self.lowercase, *sample])
+        path = self.cache_dir / "tokenizers" / key / "tokenizer.json"
+        if not path.is_file():
+            self._train_tokenizer(documents, path)
+        try:
+            return load_tokenizer(path)
+        except UserError as error:  # a damaged cache file (a full disk, a copy cut short): trained again
+            log.warning(f"the cached tokenizer {path} could not be read ({error}); it is trained again")
+            path.unlink(missing_ok=True)
+            self._train_tokenizer(documents, path)
+            return load_tokenizer(path)
+
+    def _with_added_words(self, tokenizer: BertTokenizer) -> BertTokenizer:
+        """`tokenizer` with the words `add_words` asks for; a count is of the words of the documents a new vocabulary
+        would be trained on (the first `tokenizer_documents`)."""
+        if not self.add_words:  # null or 0
+            return tokenizer
+        documents, _ = self.examples.tokenizer_sample()
+        limit = self.examples.tokenizer_documents
+        return domain_words.add_words(tokenizer, self.add_words, islice(documents(), limit), limit)
+
+    def _train_tokenizer(self, documents: Callable[[], Iterable[list[str]]], path: Path) -> None:
+        """Trains in a forked process: the trainer's memory (about 1.3 KB per distinct word) is the child's, gone
+        when it ends, and never inherited by the processes that prepare the examples next."""
+        receive, send = multiprocessing.Pipe(duplex=False)
+        child = multiprocessing.get_context("fork").Process(
+            target=_train_tokenizer_child,
+            args=(documents, path, self.vocab_size, self.lowercase, self.examples.tokenizer_documents, send),
+        )
+        with cache_writes(path.parent):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            child.start()
+            send.close()
+            try:
+                outcome = receive.recv()
+            except EOFError:  # it died without a word: killed, most likely for memory
+                child.join()
+                outcome = UserError(
+                    f"training the tokenizer failed: its process ended with exit code {child.exitcode}; if it ran "
+                    "out of memory, lower task.datamodule.tokenizer_documents"
+                )
+            child.join()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        log.info(outcome)
+
+    # -- examples ----------------------------------------------------------------------------------------
+
+    @property
+    def examples_dir(self) -> Path:
+        """Where the cached examples are (CachedExamples only)."""
+        return self.examples.examples_dir(self.tokenizer)
+
+    @property
+    def documents(self) -> datasets.Dataset:
+        return self.examples.documents
+
+    @property
+    def datasets(self) -> dict[str, PairExamples] | None:
+        return self.examples.datasets
+
+    def prepare_data(self) -> None:
+        with cache_writes(self.cache_dir):  # a full disk, a read-only cache: one message
+            self.examples.prepare(self.tokenizer)
+
+    def setup(self, stage: str | None = None) -> None:
+        self.examples.setup(self.tokenizer)
+
+    # -- batches -----------------------------------------------------------------------------------------
+
+    def collator(
+        self, generator: torch.Generator | None = None
+    ) -> MaskingCollator | NextTokenCollator | PackingCollator:
+        tokenizer = self.tokenizer
+        if self.objective == "ltr":
+            return NextTokenCollator(tokenizer.pad_id, self.pad_to_multiple_of)
+        masking = self._masking_collator(generator)
+        if self.packing:
+            counts = fixed_row_counts(self.batch_size, self.max_examples_per_row) if self.fixed_rows else None
+            return PackingCollator(masking, self.max_seq_length, self.max_examples_per_row, counts)
+        return masking
+
+    def _masking_collator(self, generator: torch.Generator | None) -> MaskingCollator:
+        tokenizer = self.tokenizer
+        return MaskingCollator(
+            vocab_size=tokenizer.vocab_size,
+            pad_id=tokenizer.pad_id,
+            mask_id=tokenizer.mask_id,
+            special_ids=tokenizer.special_ids,
+            masked_lm_prob=self.masked_lm_prob,
+            max_predictions_per_seq=self.max_predictions_per_seq,
+            whole_word_masking=self.whole_word_masking,
+            subword_ids=tokenizer.subword_ids if self.whole_word_masking else [],
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            generator=generator,
+            shares=self.masking,
+        )
+
+    def _loader(self, dataset, sampler, collate_fn=None) -> DataLoader:
+        return StepResumedLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            collate_fn=collate_fn or self.collator(),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+            generator=torch.Generator().manual_seed(self.seed),  # worker seeds never draw from the global RNG
+        )
+
+    def _position(self) -> Position:
+        trainer = self.trainer
+        if trainer is None:  # used outside a Trainer, e.g. in a notebook
+            return Position(0, 1, 1, 0)
+        steps_done = max(0, trainer.global_step - self.first_step)
+        return Position(trainer.global_rank, trainer.world_size, trainer.accumulate_grad_batches, steps_done)
+
+    def train_dataloader(self) -> DataLoader:
+        """Batches in `StepSampler`'s order (or the stream's), from the step a resumed run left off at."""
+        return self._loader(*self.examples.train(self.tokenizer, self.batch_size, self._position()))
+
+    def validation_examples(self) -> Sequence[dict]:
+        """The examples every validation reads: the held-out split, or at most `validation_share` x the training
+        batches between two validations x `batch_size` of them, spread evenly over it. The count does not depend on
+        the number of devices, so neither do the metrics. An evaluation batch costs about a third of a training
+        batch (a forward pass), so the default 0.05 keeps validation under 2% of the time on one device, less on
+        several."""
+        examples = self.examples.validation()
+        interval = self._batches_between_validations()
+        if self.validation_share is None or interval is None:
+            return examples
+        most = max(1, math.ceil(self.validation_share * interval)) * self.batch_size
+        if most >= len(examples):
+            return examples
+        spread = [i * len(examples) // most for i in range(most)]
+        return [examples[i] for i in spread] if isinstance(examples, list) else examples.select(spread)
+
+    def _batches_between_validations(self) -> int | None:
+        trainer = self.trainer
+        if trainer is None:
+            return None
+        interval = trainer.val_check_interval
+        if isinstance(interval, int):
+            return interval
+        if self.datasets is None:  # a fraction of an epoch, and a stream has no epochs
+            return None
+        return int(interval * len(self.datasets["train"]) // (self.batch_size * trainer.world_size))
+
+    def val_dataloader(self) -> DataLoader:
+        # The same masks at every validation and on any number of devices, so validation metrics compare.
+        examples = self.validation_examples()
+        held_out = len(self.examples.validation())
+        if not self._said_validation:
+            self._said_validation = True
+            log.info(
+                f"validation: {len(examples)} of {held_out} held-out examples at every validation (held out: at most "
+                f"task.datamodule.validation_documents={self.validation_documents} documents; read: "
+                f"validation_share={self.validation_share} x {self._batches_between_validations()} training batches "
+                f"between validations x batch {self.batch_size})"
+            )
+        validation = SeededExamples(examples, self.seed, epoch="validation")
+        return self._loader(*evaluation_shares(validation, self.collator(), self.batch_size))
