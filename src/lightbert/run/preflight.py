@@ -57,7 +57,7 @@ def prepare(
         )
     if check is not None and pretrained is not None:
         check(pretrained)
-    pretrained = check_vocabulary(settings, pretrained)
+    pretrained = check_vocabulary(settings, start, pretrained)
     model_config = checked_model_config(settings, pretrained)
     config = settings.config_naming(model_config, size_name(model_config)) if pretrained else settings.config
     output_dir = settings.output_dir

@@ -17,7 +17,7 @@ from lightbert.errors import ConfigError, UserError
 from lightbert.model import BertConfig
 from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
 from lightbert.run.configs import CONF_DIR
-from lightbert.run.settings import RunSettings
+from lightbert.run.settings import RunSettings, Start
 from lightbert.tasks.finetuned import carry_head, head_of
 from lightbert.tasks.heads import Head, HeadArguments, head_of_module
 from lightbert.tasks.pretraining.continued import Growth, carried_line, check_added_words_fit
@@ -99,14 +99,14 @@ def with_vocabulary(model_config: dict, tokenizer, pretrained: Pretrained | None
     return model_config
 
 
-def check_vocabulary(settings: RunSettings, pretrained: Pretrained | None) -> Pretrained | None:
+def check_vocabulary(settings: RunSettings, start: Start, pretrained: Pretrained | None) -> Pretrained | None:
     """Refuses, before anything is written, a tokenizer that does not fit init_from's embeddings, and what
     `task.datamodule.add_words` cannot do: add words without a checkpoint, to one whose MLM decoder is not tied to
     its embeddings, from a file that does not exist (or holds a line that is not one word). Returns the checkpoint
     with the tokenizer that words are added to (`task.datamodule.tokenizer_path`'s, when it came without one)."""
     datamodule, key = settings.task.datamodule, "task.datamodule.add_words"
     add = datamodule.get("add_words")
-    if pretrained is None or settings.start.resuming:  # a resumed run's tokenizer.json holds its words already
+    if pretrained is None or start.resuming:  # a resumed run's tokenizer.json holds its words already
         if add and pretrained is None:
             raise ConfigError(
                 f"{key}={add} adds words to init_from's vocabulary; without init_from the vocabulary is trained on "
