@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from helpers.models import write_hf_bert
+from helpers.models import write_hf_bert, write_hf_model
 from helpers.runs import TINY_PRETRAIN, compose_config, run_train_forked, write_bert_corpus
 from hydra.utils import instantiate
 from omegaconf import DictConfig
@@ -234,3 +234,43 @@ def test_the_extended_model_exports_to_transformers_whose_model_and_tokenizer_ag
         reference = hf(**encoded).logits
     real = encoded["attention_mask"].bool()
     torch.testing.assert_close(mlm[real], reference[real], atol=1e-5, rtol=0)
+
+
+# -- refused before anything is written, in one line ------------------------------------------------------------
+
+
+def bad_inputs(released: Path, tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    """Each bad input: its overrides, and what its one line must say."""
+    untied = write_hf_model(tmp_path / "untied", tie_word_embeddings=False)
+    bare = tmp_path / "no_tokenizer"  # a checkpoint without its tokenizer, read with a bigger vocabulary
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((released / name).read_bytes())
+    rows = load_pretrained(str(released)).config["vocab_size"]
+    words = (released / "vocab.txt").read_text().splitlines()
+    (tmp_path / "big_vocab.txt").write_text("\n".join([*words, *(f"extra{i}" for i in range(rows + 8 - len(words)))]))
+    return {
+        "untied decoder": ([f"init_from={untied}", "task.datamodule.add_words=10"],
+                           "task.datamodule.add_words extends the word embeddings and the MLM decoder tied to them"),
+        "missing word file": ([f"init_from={released}", f"task.datamodule.add_words={tmp_path / 'words.txt'}"],
+                              "task.datamodule.add_words"),
+        "count below 0": ([f"init_from={released}", "task.datamodule.add_words=-3"],
+                          "task.datamodule.add_words must be a count of words (0 or more) or a file of words, got -3"),
+        "tokenizer of another size": (
+            [f"init_from={bare}", f"task.datamodule.tokenizer_path={tmp_path / 'big_vocab.txt'}",
+             "task.datamodule.add_words=10"],
+            f"the tokenizer has {rows + 8} tokens but init_from={bare} embeds only {rows}"),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ["untied decoder", "missing word file", "count below 0", "tokenizer of another size"])
+def test_bad_input_is_one_line_and_writes_nothing(case, released, corpus, tmp_path):
+    overrides, says = bad_inputs(released, tmp_path)[case]
+    run_dir = tmp_path / "run"
+    done = run_train_forked(*CONTINUED, f"corpus.paths=[{corpus}]", *overrides, f"hydra.run.dir={run_dir}")
+    console = done.stdout + done.stderr
+    assert done.returncode == 2, console[-3000:]
+    assert "Traceback" not in console, console[-3000:]
+    errors = [line for line in console.splitlines() if line.startswith("lightbert: error: ")]
+    assert len(errors) == 1 and says in errors[0], console[-3000:]
+    assert not run_dir.exists() or not any(run_dir.iterdir())  # nothing written: no .hydra/, no train.log
