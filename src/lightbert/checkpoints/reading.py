@@ -192,12 +192,15 @@ class HeadCarry:
         return value
 
 
-def load_into(model: torch.nn.Module, pretrained: Pretrained, head: HeadCarry | None = None) -> list[str]:
+def load_into(
+    model: torch.nn.Module, pretrained: Pretrained, head: HeadCarry | None = None, say: bool = True
+) -> list[str]:
     """Copy the checkpoint's weights into `model`: the whole encoder, and its heads.
 
     With `head`, a fine-tuned head (any weight outside `bert.` and the pre-training heads `cls.`) is carried as it
     says; without, every head whose shape fits is carried (the pre-training heads, or a fine-tuned model's own).
-    Returns the names of parameters left as initialised (a new task head). The encoder must match exactly.
+    Returns the names of parameters left as initialised (a new task head). The encoder must match exactly. Without
+    `say` the caller says what starts fresh (pre-training: `lightbert.tasks.pretraining.continued.carried_line`).
     """
     expected = model.state_dict()
     encoder_keys = {k for k in expected if k.startswith("bert.")}
@@ -206,7 +209,7 @@ def load_into(model: torch.nn.Module, pretrained: Pretrained, head: HeadCarry | 
     if pooler and len(pooler) == len(missing):
         # A model trained without a sentence-level head (a SQuAD or NER fine-tune, pre-training without NSP) starts a
         # classifier: its pooler starts fresh, like the head.
-        log.warning(
+        (log.warning if say else log.debug)(
             "%s has no pooler (it was trained without a sentence-level head: a span or token classifier, or "
             "pre-training without NSP): the pooler starts fresh",
             pretrained.source,
@@ -237,7 +240,7 @@ def load_into(model: torch.nn.Module, pretrained: Pretrained, head: HeadCarry | 
     model.load_state_dict(usable, strict=False)
     tied = "cls.predictions.decoder.weight"  # loaded through the word embeddings it shares
     fresh = sorted(k for k in expected if k not in usable and k != tied)
-    if fresh and head is None:  # with `head`, its console line says what starts fresh and why
+    if fresh and head is None and say:  # with `head`, its console line says what starts fresh and why
         log.info("initialised fresh, not in %s: %s", pretrained.source, ", ".join(fresh))
     return fresh
 

@@ -35,6 +35,7 @@ from lightbert.run.settings import RunSettings, Start
 from lightbert.run.speed import apply_speed_switches, fix_batch_shapes
 from lightbert.run.weights import check_head, load_pretrained_weights, with_vocabulary
 from lightbert.tasks.finetuning.datamodule import FineTuningDataModule
+from lightbert.tasks.pretraining.continued import with_added_words
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ def fit(settings: RunSettings, start: Start) -> dict[str, Any]:
         if start.resuming and (output_dir / "tokenizer.json").is_file():
             # The run's own tokenizer: the ids its checkpoint was trained on, whatever the corpus now holds.
             tokenizer = {"tokenizer": load_tokenizer(output_dir / "tokenizer.json")}
+            if "add_words" in settings.task.datamodule:
+                tokenizer["add_words"] = None  # the words added when the run began are in it: none are added again
         datamodule, module, _ = _data_and_module(settings, pretrained, model_config, tokenizer)
         # metrics.csv continues from the checkpoint's step, or after every row of an attempt that left no checkpoint
         keep_rows_before = start.step if start.resuming else (math.inf if settings.resume or start.requeued else None)
@@ -67,6 +70,7 @@ def fit(settings: RunSettings, start: Start) -> dict[str, Any]:
                         f"phase {number}/{len(phases)}: steps {phase.first_step}-{phase.end_step}, {phase.datamodule}"
                     )
                     phase_kwargs = {"tokenizer": datamodule.tokenizer, "first_step": phase.first_step}
+                    phase_kwargs["add_words"] = None  # the tokenizer has the words the run began with
                     datamodule = _datamodule(settings, phase_kwargs, phase.datamodule)
                 # Fresh callbacks for each phase: their state comes back from the checkpoint the phase starts from.
                 callbacks = [
@@ -156,13 +160,16 @@ def _data_and_module(
 ):
     """The task's DataModule and LightningModule, the module holding init_from's weights; and the fresh ones."""
     datamodule = _datamodule(settings, kwargs)
+    growth = None
+    if pretrained is not None:  # rows for the words task.datamodule.add_words added to its tokenizer
+        pretrained, growth = with_added_words(pretrained, datamodule.tokenizer)
     module = instantiate_config(
         settings.task.module,
         model=with_vocabulary(model_config, datamodule.tokenizer, pretrained),
         optim=settings.optim,
         _convert_="all",
     )
-    fresh = load_pretrained_weights(settings, module, pretrained) if pretrained is not None else []
+    fresh = load_pretrained_weights(settings, module, pretrained, growth) if pretrained is not None else []
     apply_speed_switches(module, settings.speed, settings.trainer, settings.task.packing, training)
     return datamodule, module, fresh
 

@@ -25,7 +25,7 @@ from lightbert.run.console import RunLogFile, describe_run, tidy_lightning_conso
 from lightbert.run.instantiation import instantiate_config
 from lightbert.run.run_dir import check_data_unchanged, record_run, remove_stale_temporaries
 from lightbert.run.settings import MATMUL_PRECISIONS, RunSettings, Start
-from lightbert.run.weights import checked_model_config, size_name
+from lightbert.run.weights import check_vocabulary, checked_model_config, size_name
 from lightbert.tasks.pretraining.corpus import TextCorpus
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ def prepare(
         )
     if check is not None and pretrained is not None:
         check(pretrained)
+    pretrained = check_vocabulary(settings, start, pretrained)
     model_config = checked_model_config(settings, pretrained)
     config = settings.config_naming(model_config, size_name(model_config)) if pretrained else settings.config
     output_dir = settings.output_dir

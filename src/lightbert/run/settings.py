@@ -262,6 +262,11 @@ class TaskSettings:
         for key, allowed in DATAMODULE_NUMBERS.items():
             if key in self.datamodule:
                 checked_number(f"task.datamodule.{key}", self.datamodule[key], **allowed)
+        add = self.datamodule.get("add_words")
+        if add is not None and not isinstance(add, str) and (_as_number(add, int) is None or add < 0):
+            raise ConfigError(
+                f"task.datamodule.add_words must be a count of words (0 or more) or a file of words, got {add!r}"
+            )
         masking = self.datamodule.get("masking")
         if masking is not None:
             try:

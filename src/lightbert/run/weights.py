@@ -4,6 +4,7 @@ and init_from's weights loaded into it, with the fine-tuned head where that head
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -11,13 +12,16 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from lightbert.checkpoints.reading import Pretrained, load_into
+from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import ConfigError, UserError
 from lightbert.model import BertConfig
 from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
 from lightbert.run.configs import CONF_DIR
-from lightbert.run.settings import RunSettings
+from lightbert.run.settings import RunSettings, Start
 from lightbert.tasks.finetuned import carry_head, head_of
 from lightbert.tasks.heads import Head, HeadArguments, head_of_module
+from lightbert.tasks.pretraining.continued import Growth, carried_line, check_added_words_fit
+from lightbert.tasks.pretraining.domain_words import read_word_file
 
 log = logging.getLogger(__name__)
 
@@ -82,15 +86,53 @@ def size_name(model: dict, conf_dir: Path = CONF_DIR) -> str:
 
 
 def with_vocabulary(model_config: dict, tokenizer, pretrained: Pretrained | None) -> dict:
-    """The size files leave the vocabulary to the tokenizer; a checkpoint brings its own embedding size."""
+    """The size files leave the vocabulary to the tokenizer; a checkpoint brings its own embedding size (grown by
+    the words `task.datamodule.add_words` added: `with_added_words`)."""
     if pretrained is None:
         return {**model_config, "vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_id}
+    model_config = {**model_config, "vocab_size": pretrained.config["vocab_size"]}
     if tokenizer.vocab_size > model_config["vocab_size"]:
         raise UserError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but init_from={pretrained.source} embeds only "
             f"{model_config['vocab_size']}; use the tokenizer that came with the checkpoint"
         )
     return model_config
+
+
+def check_vocabulary(settings: RunSettings, start: Start, pretrained: Pretrained | None) -> Pretrained | None:
+    """Refuses, before anything is written, a tokenizer that does not fit init_from's embeddings, and what
+    `task.datamodule.add_words` cannot do: add words without a checkpoint, to one whose MLM decoder is not tied to
+    its embeddings, from a file that does not exist (or holds a line that is not one word). Returns the checkpoint
+    with the tokenizer that words are added to (`task.datamodule.tokenizer_path`'s, when it came without one)."""
+    datamodule, key = settings.task.datamodule, "task.datamodule.add_words"
+    add = datamodule.get("add_words")
+    if pretrained is None or start.resuming:  # a resumed run's tokenizer.json holds its words already
+        if add and pretrained is None:
+            raise ConfigError(
+                f"{key}={add} adds words to init_from's vocabulary; without init_from the vocabulary is trained on "
+                "the corpus (task.datamodule.vocab_size): set init_from=<checkpoint> or drop add_words"
+            )
+        return pretrained
+    tokenizer = pretrained.tokenizer
+    if tokenizer is None and settings.task.tokenizer_path:  # the tokenizer the run reads, as its DataModule loads it
+        try:
+            tokenizer = load_tokenizer(settings.task.tokenizer_path, lowercase=datamodule.get("lowercase", True))
+        except UserError as error:
+            raise ConfigError(f"task.datamodule.tokenizer_path: {error}") from None
+        pretrained = replace(pretrained, tokenizer=tokenizer)
+    if tokenizer is None:
+        return pretrained
+    rows = pretrained.config["vocab_size"]
+    if tokenizer.vocab_size > rows:
+        raise UserError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but init_from={pretrained.source} embeds only {rows}; "
+            "use the tokenizer that came with the checkpoint"
+        )
+    if add:
+        check_added_words_fit(pretrained, tokenizer, key)
+        if isinstance(add, str):
+            read_word_file(add, tokenizer)  # a missing file, a line of two words: said now, not after the record
+    return pretrained
 
 
 def wanted_head(settings: RunSettings) -> tuple[Head, HeadArguments] | None:
@@ -101,13 +143,17 @@ def wanted_head(settings: RunSettings) -> tuple[Head, HeadArguments] | None:
     return head, head.arguments(OmegaConf.to_container(settings.task.module, resolve=True))
 
 
-def load_pretrained_weights(settings: RunSettings, module: L.LightningModule, pretrained: Pretrained) -> list[str]:
+def load_pretrained_weights(
+    settings: RunSettings, module: L.LightningModule, pretrained: Pretrained, growth: Growth | None = None
+) -> list[str]:
     """init_from's weights into the task's model: the encoder, and its fine-tuned head where that head means what
     the task's does (one console line says whether it was carried, how its labels matched, or why not). Returns
     the weights that start fresh."""
     wanted = wanted_head(settings)
-    if wanted is None:
-        return load_into(module.model, pretrained)
+    if wanted is None:  # pre-training: what is carried and what starts fresh, in one line
+        fresh = load_into(module.model, pretrained, say=False)
+        log.info(carried_line(module.model, pretrained, fresh, growth))
+        return fresh
     carry = carry_head(pretrained, *wanted)
     log.info(carry.line)
     return load_into(module.model, pretrained, carry)

@@ -45,6 +45,7 @@ from lightbert.data.local_files import cache_writes, digest, progress_bars_for
 from lightbert.data.tokenizer import BertTokenizer, load_tokenizer, train_wordpiece_once
 from lightbert.errors import ParameterError, UserError
 from lightbert.files import publish_directory, publish_file_once
+from lightbert.tasks.pretraining import domain_words
 from lightbert.tasks.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus
 from lightbert.tasks.pretraining.examples import PairExamples, StoredDocuments, create_pretraining_pairs
 from lightbert.tasks.pretraining.masking import MaskingCollator, NextTokenCollator, max_predictions_for
@@ -369,6 +370,7 @@ class PretrainDataModule(L.LightningDataModule):
         cache_dir: str,
         tokenizer: BertTokenizer | None = None,
         tokenizer_path: str | None = None,
+        add_words: int | str | None = None,
         vocab_size: int = 30522,
         lowercase: bool = True,
         max_seq_length: int = 128,
@@ -403,6 +405,7 @@ class PretrainDataModule(L.LightningDataModule):
         self.corpus = corpus
         self.cache_dir = Path(cache_dir).expanduser()
         self._tokenizer, self.tokenizer_path = tokenizer, tokenizer_path
+        self.add_words = add_words  # lightbert.tasks.pretraining.domain_words: words added to the given tokenizer
         self.vocab_size, self.lowercase = vocab_size, lowercase
         self.max_seq_length = max_seq_length
         # Each row's prediction slots and the cap on its masked tokens; null: from the length and rate (20 at 128).
@@ -452,14 +455,19 @@ class PretrainDataModule(L.LightningDataModule):
 
     @cached_property
     def tokenizer(self) -> BertTokenizer:
-        """The given tokenizer, or one trained on this corpus (cached, so every rank and rerun shares it)."""
+        """The given tokenizer (with `add_words`' words), or one trained on this corpus (cached, so every rank and
+        rerun shares it)."""
         if self._tokenizer is not None:  # from init_from's checkpoint
-            return self._tokenizer
+            return self._with_added_words(self._tokenizer)
         if self.tokenizer_path:
             try:
-                return load_tokenizer(self.tokenizer_path, lowercase=self.lowercase)
+                tokenizer = load_tokenizer(self.tokenizer_path, lowercase=self.lowercase)
             except UserError as error:
                 raise ParameterError.about("tokenizer_path", error) from None
+            return self._with_added_words(tokenizer)
+        if self.add_words:
+            raise ParameterError("{0} adds words to init_from's vocabulary; a vocabulary trained on the corpus has "
+                                 "them already (start from a checkpoint with init_from=...)", "add_words")  # fmt: skip
         documents, sample = self.examples.tokenizer_sample()
         key = digest([TOKENIZER_VERSION, self.corpus.fingerprint, self.vocab_size, self.lowercase, *sample])
         path = self.cache_dir / "tokenizers" / key / "tokenizer.json"
@@ -472,6 +480,15 @@ class PretrainDataModule(L.LightningDataModule):
             path.unlink(missing_ok=True)
             self._train_tokenizer(documents, path)
             return load_tokenizer(path)
+
+    def _with_added_words(self, tokenizer: BertTokenizer) -> BertTokenizer:
+        """`tokenizer` with the words `add_words` asks for; a count is of the words of the documents a new vocabulary
+        would be trained on (the first `tokenizer_documents`)."""
+        if not self.add_words:  # null or 0
+            return tokenizer
+        documents, _ = self.examples.tokenizer_sample()
+        limit = self.examples.tokenizer_documents
+        return domain_words.add_words(tokenizer, self.add_words, islice(documents(), limit), limit)
 
     def _train_tokenizer(self, documents: Callable[[], Iterable[list[str]]], path: Path) -> None:
         """Trains in a forked process: the trainer's memory (about 1.3 KB per distinct word) is the child's, gone

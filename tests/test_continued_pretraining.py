@@ -1,0 +1,276 @@
+"""Continued pre-training of a released BERT (docs/continued-pretraining.md): the run starts where transformers
+stands on the same checkpoint, says what it carried, and grows the vocabulary by a domain's words
+(`task.datamodule.add_words`) without changing what the old words gave."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from helpers.models import write_hf_bert, write_hf_model
+from helpers.runs import TINY_PRETRAIN, compose_config, run_train_forked, write_bert_corpus
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from lightbert.checkpoints.reading import load_into, load_pretrained
+from lightbert.data.encoding import IGNORE_INDEX
+from lightbert.data.tokenizer import load_tokenizer
+from lightbert.interop.convert import main as convert
+from lightbert.model import BertConfig, BertForPreTraining
+from lightbert.run.jobs import train
+from lightbert.tasks.pretraining.continued import PAD_MULTIPLE, UNUSED_BIAS, with_added_words
+from lightbert.tasks.pretraining.domain_words import count_words, most_pieces, pieces_of, with_words
+from lightbert.tasks.pretraining.module import PreTrainingModule
+
+# The released checkpoint's own sizes; only the data's are set.
+CONTINUED = [a for a in TINY_PRETRAIN if not a.startswith(("model=", "task.datamodule.vocab_size"))]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_bert_corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt", num_documents=24)
+
+
+# -- parity at the start -----------------------------------------------------------------------------------------
+
+
+def first_validation(init_from: Path, corpus: Path, run_dir: Path, caplog) -> tuple[dict, list[str], DictConfig]:
+    """A continued run whose first validation measures the checkpoint as read: its first step has learning rate 0
+    (a warm-up of one step starts at 0), and it validates after it on the whole held-out split (a quarter of the
+    documents). Returns its results, the lines it said of init_from, and its config."""
+    overrides = [
+        *CONTINUED, f"init_from={init_from}", f"corpus.paths=[{corpus}]", "trainer.max_steps=1",
+        "trainer.val_check_interval=1", "optim.warmup_steps=1", "task.datamodule.validation_share=null",
+        "task.datamodule.validation_fraction=0.25",
+    ]  # fmt: skip
+    cfg = compose_config(overrides, run_dir)
+    with caplog.at_level(logging.INFO, logger="lightbert"):
+        results = train(cfg)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"init_from={init_from}:")]
+    return results, said, cfg
+
+
+def held_out_batches(cfg: DictConfig, init_from: Path) -> list[dict]:
+    """The run's validation batches, rebuilt from its config: the same examples, the same masks."""
+    datamodule = instantiate(cfg.task.datamodule, _partial_=True)(tokenizer=load_pretrained(str(init_from)).tokenizer)
+    datamodule.prepare_data()
+    datamodule.setup()
+    return list(datamodule.val_dataloader())
+
+
+def transformers_losses(model: transformers.BertForPreTraining, batches: list[dict]) -> tuple[float, float]:
+    """Masked-LM loss per predicted token and NSP loss per sequence over all `batches`, from transformers' logits."""
+    mlm, nsp = [], []
+    with torch.no_grad():
+        for batch in batches:
+            out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+            labels = batch["labels"]
+            mlm.append(F.cross_entropy(out.prediction_logits[labels != IGNORE_INDEX], labels[labels != IGNORE_INDEX],
+                                       reduction="none"))  # fmt: skip
+            nsp.append(F.cross_entropy(out.seq_relationship_logits, batch["next_sentence_label"], reduction="none"))
+    return float(torch.cat(mlm).mean()), float(torch.cat(nsp).mean())
+
+
+@pytest.mark.parametrize("heads", [True, False], ids=["BertForPreTraining", "bare BertModel"])
+def test_the_first_held_out_losses_equal_transformers_on_the_same_masked_batches(heads, corpus, tmp_path, caplog):
+    """With heads, transformers reads the whole checkpoint as the run does. Without (a bare BertModel, as sentence
+    encoders ship), both libraries start the MLM transform, the decoder bias and the NSP classifier fresh, each from
+    its own random draws; so the run's fresh heads, as its checkpoint after the step of learning rate 0 holds them,
+    are copied into transformers' model: the encoder, the pooler and the tied decoder are then still transformers'
+    own reading of the checkpoint, and the losses must agree as closely as with heads."""
+    init_from = write_hf_bert(tmp_path / "bert", bare_encoder=not heads)
+    run_dir = tmp_path / "run"
+    results, said, cfg = first_validation(init_from, corpus, run_dir, caplog)
+    checkpoint = torch.load(results["last_checkpoint"], weights_only=True)["state_dict"]
+    hf = transformers.BertForPreTraining.from_pretrained(init_from).eval()
+    reference = hf.state_dict()
+    # The step of learning rate 0 left every weight as read: the validation measured the checkpoint itself.
+    key = "bert.encoder.layer.0.attention.self.query.weight"
+    assert torch.equal(checkpoint["model." + key], reference[key])
+    fresh = ["cls.predictions.transform.dense.weight", "cls.predictions.bias", "cls.seq_relationship.weight"]
+    if heads:
+        assert all(torch.equal(checkpoint["model." + k], reference[k]) for k in fresh)
+    else:
+        drawn = [k for k in fresh if k.endswith("weight")]  # random in each (both start the bias at zero)
+        assert not any(torch.equal(checkpoint["model." + k], reference[k]) for k in drawn)
+        heads_of_the_run = {k[len("model.") :]: v for k, v in checkpoint.items() if k.startswith("model.cls.")}
+        hf.load_state_dict(heads_of_the_run, strict=False)
+    batches = held_out_batches(cfg, init_from)
+    mlm, nsp = transformers_losses(hf, batches)
+    assert sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in batches) >= 50
+    assert results["metrics"]["val/mlm_loss"] == pytest.approx(mlm, abs=1e-5, rel=0)
+    assert results["metrics"]["val/nsp_loss"] == pytest.approx(nsp, abs=1e-5, rel=0)
+    # One line says what was carried and what starts fresh, counted.
+    assert len(said) == 1, said
+    if heads:
+        assert "carried its encoder (37 tensors), pooler (2), MLM transform (4), MLM decoder bias (1) and NSP " \
+               "classifier (2)" in said[0] and "fresh" not in said[0]  # fmt: skip
+    else:
+        assert "carried its encoder (37 tensors) and pooler (2); MLM transform (4 tensors), MLM decoder bias (1) and " \
+               f"NSP classifier (2) start fresh: {init_from} has no pre-training heads" in said[0]  # fmt: skip
+
+
+# -- domain words ------------------------------------------------------------------------------------------------
+
+
+def test_words_are_ranked_by_the_tokens_they_would_save(tmp_path):
+    tokenizer = load_pretrained(str(write_hf_bert(tmp_path / "bert"))).tokenizer
+    counted = pieces_of(Counter({"riverfilm": 10, "citywar": 30, "the": 500, "zqxj": 40}), tokenizer)
+    saved = dict(zip(counted.words, counted.counts * (counted.pieces - 1), strict=True))
+    assert saved["the"] == 0 and saved["riverfilm"] > 0 and saved["citywar"] > 0  # "the" is one token already
+    ranked = most_pieces(counted, 10)
+    assert ranked == sorted(ranked, key=lambda w: (-saved[w], w)) and "the" not in ranked
+    assert most_pieces(counted, 1) == ranked[:1] and most_pieces(counted, 0) == []
+    # Words are found as the tokenizer finds them: lower-cased, split at punctuation.
+    counts, documents = count_words([["The River-film, the RIVERFILM."], ["riverfilm"]], tokenizer)
+    assert documents == 2 and counts["riverfilm"] == 2 and counts["river"] == 1 and counts["-"] == 1
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory) -> Path:
+    return write_hf_bert(tmp_path_factory.mktemp("released") / "bert")
+
+
+def test_old_words_give_the_logits_they_gave_before_the_words_were_added(released):
+    pretrained = load_pretrained(str(released))
+    old = pretrained.tokenizer
+    words = ["riverfilm", "citywar", "albumhouse"]
+    extended = with_words(old, words)
+    assert [extended.backend.token_to_id(w) for w in words] == list(range(old.vocab_size, old.vocab_size + 3))
+    grown, growth = with_added_words(pretrained, extended)
+    rows = grown.config["vocab_size"]
+    assert rows % PAD_MULTIPLE == 0 and rows >= extended.vocab_size and growth.words == 3
+    before, after = (
+        BertForPreTraining(BertConfig.from_dict(pretrained.config)),
+        BertForPreTraining(BertConfig.from_dict(grown.config)),
+    )
+    assert load_into(before, pretrained) == [] and load_into(after, grown) == []
+    embeddings = after.bert.embeddings.word_embeddings.weight
+    assert after.cls.predictions.decoder.weight is embeddings  # still tied
+    for word in words:  # a new word starts as the mean of its old pieces, in the embeddings and the decoder's bias
+        pieces, row = old.encode_batch([word])[0], extended.backend.token_to_id(word)
+        assert len(pieces) > 1
+        torch.testing.assert_close(embeddings[row], before.bert.embeddings.word_embeddings.weight[pieces].mean(0))
+        torch.testing.assert_close(after.cls.predictions.bias[row], before.cls.predictions.bias[pieces].mean())
+    padding = torch.arange(extended.vocab_size, rows)
+    assert not embeddings[padding].any() and (after.cls.predictions.bias[padding] == UNUSED_BIAS).all()
+    text = "the city river was the first album of the new team"  # no added word in it
+    ids = old.encode_batch([text])[0]
+    assert extended.encode_batch([text])[0] == ids
+    assert extended.encode_batch(["the riverfilm"])[0] == [old.backend.token_to_id("the"), extended.vocab_size - 3]
+    input_ids = torch.tensor([[old.cls_id, *ids, old.sep_id]])
+    with torch.no_grad():
+        mlm_before, nsp_before = before.eval()(input_ids)
+        mlm_after, nsp_after = after.eval()(input_ids)
+    torch.testing.assert_close(mlm_after[..., : old.vocab_size], mlm_before[..., : old.vocab_size], atol=1e-5, rtol=0)
+    torch.testing.assert_close(nsp_after, nsp_before, atol=1e-6, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def extended_run(released, corpus, tmp_path_factory) -> dict:
+    """A continued run that adds 20 words, stopped after step 2 as if cut short, then resumed to step 3: its
+    directory and what each part said."""
+    run_dir = tmp_path_factory.mktemp("extended") / "run"
+    base = [*CONTINUED, f"init_from={released}", f"corpus.paths=[{corpus}]", "task.datamodule.add_words=20",
+            "trainer.max_steps=3", "trainer.val_check_interval=1", "task.checkpoint_every_n_steps=1"]  # fmt: skip
+    first = run_train_forked(
+        *base, f"hydra.run.dir={run_dir}", "+callbacks.stop._target_=helpers.loss_recorder.StopAtStep",
+        "+callbacks.stop.step=2", PYTHONPATH=str(Path(__file__).parent),
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    tokenizer = (run_dir / "tokenizer.json").read_bytes()
+    (run_dir / "results.json").unlink()  # as if it had stopped after its checkpoint of step 2
+    resumed = run_train_forked(*base, f"hydra.run.dir={run_dir}", "resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return {"dir": run_dir, "tokenizer": tokenizer, "first": first.stdout + first.stderr,
+            "resumed": resumed.stdout + resumed.stderr}  # fmt: skip
+
+
+def test_a_continued_run_adds_the_words_and_says_so_once(extended_run, released):
+    console = extended_run["first"]
+    assert console.count("words of the corpus added to init_from's") == 1
+    assert "20 words of the corpus added" in console and "pieces per word there" in console
+    assert console.count(f"init_from={released}: carried its encoder") == 1
+    assert "the word embeddings grow from" in console and "20 added words" in console
+
+
+def test_resume_keeps_the_extended_vocabulary(extended_run):
+    run_dir = extended_run["dir"]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["global_step"] == 3
+    assert (run_dir / "tokenizer.json").read_bytes() == extended_run["tokenizer"]  # the same words, the same ids
+    assert "words of the corpus added" not in extended_run["resumed"]  # none counted or added again
+    tokenizer = load_tokenizer(run_dir / "tokenizer.json")
+    module = PreTrainingModule.load_from_checkpoint(results["last_checkpoint"], weights_only=True)
+    assert module.config.vocab_size % PAD_MULTIPLE == 0 and module.config.vocab_size >= tokenizer.vocab_size
+    assert tokenizer.vocab_size == load_pretrained(str(run_dir)).tokenizer.vocab_size
+
+
+def test_the_extended_model_exports_to_transformers_whose_model_and_tokenizer_agree(extended_run, released, tmp_path):
+    run_dir, out = extended_run["dir"], tmp_path / "hf"
+    assert convert(["to-hf", str(run_dir), str(out)]) == 0
+    pretrained = load_pretrained(str(run_dir))
+    added = [t for t, i in pretrained.tokenizer.backend.get_vocab().items()
+             if i >= load_pretrained(str(released)).tokenizer.vocab_size]  # fmt: skip
+    assert len(added) == 20
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    text = f"The {added[0]} was {added[1]}s of the city, {added[2].upper()}."
+    ours_ids = pretrained.tokenizer.encode_batch([text])[0]
+    assert hf_tokenizer(text, add_special_tokens=False)["input_ids"] == ours_ids
+    assert {pretrained.tokenizer.backend.token_to_id(w) for w in added[:3]} <= set(ours_ids)
+    hf = transformers.BertForMaskedLM.from_pretrained(out).eval()
+    assert hf.config.vocab_size == pretrained.config["vocab_size"]
+    ours = BertForPreTraining(BertConfig.from_dict(pretrained.config))
+    assert load_into(ours, pretrained) == []
+    encoded = hf_tokenizer([text, "the river"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        mlm, _ = ours.eval()(encoded["input_ids"], encoded["token_type_ids"], encoded["attention_mask"])
+        reference = hf(**encoded).logits
+    real = encoded["attention_mask"].bool()
+    torch.testing.assert_close(mlm[real], reference[real], atol=1e-5, rtol=0)
+
+
+# -- refused before anything is written, in one line ------------------------------------------------------------
+
+
+def bad_inputs(released: Path, tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    """Each bad input: its overrides, and what its one line must say."""
+    untied = write_hf_model(tmp_path / "untied", tie_word_embeddings=False)
+    bare = tmp_path / "no_tokenizer"  # a checkpoint without its tokenizer, read with a bigger vocabulary
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((released / name).read_bytes())
+    rows = load_pretrained(str(released)).config["vocab_size"]
+    words = (released / "vocab.txt").read_text().splitlines()
+    (tmp_path / "big_vocab.txt").write_text("\n".join([*words, *(f"extra{i}" for i in range(rows + 8 - len(words)))]))
+    return {
+        "untied decoder": ([f"init_from={untied}", "task.datamodule.add_words=10"],
+                           "task.datamodule.add_words extends the word embeddings and the MLM decoder tied to them"),
+        "missing word file": ([f"init_from={released}", f"task.datamodule.add_words={tmp_path / 'words.txt'}"],
+                              "task.datamodule.add_words"),
+        "count below 0": ([f"init_from={released}", "task.datamodule.add_words=-3"],
+                          "task.datamodule.add_words must be a count of words (0 or more) or a file of words, got -3"),
+        "tokenizer of another size": (
+            [f"init_from={bare}", f"task.datamodule.tokenizer_path={tmp_path / 'big_vocab.txt'}",
+             "task.datamodule.add_words=10"],
+            f"the tokenizer has {rows + 8} tokens but init_from={bare} embeds only {rows}"),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ["untied decoder", "missing word file", "count below 0", "tokenizer of another size"])
+def test_bad_input_is_one_line_and_writes_nothing(case, released, corpus, tmp_path):
+    overrides, says = bad_inputs(released, tmp_path)[case]
+    run_dir = tmp_path / "run"
+    done = run_train_forked(*CONTINUED, f"corpus.paths=[{corpus}]", *overrides, f"hydra.run.dir={run_dir}")
+    console = done.stdout + done.stderr
+    assert done.returncode == 2, console[-3000:]
+    assert "Traceback" not in console, console[-3000:]
+    errors = [line for line in console.splitlines() if line.startswith("lightbert: error: ")]
+    assert len(errors) == 1 and says in errors[0], console[-3000:]
+    assert not run_dir.exists() or not any(run_dir.iterdir())  # nothing written: no .hydra/, no train.log
