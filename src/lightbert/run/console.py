@@ -137,7 +137,7 @@ def describe_run(
     start: Start | None = None,
 ) -> str:
     """The run line: what is trained on what data, where, how long, in which batches. `left_to_right` says why the
-    model attends left to right (`preflight.left_to_right_because`), where it does."""
+    model attends left to right (`weights.left_to_right_because`), where it does."""
     sizes = f"L{model['num_hidden_layers']}/H{model['hidden_size']}/A{model['num_attention_heads']}"
     if left_to_right:
         sizes += f", attention left to right ({left_to_right})"

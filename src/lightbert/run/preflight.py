@@ -23,9 +23,9 @@ from lightbert.model.fp8 import check_fp8_device
 from lightbert.plugins.checkpointing import saved_job_shape
 from lightbert.run.console import RunLogFile, describe_run, tidy_lightning_console
 from lightbert.run.instantiation import instantiate_config
-from lightbert.run.run_dir import check_data_unchanged, record_run, remove_stale_temporaries
+from lightbert.run.run_dir import record_run
 from lightbert.run.settings import MATMUL_PRECISIONS, RunSettings, Start
-from lightbert.run.weights import check_vocabulary, checked_model_config, size_name
+from lightbert.run.weights import run_model
 from lightbert.tasks.pretraining.corpus import TextCorpus
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,10 @@ def prepare(
     check_cache_dir(settings)
     settings.batches  # noqa: B018  (a global batch these devices cannot make is refused here)
     matmuls = set_fp32_matmuls(settings)
+    # A resume that changes a setting is refused by the record (the devices and nodes may change where the global
+    # batch stays), or its data.
+    resized = _resized(settings, start) if start.resuming else False
+    sources = data_sources(settings)
     if settings.speed.fp8 and not evaluation:  # evaluation runs no fp8: it trains nothing
         check_fp8_device(settings.trainer.accelerator)
     tidy_lightning_console()
@@ -57,33 +61,11 @@ def prepare(
         )
     if check is not None and pretrained is not None:
         check(pretrained)
-    pretrained = check_vocabulary(settings, start, pretrained)
-    model_config = checked_model_config(settings, pretrained)
-    config = settings.config_naming(model_config, size_name(model_config)) if pretrained else settings.config
-    output_dir = settings.output_dir
-    resized = _resized(settings, start) if start.resuming else False
-    # A resume that changes a setting is refused here (the devices and nodes may change where the global batch stays).
-    record_run(config, settings.overrides, output_dir, resuming=start.resuming, resized=resized)
-    check_data_unchanged(output_dir, data_sources(settings), resuming=start.resuming)  # or its data: here
+    model = run_model(settings, start, pretrained)
+    record_run(model.recorded, settings.overrides, settings.output_dir, start.resuming, resized, sources)
     RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
-    remove_stale_temporaries(output_dir)
-    log.info(
-        describe_run(settings, model_config, evaluation, matmuls, left_to_right_because(settings, pretrained), start)
-    )
-    return pretrained, model_config, config
-
-
-def left_to_right_because(settings: RunSettings, pretrained: Pretrained | None) -> str | None:
-    """Why the model attends left to right, for the run line; None where it attends both ways. A decoder BERT
-    fine-tuned on a sentence task keeps the attention it was trained with (as transformers runs it), which a user
-    expecting BERT's bidirectional encoder would not guess."""
-    if pretrained is None:
-        return f"task.objective={settings.task.objective}" if settings.task.objective == "ltr" else None
-    if pretrained.config.get("attention") != "left_to_right":
-        return None
-    if pretrained.hf_config.get("is_decoder"):
-        return "is_decoder: true in init_from's config.json; transformers runs it so too"
-    return "init_from's model was trained left to right, and fine-tuning keeps its attention"
+    log.info(describe_run(settings, model.config, evaluation, matmuls, model.left_to_right, start))
+    return model.pretrained, model.config, model.recorded
 
 
 def _quiet_known_warnings() -> None:

@@ -325,14 +325,23 @@ def _changed_choices(record: Path) -> list[tuple[str, Any, Any]]:
 
 
 def record_run(
-    config: DictConfig, overrides: tuple[str, ...], output_dir: Path, resuming: bool, resized: bool = False
+    config: DictConfig,
+    overrides: tuple[str, ...],
+    output_dir: Path,
+    resuming: bool,
+    resized: bool = False,
+    sources: dict[str, Any] | None = None,
 ) -> None:
     """The run's record in `.hydra/`: the config (as composed, interpolations kept), the command line's overrides
-    and, in a Hydra run, Hydra's own config. A resumed run continues the run as recorded: a setting it changes is
-    refused with the keys named (only `CHANGEABLE_ON_RESUME` may change), and the record is left as it was."""
+    and, in a Hydra run, Hydra's own config; and what its data is read from (`sources`: `.hydra/data.json`). A
+    resumed run continues the run as recorded: a setting it changes is refused with the keys named (only
+    `CHANGEABLE_ON_RESUME` may change), so is other data, and the record is left as it was. The checks come first: a
+    refused command writes nothing. Then the temporary files a killed save left are removed."""
     record = output_dir / RECORD_DIR
     config = OmegaConf.to_container(config, resolve=False)
-    if resuming and (record / "config.yaml").is_file():
+    settings_recorded = resuming and (record / "config.yaml").is_file()
+    data_record = output_dir / DATA_RECORD
+    if settings_recorded:
         recorded = _flat(OmegaConf.to_container(OmegaConf.load(record / "config.yaml"), resolve=False))
         recorded = {key: _moved_to_today(v) if key.endswith("_target_") else v for key, v in recorded.items()}
         now = _flat(config)
@@ -359,37 +368,31 @@ def record_run(
                 f"command changes {len(shown)} setting(s): {'; '.join(shown[:6])}. Drop those overrides to resume, "
                 "or start a new run in another directory (e.g. with init_from=<this run> to fine-tune from it)"
             )
-        return
+    # A resumed run must read the data it started with, or it would continue on other examples and another
+    # validation set without a word (a run recorded before lightbert kept data.json is not checked).
+    if resuming and sources is not None and data_record.is_file():
+        recorded = json.loads(data_record.read_text())
+        changed = [name for name in sorted(set(recorded) | set(sources)) if recorded.get(name) != sources.get(name)]
+        if changed:
+            raise UserError(
+                f"resume=true continues the run in {output_dir} on the data it started with, and {len(changed)} of "
+                f"its sources changed since ({', '.join(changed[:3])}: another size, time or file). Restore them, or "
+                "start a new run in another directory (init_from=<this run> starts from its weights)"
+            )
+    remove_stale_temporaries(output_dir)
     if not is_global_zero():
         return
-    record_slurm_job(output_dir)
-    write_atomically(record / "config.yaml", OmegaConf.to_yaml(config))
-    write_atomically(record / "overrides.yaml", OmegaConf.to_yaml(list(overrides)))
-    if HydraConfig.initialized():
-        write_atomically(record / "hydra.yaml", OmegaConf.to_yaml({"hydra": HydraConfig.get()}))
+    if not settings_recorded:
+        record_slurm_job(output_dir)
+        write_atomically(record / "config.yaml", OmegaConf.to_yaml(config))
+        write_atomically(record / "overrides.yaml", OmegaConf.to_yaml(list(overrides)))
+        if HydraConfig.initialized():
+            write_atomically(record / "hydra.yaml", OmegaConf.to_yaml({"hydra": HydraConfig.get()}))
+    if not resuming and sources is not None:
+        write_atomically(data_record, json.dumps(sources, indent=2) + "\n")
 
 
 DATA_RECORD = Path(RECORD_DIR) / "data.json"
-
-
-def check_data_unchanged(output_dir: Path, sources: dict[str, Any], resuming: bool) -> None:
-    """A new run records what its data is read from (`.hydra/data.json`); a resumed run must read the same, or it
-    would continue on other examples and another validation set without a word."""
-    record = output_dir / DATA_RECORD
-    if not resuming:
-        if is_global_zero():
-            write_atomically(record, json.dumps(sources, indent=2) + "\n")
-        return
-    if not record.is_file():
-        return  # a run recorded before lightbert kept this record
-    recorded = json.loads(record.read_text())
-    changed = [name for name in sorted(set(recorded) | set(sources)) if recorded.get(name) != sources.get(name)]
-    if changed:
-        raise UserError(
-            f"resume=true continues the run in {output_dir} on the data it started with, and {len(changed)} of its "
-            f"sources changed since ({', '.join(changed[:3])}: another size, time or file). Restore them, or start "
-            "a new run in another directory (init_from=<this run> starts from its weights)"
-        )
 
 
 @contextmanager

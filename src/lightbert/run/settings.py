@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError
 
 from lightbert.errors import ConfigError, ParameterError
@@ -443,22 +443,6 @@ class RunSettings:
                 "unset task.global_batch_size"
             )
         return Batches(per_device, devices, nodes, accumulate, wanted)
-
-    def config_naming(self, model: dict, name: str) -> DictConfig:
-        """The config as recorded and given to the loggers: under init_from the checkpoint decides the model, and
-        the record, the run's name and its W&B tags say the model that runs (`name`, e.g. bert_tiny), not the
-        `model=` default (a fine-tune of a bert_tiny checkpoint is not "sst2-bert_mini"). The settings stay as
-        they were built."""
-        config = self.config.copy()
-        default_name = f"{self.task.name}-{self.model_option}"
-        with open_dict(config):
-            config.model = {k: v for k, v in model.items() if k != "vocab_size"}
-            if config.get("run_name") == default_name:
-                config.run_name = f"{self.task.name}-{name}"
-            wandb = (config.get("logger") or {}).get("wandb")
-            if wandb is not None and self.model_option in (wandb.get("tags") or []):
-                wandb.tags = [name if tag == self.model_option else tag for tag in wandb.tags]
-        return config
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> RunSettings:

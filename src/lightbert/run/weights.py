@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import lightning as L
 from hydra.utils import get_class
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightbert.checkpoints.reading import Pretrained, load_into
 from lightbert.data.tokenizer import load_tokenizer
@@ -26,12 +27,51 @@ from lightbert.tasks.pretraining.domain_words import read_word_file
 log = logging.getLogger(__name__)
 
 
-def checked_model_config(settings: RunSettings, pretrained: Pretrained | None) -> dict:
-    """The architecture as a plain dict, validated before any data work so a bad size fails at once.
+class RunModel(NamedTuple):
+    """The model a run trains, decided before any data work."""
 
-    With init_from the checkpoint decides the sizes; a `model=` asking for other sizes is an error rather than
-    a silent choice. Dropout set on the command line still applies (it does not change the weights).
-    """
+    pretrained: Pretrained | None  # init_from, with the tokenizer words are added to (`check_vocabulary`)
+    config: dict  # the architecture
+    recorded: DictConfig  # the run's config as recorded and logged, naming the model that runs
+    left_to_right: str | None  # why the model attends left to right, for the run line; None: both ways
+
+
+def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None) -> RunModel:
+    """The architecture, its name and the config naming it, each checked once: a bad size, a tokenizer that does not
+    fit init_from, sequences longer than the position embeddings, too few segment embeddings fail here, before
+    anything is written."""
+    model = model_sizes(settings, pretrained)
+    recorded = recorded_config(settings, model, size_name(model)) if pretrained else settings.config
+    left_to_right = left_to_right_because(settings, pretrained)
+    pretrained = check_vocabulary(settings, start, pretrained)
+    config = BertConfig.from_dict({k: v for k, v in model.items() if k != "vocab_size"})
+    lengths = {"task.max_seq_length": settings.task.max_seq_length}
+    for number, phase in enumerate(settings.phases):
+        if "max_seq_length" in phase.datamodule:
+            lengths[f"task.phases[{number}].datamodule.max_seq_length"] = phase.datamodule["max_seq_length"]
+    for key, max_seq_length in lengths.items():
+        if max_seq_length and max_seq_length > config.max_position_embeddings:
+            raise ConfigError(
+                f"{key} ({max_seq_length}) exceeds model.max_position_embeddings "
+                f"({config.max_position_embeddings}); shorten the sequences or raise max_position_embeddings"
+            )
+    # A model with fewer segment embeddings than the task's inputs use would fail at its first batch (an index out
+    # of range in the token-type embedding): said before anything is written instead.
+    segments, type_vocab_size = settings.task.token_types, config.type_vocab_size
+    if type_vocab_size < segments:
+        has = f"init_from={settings.init_from} has" if pretrained is not None else "model.type_vocab_size is"
+        raise ConfigError(
+            f"{has} type_vocab_size {type_vocab_size}, and task={settings.task.option or '...'} feeds {segments} "
+            f"segments (a sentence pair); fine-tune it on a task of single sentences, or start from a model with "
+            f"type_vocab_size {segments}"
+        )
+    return RunModel(pretrained, model, recorded, left_to_right)
+
+
+def model_sizes(settings: RunSettings, pretrained: Pretrained | None) -> dict:
+    """The architecture as a plain dict. With init_from the checkpoint decides the sizes; a `model=` asking for
+    other sizes is an error rather than a silent choice. Dropout set on the command line still applies (it does not
+    change the weights)."""
     model = dict(settings.model)
     if pretrained is not None:
         explicit = settings.model_overrides
@@ -47,33 +87,36 @@ def checked_model_config(settings: RunSettings, pretrained: Pretrained | None) -
             )
         regularisation = {f: model[f] for f in REGULARISATION_FIELDS if f in model} if explicit else {}
         model = {**pretrained.config, **regularisation}
-    config = BertConfig.from_dict({k: v for k, v in model.items() if k != "vocab_size"})
-    lengths = {"task.max_seq_length": settings.task.max_seq_length}
-    for number, phase in enumerate(settings.phases):
-        if "max_seq_length" in phase.datamodule:
-            lengths[f"task.phases[{number}].datamodule.max_seq_length"] = phase.datamodule["max_seq_length"]
-    for key, max_seq_length in lengths.items():
-        if max_seq_length and max_seq_length > config.max_position_embeddings:
-            raise ConfigError(
-                f"{key} ({max_seq_length}) exceeds model.max_position_embeddings "
-                f"({config.max_position_embeddings}); shorten the sequences or raise max_position_embeddings"
-            )
-    _check_token_types(settings, config.type_vocab_size, pretrained)
     return model
 
 
-def _check_token_types(settings: RunSettings, type_vocab_size: int, pretrained: Pretrained | None) -> None:
-    """A model with fewer segment embeddings than the task's inputs use would fail at its first batch (an index
-    out of range in the token-type embedding): said before anything is written instead."""
-    segments = settings.task.token_types
-    if type_vocab_size >= segments:
-        return
-    has = f"init_from={settings.init_from} has" if pretrained is not None else "model.type_vocab_size is"
-    raise ConfigError(
-        f"{has} type_vocab_size {type_vocab_size}, and task={settings.task.option or '...'} feeds {segments} segments "
-        "(a sentence pair); fine-tune it on a task of single sentences, or start from a "
-        f"model with type_vocab_size {segments}"
-    )
+def recorded_config(settings: RunSettings, model: dict, name: str) -> DictConfig:
+    """The config as recorded and given to the loggers: under init_from the checkpoint decides the model, and the
+    record, the run's name and its W&B tags say the model that runs (`name`, e.g. bert_tiny), not the `model=`
+    default (a fine-tune of a bert_tiny checkpoint is not "sst2-bert_mini"). The settings stay as they were built."""
+    config = settings.config.copy()
+    default_name = f"{settings.task.name}-{settings.model_option}"
+    with open_dict(config):
+        config.model = {k: v for k, v in model.items() if k != "vocab_size"}
+        if config.get("run_name") == default_name:
+            config.run_name = f"{settings.task.name}-{name}"
+        wandb = (config.get("logger") or {}).get("wandb")
+        if wandb is not None and settings.model_option in (wandb.get("tags") or []):
+            wandb.tags = [name if tag == settings.model_option else tag for tag in wandb.tags]
+    return config
+
+
+def left_to_right_because(settings: RunSettings, pretrained: Pretrained | None) -> str | None:
+    """Why the model attends left to right, for the run line; None where it attends both ways. A decoder BERT
+    fine-tuned on a sentence task keeps the attention it was trained with (as transformers runs it), which a user
+    expecting BERT's bidirectional encoder would not guess."""
+    if pretrained is None:
+        return f"task.objective={settings.task.objective}" if settings.task.objective == "ltr" else None
+    if pretrained.config.get("attention") != "left_to_right":
+        return None
+    if pretrained.hf_config.get("is_decoder"):
+        return "is_decoder: true in init_from's config.json; transformers runs it so too"
+    return "init_from's model was trained left to right, and fine-tuning keeps its attention"
 
 
 def size_name(model: dict, conf_dir: Path = CONF_DIR) -> str:
