@@ -174,6 +174,11 @@ def build_data(directory: Path, per_label: tuple[int, int], most_mb: float) -> d
     the held-out pages, and the task's files."""
     directory.mkdir(parents=True, exist_ok=True)
     pages = manual_pages()
+    if len(pages) < 200 or not any(section == 8 for _, section, _ in pages):
+        sys.exit(
+            f"continued_pretraining.py: {len(pages)} English manual pages under {MAN} (sections 1 and 8 needed, a few "
+            "hundred at least): on Debian or Ubuntu, `apt install man-db manpages` and unminimize a minimal image"
+        )
     train = [sentences for name, _, sentences in pages if not held_out(name)]
     random.Random(0).shuffle(train)
     size, kept = 0, []
