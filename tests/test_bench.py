@@ -1,6 +1,8 @@
 """bench/pretrain_step.py runs end to end (tiny sizes, one repeat) and checks itself before it times anything."""
 
 import argparse
+import csv
+import gzip
 import re
 import subprocess
 import sys
@@ -151,3 +153,69 @@ def test_scale_benchmark_runs_on_a_small_corpus_and_ends_with_the_ratio_line(tmp
     cache = re.search(r"cache (\d+\.\d\d) bytes per text byte", "\n".join(lines))
     assert cache and 0 < float(cache[1]) < 2  # documents once and offsets, not examples dupe_factor times
     assert any(line.startswith("extrapolated to 20 GB: ") for line in lines)
+
+
+def continued_pretraining():
+    """bench/continued_pretraining.py as a module."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import continued_pretraining
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    return continued_pretraining
+
+
+ROFF_PAGE = r""".\" a comment the reader drops
+.TH MOUNTD 8 "2024" "nfs-utils"
+.SH NAME
+mountd \- NFS mount daemon
+.SH SYNOPSIS
+.B rpc.mountd
+.RI [ options ]
+.SH DESCRIPTION
+The
+.B rpc.mountd
+daemon implements the server side of the NFS MOUNT protocol.
+It checks each request against the list of \fIexported\fR file systems.
+.PP
+Options:
+.nf
+rpc.mountd \-p 4002 \-\-no\-udp
+.fi
+A client asks it for a file handle before it mounts \(em and the daemon answers.
+.SH OPTIONS
+.TP
+.B \-p
+Listen on the given port instead of one the portmapper chooses for it.
+"""
+
+
+def test_the_continued_pretraining_benchmark_reads_manual_pages_as_prose_and_keeps_pages_whole(tmp_path):
+    """The benchmark's second domain as it reads it: roff source to the prose of each section (fonts, escapes and
+    code blocks out, NAME and SYNOPSIS not sentences), and a task whose pages are each on one side of the split."""
+    bench = continued_pretraining()
+    page = tmp_path / "mountd.8.gz"
+    with gzip.open(page, "wt") as f:
+        f.write(ROFF_PAGE)
+    sections = bench.man_page(page)
+    assert sections["NAME"] == ["mountd - NFS mount daemon"]
+    sentences = bench.prose_sentences(sections["DESCRIPTION"] + sections["OPTIONS"])
+    assert sentences == [
+        "The rpc.mountd daemon implements the server side of the NFS MOUNT protocol.",
+        "It checks each request against the list of exported file systems.",
+        "A client asks it for a file handle before it mounts - and the daemon answers.",
+        "-p Listen on the given port instead of one the portmapper chooses for it.",  # a .TP tag leads, as man shows it
+    ]
+    pages = [(f"p{i}.{section}", section, [f"Sentence {j} of page {i} in section {section}." for j in range(3)])
+             for section in (1, 8) for i in range(40)]  # fmt: skip
+    files = bench.section_task(pages, tmp_path, (20, 10))
+    rows = {which: list(csv.DictReader(path.open())) for which, path in files.items()}
+    for which, count in (("train", 20), ("validation", 10)):
+        labels = [int(r["label"]) for r in rows[which]]
+        assert labels.count(0) == labels.count(1) == count  # balanced
+        for r in rows[which]:  # the label is the page's section
+            assert int(r["label"]) == int(r["sentence"].endswith("section 8."))
+    page_of = lambda sentence: sentence.split(" of ")[1].split(" in ")[0]  # noqa: E731
+    train_pages = {page_of(r["sentence"]) + r["label"] for r in rows["train"]}
+    dev_pages = {page_of(r["sentence"]) + r["label"] for r in rows["validation"]}
+    assert not train_pages & dev_pages  # no page on both sides
