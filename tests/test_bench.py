@@ -3,6 +3,7 @@
 import argparse
 import csv
 import gzip
+import importlib
 import re
 import subprocess
 import sys
@@ -59,14 +60,17 @@ def test_inference_benchmark_runs_checks_parity_and_ends_with_the_ratio_line():
     assert sum("examples/s" in line for line in lines) == 3  # lightbert and two pipeline batch sizes
 
 
-def switch_table():
-    """bench/switch_table.py as a module."""
+def bench_module(name: str):
+    """bench/<name>.py as a module."""
     sys.path.insert(0, str(REPO / "bench"))
     try:
-        import switch_table
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(REPO / "bench"))
-    return switch_table
+
+
+def switch_table():
+    return bench_module("switch_table")
 
 
 def test_the_padded_fine_tuning_step_compiles_to_one_graph_and_is_compared_with_transformers_compiled():
@@ -155,16 +159,6 @@ def test_scale_benchmark_runs_on_a_small_corpus_and_ends_with_the_ratio_line(tmp
     assert any(line.startswith("extrapolated to 20 GB: ") for line in lines)
 
 
-def continued_pretraining():
-    """bench/continued_pretraining.py as a module."""
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import continued_pretraining
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    return continued_pretraining
-
-
 ROFF_PAGE = r""".\" a comment the reader drops
 .TH MOUNTD 8 "2024" "nfs-utils"
 .SH NAME
@@ -193,7 +187,7 @@ Listen on the given port instead of one the portmapper chooses for it.
 def test_the_continued_pretraining_benchmark_reads_manual_pages_as_prose_and_keeps_pages_whole(tmp_path):
     """The benchmark's second domain as it reads it: roff source to the prose of each section (fonts, escapes and
     code blocks out, NAME and SYNOPSIS not sentences), and a task whose pages are each on one side of the split."""
-    bench = continued_pretraining()
+    bench = bench_module("continued_pretraining")
     page = tmp_path / "mountd.8.gz"
     with gzip.open(page, "wt") as f:
         f.write(ROFF_PAGE)
