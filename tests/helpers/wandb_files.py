@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 from wandb.proto import wandb_internal_pb2
@@ -27,10 +28,14 @@ def records(path: Path) -> list[wandb_internal_pb2.Record]:
         if left < HEADER:  # a block's tail too short for a chunk header is padding
             pos += left
             continue
+        if pos + HEADER > len(data):
+            break  # a file still being written
         _, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
         if kind == 0:  # zero padding to the end of the block
             pos += left
             continue
+        if pos + HEADER + length > len(data):
+            break
         chunk = data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind in (FULL, FIRST):
@@ -44,6 +49,18 @@ def records(path: Path) -> list[wandb_internal_pb2.Record]:
     return out
 
 
+def complete_records(path: Path, timeout: float = 60.0) -> list[wandb_internal_pb2.Record]:
+    """The run's records once its file ends with the `exit` record. wandb.finish() returns when the SDK is done,
+    but wandb-core's writer may still be flushing the file: on a loaded machine (CI, 1 read in ~40) the file read
+    right after holds only its header."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
 def _key(item) -> str:
     return item.key or "/".join(item.nested_key)
 
@@ -53,7 +70,7 @@ def offline_run(run_dir: Path) -> dict:
     "summary": {metric: value}}."""
     (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     run = {"config": {}, "history": [], "summary": {}}
-    for record in records(path):
+    for record in complete_records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run.update(name=record.run.display_name, group=record.run.run_group, tags=list(record.run.tags))
