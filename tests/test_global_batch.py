@@ -7,7 +7,7 @@ import pytest
 from helpers.runs import compose_config
 
 from lightbert.errors import ConfigError
-from lightbert.run.console import describe_run
+from lightbert.run.run_line import describe_run
 from lightbert.run.settings import RunSettings
 
 

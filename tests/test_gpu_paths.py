@@ -61,8 +61,8 @@ def test_several_nodes_shard_the_steps_over_every_device():
 def test_fp32_matmuls_use_tf32_on_cuda_and_the_run_line_says_so(tmp_path):
     from helpers.runs import compose_config
 
-    from lightbert.run.console import describe_run
     from lightbert.run.preflight import set_fp32_matmuls
+    from lightbert.run.run_line import describe_run
     from lightbert.run.settings import RunSettings
 
     settings = RunSettings.from_config(compose_config(["trainer=gpu"], tmp_path))
@@ -117,7 +117,7 @@ def test_the_compile_mode_reaches_torch_compile(tmp_path):
 def test_the_run_line_gives_every_limit_that_can_end_the_run(tmp_path, overrides, length):
     from helpers.runs import compose_config
 
-    from lightbert.run.console import describe_run
+    from lightbert.run.run_line import describe_run
     from lightbert.run.settings import RunSettings
 
     line = describe_run(

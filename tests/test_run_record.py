@@ -194,7 +194,7 @@ def test_a_resumed_run_logs_every_row_an_unbroken_run_logs(tmp_path, corpus):
 def test_a_run_recorded_before_the_package_layout_moved_resumes(tmp_path):
     """Runs recorded when the callbacks lived in lightbert.run and the families at the package's top resume: a
     recorded `_target_` under an old module path names the class that now lives under the new one."""
-    from lightbert.run.run_dir import RECORD_DIR, record_run
+    from lightbert.run.record import RECORD_DIR, record_run
 
     now = OmegaConf.create(
         {

@@ -13,7 +13,7 @@ from helpers.wandb_files import offline_run
 
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.errors import ConfigError, UserError
-from lightbert.run.instantiation import instantiate_config
+from lightbert.run.building import instantiate_config
 from lightbert.run.jobs import train
 from lightbert.tasks.pretraining.module import PreTrainingModule
 

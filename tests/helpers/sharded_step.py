@@ -65,7 +65,7 @@ def step(
             results["tied"] = model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
             layers = model.bert.encoder.layer
             results["checkpointed"] = sum("checkpoint" in (_get_registry(layer) or {}) for layer in layers)
-        # No process tears down gloo while the other still works (as run.flows._end_distributed): one fresh-clone run
+        # No process tears down gloo while the other still works (as processes.end_process_group): one fresh-clone run
         # saw a process abort (SIGABRT) at the end of this step without it.
         dist.barrier()
     finally:

@@ -414,6 +414,18 @@ def job_done() -> None:
     _watching = False
 
 
+def end_process_group() -> None:
+    """Ends the process group Lightning's DDP started, once every process has finished (a failed run leaves it to
+    the exit, as a barrier could wait for a process that is gone). Left to the interpreter's exit, gloo's threads
+    were seen to abort a finished DDP run ("terminate called without an active exception", exit -6)."""
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()  # no process leaves while another still gathers predictions
+        job_done()  # past the last collective: a process that ends now has done its part
+        torch.distributed.destroy_process_group()
+
+
 class _Watch(threading.Thread):
     """Watches the processes of the job that this one sees end (its DDP children, or the process that launched
     it). Once one has died: the others this one launched are ended, and this process too, with the line (said

@@ -21,9 +21,10 @@ from lightbert.data.local_files import file_identity
 from lightbert.errors import ConfigError, UserError
 from lightbert.model.fp8 import check_fp8_device
 from lightbert.plugins.checkpointing import saved_job_shape
-from lightbert.run.console import RunLogFile, describe_run, tidy_lightning_console
-from lightbert.run.instantiation import instantiate_config
-from lightbert.run.run_dir import record_run
+from lightbert.run.building import instantiate_config
+from lightbert.run.console import RunLogFile, tidy_lightning_console
+from lightbert.run.record import record_run
+from lightbert.run.run_line import describe_run
 from lightbert.run.settings import MATMUL_PRECISIONS, RunSettings, Start
 from lightbert.run.weights import run_model
 from lightbert.tasks.pretraining.corpus import TextCorpus

@@ -1,5 +1,6 @@
 """The `speed.*` switches of a run (conf/train.yaml): checked before anything is written, applied to the module
-once it is built. Each is measured by bench/pretrain_step.py (bench/RESULTS.md)."""
+once it is built (the batch shapes CUDA graphs need are the DataModule's: `run.building.fix_batch_shapes`). Each is
+measured by bench/pretrain_step.py (bench/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -46,19 +47,6 @@ def unpadding_for(
         what = f"skipped, attention {attention[how]}" if how in attention else "kept"
     device = "a CUDA GPU" if on_cuda else "cpu"
     return how, f"padding: {what} (speed.unpad={str(setting).lower()} on {device}, {precision}: {why})"
-
-
-def fix_batch_shapes(datamodule: L.LightningDataModule, speed: SpeedSettings) -> str | None:
-    """Under CUDA graphs (speed.compile=true, compile_mode=reduce-overhead), which record one graph per input shape:
-    packed rows padded up to a few row counts (`fixed_row_counts`), other batches padded to the full
-    max_seq_length. Returns what the run line says, or None where shapes may change."""
-    if not speed.cuda_graphs:
-        return None
-    if getattr(datamodule, "packing", False):
-        datamodule.fixed_rows = True
-        return "CUDA graphs: packed row counts padded up to a few fixed ones"
-    datamodule.pad_to_multiple_of = datamodule.max_seq_length
-    return f"CUDA graphs: every batch padded to {datamodule.max_seq_length} tokens"
 
 
 def apply_speed_switches(

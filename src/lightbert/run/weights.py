@@ -193,13 +193,14 @@ def load_pretrained_weights(
     the task's does (one console line says whether it was carried, how its labels matched, or why not). Returns
     the weights that start fresh."""
     wanted = wanted_head(settings)
-    if wanted is None:  # pre-training: what is carried and what starts fresh, in one line
-        fresh = load_into(module.model, pretrained, say=False)
+    carry = carry_head(pretrained, *wanted) if wanted is not None else None
+    if carry is not None:
+        log.info(carry.line)
+    # Without a fine-tuned head (pre-training), what is carried and what starts fresh is said after, in one line.
+    fresh = load_into(module.model, pretrained, carry, say=carry is not None)
+    if carry is None:
         log.info(carried_line(module.model, pretrained, fresh, growth))
-        return fresh
-    carry = carry_head(pretrained, *wanted)
-    log.info(carry.line)
-    return load_into(module.model, pretrained, carry)
+    return fresh
 
 
 def check_head(settings: RunSettings, pretrained: Pretrained) -> None:

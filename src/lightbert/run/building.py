@@ -1,0 +1,160 @@
+"""A run's objects, built from its settings' config nodes (`hydra.utils.instantiate`, with errors that name the
+config keys to change): the DataModule, the LightningModule holding init_from's weights with the speed switches
+applied, the callbacks, the loggers and the Trainer. `run.flows` calls them in the order a run needs them."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import lightning as L
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from lightbert.checkpoints.reading import Pretrained
+from lightbert.errors import ParameterError, UserError
+from lightbert.plugins.agreement import SameResumeOnEveryNode
+from lightbert.plugins.callbacks import FineTuningResume, RunProgressBar
+from lightbert.plugins.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
+from lightbert.plugins.launcher import use_run_launcher
+from lightbert.plugins.loggers import RunCSVLogger
+from lightbert.run.settings import RunSettings, SpeedSettings, Start
+from lightbert.run.speed import apply_speed_switches
+from lightbert.run.weights import load_pretrained_weights, with_vocabulary
+from lightbert.tasks.pretraining.continued import with_added_words
+
+log = logging.getLogger(__name__)
+
+
+def config_keys(node: DictConfig) -> dict[str, str]:
+    """Each parameter of a node that builds an object (e.g. `task.datamodule`) -> the key a user sets for it: the
+    key it interpolates (`max_seq_length: ${task.max_seq_length}` -> task.max_seq_length), else its own."""
+    path = node._get_full_key(None)
+    keys = {}
+    for name, value in OmegaConf.to_container(node, resolve=False).items():
+        match = re.fullmatch(r"\$\{([\w.]+)\}", value) if isinstance(value, str) else None
+        keys[str(name)] = match.group(1) if match else f"{path}.{name}"
+    return keys
+
+
+@contextmanager
+def parameters_named_by(node: DictConfig) -> Iterator[None]:
+    """A `ParameterError` raised while building (or first using) the object of `node` names config keys."""
+    try:
+        yield
+    except ParameterError as error:
+        keys = config_keys(node)
+        raise error.naming(keys) from None
+
+
+def instantiate_config(node: Any, **kwargs: Any) -> Any:
+    """`hydra.utils.instantiate`, letting a `UserError` raised by the target through unwrapped, with the config
+    keys of the parameters a `ParameterError` names."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as error:
+        cause = error.__cause__
+        if isinstance(cause, ParameterError) and isinstance(node, DictConfig):
+            keys = config_keys(node)
+            raise cause.naming(keys) from None
+        if isinstance(cause, UserError):
+            raise cause from None
+        raise
+    except MissingMandatoryValue as error:
+        raise UserError(
+            f"{error.full_key} is required: set it on the command line, e.g. {error.full_key}=..."
+        ) from None
+
+
+def datamodule(settings: RunSettings, kwargs: dict, changes: dict | None = None):
+    """The task's DataModule (a phase's `changes` to task.datamodule applied), with batches of the shapes the speed
+    switches need (said once, for the first). Partial, then called: objects passed through instantiate() would be
+    turned into configs."""
+    with parameters_named_by(settings.task.datamodule):
+        built = instantiate_config(settings.task.datamodule, **(changes or {}), _partial_=True)(**kwargs)
+        built.tokenizer  # noqa: B018  (its first use: a bad tokenizer_path is named as the key here)
+    shapes = fix_batch_shapes(built, settings.speed)
+    if shapes and changes is None:
+        log.info(shapes)
+    return built
+
+
+def fix_batch_shapes(datamodule: L.LightningDataModule, speed: SpeedSettings) -> str | None:
+    """Under CUDA graphs (speed.compile=true, compile_mode=reduce-overhead), which record one graph per input shape:
+    packed rows padded up to a few row counts (`fixed_row_counts`), other batches padded to the full
+    max_seq_length. Returns what the run line says, or None where shapes may change."""
+    if not speed.cuda_graphs:
+        return None
+    if getattr(datamodule, "packing", False):
+        datamodule.fixed_rows = True
+        return "CUDA graphs: packed row counts padded up to a few fixed ones"
+    datamodule.pad_to_multiple_of = datamodule.max_seq_length
+    return f"CUDA graphs: every batch padded to {datamodule.max_seq_length} tokens"
+
+
+def data_and_module(
+    settings: RunSettings, pretrained: Pretrained | None, model_config: dict, kwargs: dict, training: bool = True
+):
+    """The task's DataModule and LightningModule, the module holding init_from's weights; and the fresh ones."""
+    data = datamodule(settings, kwargs)
+    growth = None
+    if pretrained is not None:  # rows for the words task.datamodule.add_words added to its tokenizer
+        pretrained, growth = with_added_words(pretrained, data.tokenizer)
+    module = instantiate_config(
+        settings.task.module,
+        model=with_vocabulary(model_config, data.tokenizer, pretrained),
+        optim=settings.optim,
+        _convert_="all",
+    )
+    fresh = load_pretrained_weights(settings, module, pretrained, growth) if pretrained is not None else []
+    apply_speed_switches(module, settings.speed, settings.trainer, settings.task.packing, training)
+    return data, module, fresh
+
+
+# What evaluation runs without: it saves no checkpoint and trains no step.
+TRAINING_ONLY_CALLBACKS = (ModelCheckpoint, LatestCheckpoint, ResumableRNG, LearningRateMonitor)
+
+
+def callbacks(settings: RunSettings, start: Start | None = None) -> list:
+    """The run's callbacks: the config's, and the job's one resume decision (`start`); without `start`, an
+    evaluation's, which saves no checkpoint and trains no step."""
+    built = [instantiate_config(c) for c in settings.callbacks]
+    if start is None:
+        return [c for c in built if not isinstance(c, TRAINING_ONLY_CALLBACKS)]
+    return [
+        *built,
+        SameResumeOnEveryNode(settings.output_dir, start.step if start.resuming else None),
+        *([FineTuningResume()] if start.resuming and settings.task.fine_tuning else []),
+    ]
+
+
+def loggers(config: DictConfig, resumed_step: float | None = None) -> list:
+    """The loggers of the config as recorded (`preflight.prepare`), each given it whole as hyperparameters."""
+    built = [instantiate_config(c) for c in (config.get("logger") or {}).values()]
+    for logger in built:  # the resolved config, and the command line that made it
+        if isinstance(logger, RunCSVLogger) and resumed_step is not None:
+            logger.resumed_step = resumed_step  # metrics.csv continues from the checkpoint's step
+        logger.log_hyperparams(OmegaConf.to_container(config, resolve=True))
+    return built
+
+
+def trainer(settings: RunSettings, callbacks: list, loggers: list, **overrides: Any) -> L.Trainer:
+    if settings.trainer.progress_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
+        callbacks = [*callbacks, RunProgressBar()]  # lightbert's bar, not Lightning's default (Rich where installed)
+    overrides.setdefault("accumulate_grad_batches", settings.batches.accumulate)
+    plugins = [instantiate_config(p) for p in settings.trainer.config.get("plugins") or []]
+    built = instantiate_config(
+        settings.trainer.config,
+        callbacks=callbacks,
+        logger=loggers or False,
+        plugins=[AtomicCheckpointIO(), *plugins],
+        **overrides,
+    )
+    use_run_launcher(built)  # a DDP process that dies is named, not a SIGKILL of the whole job
+    return built

@@ -1,0 +1,47 @@
+"""The run line: the one console line that says what a run trains, on what data, where, how long, and in which
+batches (`preflight.prepare` says it once the run's record is written)."""
+
+from __future__ import annotations
+
+from lightbert.run.settings import RunSettings, Start
+
+
+def describe_run(
+    settings: RunSettings,
+    model: dict,
+    evaluation: bool = False,
+    matmuls: str | None = None,
+    left_to_right: str | None = None,
+    start: Start | None = None,
+) -> str:
+    """The run line: what is trained on what data, where, how long, in which batches. `left_to_right` says why the
+    model attends left to right (`weights.left_to_right_because`), where it does."""
+    sizes = f"L{model['num_hidden_layers']}/H{model['hidden_size']}/A{model['num_attention_heads']}"
+    if left_to_right:
+        sizes += f", attention left to right ({left_to_right})"
+    source = f"init_from={settings.init_from}" if settings.init_from else "from scratch"
+    if start is not None and start.resuming:
+        source = f"resumed from step {start.step} of {start.resume_from}"
+    task, trainer, batches = settings.task, settings.trainer, settings.batches
+    if not task.fine_tuning:
+        data = f"corpus {settings.corpus.get('name') or ','.join(settings.corpus.get('paths') or []) or 'demo'}"
+    else:
+        data = ", ".join(f"{k}={v}" for k, v in (task.data_files or {}).items()) or "the hub's data"
+    devices = f"{batches.devices} x {trainer.accelerator}" + (f" x {batches.nodes} nodes" if batches.nodes > 1 else "")
+    steps = trainer.max_steps if trainer.max_steps > 0 else None
+    epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None
+    # Lightning stops at whichever limit comes first; a fine-tune on trainer=cpu has both (3 epochs, 200 steps).
+    length = " or ".join([f"{epochs} epochs"] * (epochs is not None) + [f"{steps} steps"] * (steps is not None))
+    if evaluation:  # src/evaluate.py trains nothing
+        length = "evaluation only"
+    precision = trainer.precision + (f" ({matmuls})" if matmuls else "")
+    if trainer.precision in ("bf16-true", "16-true") and not evaluation:
+        precision += " (fp32 master weights)"  # lightbert.optim.MasterWeights
+    if settings.speed.fp8 and not evaluation:
+        precision += ", fp8 matmuls" + (" (emulated on CPU: slower than fp32)" if matmuls is None else "")
+    accumulated = f" x {batches.accumulate} accumulated" if batches.accumulate > 1 else ""
+    strategy = "fsdp (FSDP2, fully_shard)" if trainer.strategy == "fsdp" else trainer.strategy
+    return (
+        f"{task.name}: {sizes} ({source}) on {data}; {devices}, strategy {strategy}, {precision}, {length}, "
+        f"batch {batches.per_device} per device{accumulated} = {batches.global_batch} per step"
+    )
