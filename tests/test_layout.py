@@ -22,7 +22,8 @@ FLOORS = (
     ("tasks",),  # the task base, the head registry, pre-training, the fine-tuning base and the families
     ("plugins", "checkpoints"),  # what the Trainer is handed; checkpoint files read
     ("data",),  # plumbing every task shares
-    ("model", "cluster", "optim", "files"),  # the encoder; processes and ranks; optimisers; atomic writes
+    # the encoder; processes and ranks; optimisers and their checked settings; atomic writes
+    ("model", "cluster", "optim", "optim_config", "files"),
     ("distributed", "errors", "hub"),  # the ground
 )
 

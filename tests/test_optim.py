@@ -1,6 +1,7 @@
 """Optimisers: the defaults change speed, never the numbers."""
 
 import numpy as np
+import pytest
 import torch
 from helpers.models import TINY, random_batch
 
@@ -76,3 +77,40 @@ def test_nvidia_polynomial_schedule():
     factor = poly_warmup_decay(warmup_steps=10, total_steps=100, power=0.5)
     assert [factor(s) for s in (0, 5, 10)] == [0.0, 0.5, 0.9**0.5]
     assert factor(75) == 0.25**0.5 and factor(100) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.lr=0", "optim.lr must be > 0, got 0"),
+        ("optim.lr=abc", "optim.lr must be a number, got 'abc'"),
+        ("optim.weight_decay=-0.1", "optim.weight_decay must be >= 0, got -0.1"),
+        ("optim.warmup_ratio=1", "optim.warmup_ratio must be >= 0 and < 1, got 1"),
+        ("optim.warmup_steps=2.5", "optim.warmup_steps must be an integer, got 2.5"),
+        ("optim.decay_power=0", "optim.decay_power must be > 0, got 0"),
+        ("optim.name=sgd", "optim.name 'sgd' is not known; valid: ['adamw', 'lamb']"),
+        ("+optim.momentum=0.9", "optim.momentum is not an optimiser setting; valid: name, lr, betas"),
+    ],
+)
+def test_each_optimiser_setting_is_checked_once_by_the_settings_builder(tmp_path, override, message):
+    """The run's settings hold the optimiser's typed settings: a bad value is refused there, naming its key, before
+    torch loads or anything is written (the module's OptimConfig is the same object's rules)."""
+    from helpers.runs import compose_config
+
+    from lightbert.errors import ConfigError
+    from lightbert.run.settings import RunSettings
+
+    with pytest.raises(ConfigError) as refused:
+        RunSettings.from_config(compose_config(["trainer=cpu", override], tmp_path / "run"))
+    assert message in str(refused.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_settings_hold_the_optimisers_values_as_numbers(tmp_path):
+    from helpers.runs import compose_config
+
+    from lightbert.run.settings import RunSettings
+
+    settings = RunSettings.from_config(compose_config(["trainer=cpu", "optim.lr='2e-5'"], tmp_path / "run"))
+    assert isinstance(settings.optim, OptimConfig) and settings.optim.lr == 2e-5
+    assert settings.optim.hyperparameters()["betas"] == [0.9, 0.999]

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,36 +19,7 @@ from torch import nn
 if TYPE_CHECKING:
     import lightning as L
 
-from lightbert.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    name: str = "adamw"  # adamw | lamb
-    lr: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-6
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.01
-    warmup_steps: int | None = None  # when set, overrides warmup_ratio
-    fused: bool | None = None  # None: the fused kernel where torch has one for the device (CPU, CUDA)
-    decay_power: float | None = None  # None: linear decay from the end of warmup; else NVIDIA's (1 - step/total)^p
-    total_steps: int | None = None  # the schedule's length; None: the trainer's (a recipe spans several phases)
-
-    def __post_init__(self) -> None:
-        if self.name not in OPTIMIZERS:
-            raise ConfigError(f"optim.name {self.name!r} is not known; valid: {sorted(OPTIMIZERS)}")
-        if self.lr <= 0:
-            raise ConfigError(f"optim.lr must be positive, got {self.lr}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ConfigError(f"optim.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise ConfigError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.decay_power is not None and self.decay_power <= 0:
-            raise ConfigError(f"optim.decay_power must be positive, got {self.decay_power}")
-
-    def warmup(self, total_steps: int) -> int:
-        return self.warmup_steps if self.warmup_steps is not None else round(self.warmup_ratio * total_steps)
+from lightbert.optim_config import OptimConfig
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -108,9 +78,6 @@ def _closure_loss(closure):
         return None
     with torch.enable_grad():
         return closure()
-
-
-OPTIMIZERS = {"adamw", "lamb"}
 
 
 def linear_warmup_decay(warmup_steps: int, total_steps: int):

@@ -109,7 +109,7 @@ def data_and_module(
     module = instantiate_config(
         settings.task.module,
         model=with_vocabulary(model_config, data.tokenizer, pretrained),
-        optim=settings.optim,
+        optim=settings.optim.hyperparameters(),
         _convert_="all",
     )
     fresh = load_pretrained_weights(settings, module, pretrained, growth) if pretrained is not None else []

@@ -9,7 +9,6 @@ Torch-free at import, so that a refused command is refused before torch loads; t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -19,7 +18,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError
 
-from lightbert.errors import ConfigError, ParameterError
+from lightbert.errors import ConfigError, ParameterError, as_number, checked_number
+from lightbert.optim_config import OptimConfig
 from lightbert.run.phases import Phase, phases_of
 from lightbert.tasks.pretraining.objectives import OBJECTIVES, MaskingShares
 
@@ -33,47 +33,6 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 # speed.unpad -> BertModel.unpad; true picks by the device (`run.speed.unpadding_for`).
 UNPAD_SETTINGS = {False: "off", "groups": "groups", "varlen": "varlen"}
 MATMUL_PRECISIONS = {"highest": "full fp32 matmuls", "high": "TF32 matmuls", "medium": "bf16 matmuls for fp32"}
-
-
-def checked_number(
-    key: str,
-    value: Any,
-    kind: type = int,
-    minimum: float = 0,
-    nullable: bool = False,
-    positive: bool = False,
-    largest: float | None = None,
-    or_auto: bool = False,
-) -> Any:
-    """`value` as a `kind`, or one message naming `key`: a value of the wrong kind or out of range fails here, not in
-    a traceback from deep in Lightning or the data code (`trainer.max_steps=abc`, `task.batch_size=0`)."""
-    if (value is None and nullable) or (or_auto and value == "auto"):
-        return value
-    number = _as_number(value, kind)
-    if number is None:
-        what = ("an integer" if kind is int else "a number") + (" or auto" if or_auto else "")
-        raise ConfigError(f"{key} must be {what}, got {value!r}")
-    if number < minimum or (positive and number <= 0) or (largest is not None and number > largest):
-        bound = "> 0" if positive else f">= {minimum:g}"
-        if largest is not None:
-            bound = f"from {minimum:g} to {largest:.0f}" if largest != 1 else f"{bound} and <= 1"
-        raise ConfigError(f"{key} must be {bound}, got {value!r}")
-    return kind(number)
-
-
-def _as_number(value: Any, kind: type) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    if not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    if kind is int and value != int(value):
-        return None
-    return value
 
 
 def _choice(group: str) -> str | None:
@@ -263,7 +222,7 @@ class TaskSettings:
             if key in self.datamodule:
                 checked_number(f"task.datamodule.{key}", self.datamodule[key], **allowed)
         add = self.datamodule.get("add_words")
-        if add is not None and not isinstance(add, str) and (_as_number(add, int) is None or add < 0):
+        if add is not None and not isinstance(add, str) and (as_number(add, int) is None or add < 0):
             raise ConfigError(
                 f"task.datamodule.add_words must be a count of words (0 or more) or a file of words, got {add!r}"
             )
@@ -352,16 +311,13 @@ class RunSettings:
     task: TaskSettings
     trainer: TrainerSettings
     speed: SpeedSettings
-    optim: dict
+    optim: OptimConfig  # checked as it is made
     phases: tuple[Phase, ...]
     callbacks: tuple[DictConfig, ...] = field(repr=False)
     corpus: DictConfig | None = field(repr=False)  # pre-training's corpus= group
 
     def __post_init__(self) -> None:
         checked_number("seed", self.seed, int, 0, largest=2**32 - 1)  # numpy's and Python's seeds
-        checked_number("optim.lr", self.optim.get("lr"), float, positive=True)
-        checked_number("optim.warmup_ratio", self.optim.get("warmup_ratio"), float, 0, largest=1)
-        checked_number("optim.weight_decay", self.optim.get("weight_decay", 0.0), float, 0)
         if self.task.fine_tuning and not self.init_from and not self.task.tokenizer_path:
             raise ConfigError(
                 f"task={self.task.option or self.task.name} fine-tunes a pre-trained model: set init_from=<checkpoint> "
@@ -464,7 +420,7 @@ class RunSettings:
             task=task,
             trainer=trainer,
             speed=SpeedSettings(**{k: _plain(v) for k, v in speed.items()}),
-            optim=OmegaConf.to_container(cfg.optim, resolve=True),
+            optim=OptimConfig.from_config(OmegaConf.to_container(cfg.optim, resolve=True)),
             phases=tuple(phases_of(cfg.task.get("phases"), trainer.max_steps)),
             callbacks=tuple((cfg.get("callbacks") or {}).values()),
             corpus=cfg.get("corpus"),

@@ -1,0 +1,58 @@
+"""The optimiser's settings (the config's `optim` node), typed and checked once. Light to import (no torch): a run's
+settings hold them, and a bad value is refused before torch loads. `lightbert.optim` builds the optimiser from them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from lightbert.errors import ConfigError, checked_number
+
+OPTIMIZERS = {"adamw", "lamb"}
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: str = "adamw"  # adamw | lamb
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.01
+    warmup_steps: int | None = None  # when set, overrides warmup_ratio
+    fused: bool | None = None  # None: the fused kernel where torch has one for the device (CPU, CUDA)
+    decay_power: float | None = None  # None: linear decay from the end of warmup; else NVIDIA's (1 - step/total)^p
+    total_steps: int | None = None  # the schedule's length; None: the trainer's (a recipe spans several phases)
+
+    def __post_init__(self) -> None:
+        """Each value checked here, once, naming its config key: a run's settings are refused before anything is
+        written (`RunSettings.optim`), and a module read back from a checkpoint is held to the same rules."""
+        if self.name not in OPTIMIZERS:
+            raise ConfigError(f"optim.name {self.name!r} is not known; valid: {sorted(OPTIMIZERS)}")
+        checked = {
+            "lr": checked_number("optim.lr", self.lr, float, positive=True),
+            "weight_decay": checked_number("optim.weight_decay", self.weight_decay, float, 0),
+            "warmup_ratio": checked_number("optim.warmup_ratio", self.warmup_ratio, float, 0),
+            "warmup_steps": checked_number("optim.warmup_steps", self.warmup_steps, int, 0, nullable=True),
+            "decay_power": checked_number("optim.decay_power", self.decay_power, float, positive=True, nullable=True),
+        }
+        if checked["warmup_ratio"] >= 1:  # no step would be left to decay over
+            raise ConfigError(f"optim.warmup_ratio must be >= 0 and < 1, got {self.warmup_ratio!r}")
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)  # frozen: the checked value, e.g. 1e-4 from the string "1e-4"
+
+    @classmethod
+    def from_config(cls, values: dict[str, Any]) -> OptimConfig:
+        """From the config's `optim` node; a key that is no optimiser setting is named with the valid ones."""
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
+        if unknown:
+            valid = ", ".join(f.name for f in fields(cls))
+            raise ConfigError(f"optim.{unknown[0]} is not an optimiser setting; valid: {valid}")
+        return cls(**values)
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """The values as a LightningModule records them (plain types: betas as a list, as the config gives it)."""
+        return {**asdict(self), "betas": list(self.betas)}
+
+    def warmup(self, total_steps: int) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else round(self.warmup_ratio * total_steps)
