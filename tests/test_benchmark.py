@@ -48,7 +48,7 @@ def test_the_average_counts_mnli_twice_and_a_two_metric_task_as_the_mean_of_its_
 
 
 def test_best_metrics_are_those_of_the_validation_the_kept_checkpoint_comes_from(tmp_path):
-    from lightbert.run.record import best_validation_metrics
+    from lightbert.run.outputs import best_validation_metrics
 
     rows = ["epoch,step,train/loss,val/accuracy,val/f1,val/score", "0,1,0.7,,,", "0,1,,0.5,0.25,0.375",
             "1,3,,0.75,0.5,0.625", "2,5,,0.5,0.75,0.625", "3,7,,0.5,0.5,0.5"]  # fmt: skip

@@ -99,8 +99,8 @@ def missing_extra(extra: str, what: str) -> UserError | None:
 
 class ParameterError(ConfigError):
     """A bad value of a class's own parameter, e.g. `max_seq_length`. The message names parameters through
-    `{0}`, `{1}`, ...: where the class was built from the config, the entry point names the config keys the user
-    sets instead (`task.max_seq_length`), so the message names keys the command line accepts."""
+    `{0}`, `{1}`, ...: where the class was built from the config, the builder (`run.building.named`) names the config
+    keys the user sets instead (`task.max_seq_length`), so the message names keys the command line accepts."""
 
     def __init__(self, template: str, *parameters: str):
         self.template, self.parameters = template, parameters
@@ -110,10 +110,6 @@ class ParameterError(ConfigError):
     def about(cls, parameter: str, error: Exception) -> ParameterError:
         """`error`'s message, said of `parameter` (e.g. a tokenizer file that does not exist)."""
         return cls("{0}: " + str(error).replace("{", "{{").replace("}", "}}"), parameter)
-
-    def naming(self, keys: dict[str, str]) -> ConfigError:
-        """The same error with each parameter named by its key in `keys` (parameter -> config key)."""
-        return ConfigError(self.template.format(*(keys.get(p, p) for p in self.parameters)))
 
 
 def exits_on_user_error(

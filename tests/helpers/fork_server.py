@@ -14,6 +14,7 @@ negative for a signal, as subprocess reports it).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -27,6 +28,11 @@ def serve() -> None:
     import lightbert.inference.predict
     import lightbert.run.flows
     import lightbert.run.jobs  # noqa: F401  (the imports are the point: every child starts with them done)
+
+    # The imported objects, out of the collector's reach: otherwise each child's collections, and the full one at its
+    # exit, touch every object of the server's heap and copy its pages (copy-on-write) - measured, 2.4 s of a
+    # refused command's 2.5 s in a child, 0.9 s with the freeze.
+    gc.freeze()
 
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     for line in sys.stdin:

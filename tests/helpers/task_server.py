@@ -11,6 +11,7 @@ the replies of different jobs come in the order their events happen.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -25,6 +26,8 @@ def serve() -> None:
     import lightbert.cli.commands
     import lightbert.run.flows
     import lightbert.run.jobs  # noqa: F401  (the imports are the point: every task starts with them done)
+
+    gc.freeze()  # as fork_server's: a child's collections and exit leave the server's heap untouched
 
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     for line in sys.stdin:

@@ -21,10 +21,9 @@ import logging
 import torch
 from torch import nn
 
-from lightbert.distributed import runs_on_cuda
-from lightbert.errors import ConfigError, require_extra
+from lightbert.errors import require_extra
 
-MIN_CAPABILITY = (8, 9)
+MIN_CAPABILITY = (8, 9)  # float8 tensor cores: H100, Ada
 
 
 def import_torchao():
@@ -45,18 +44,6 @@ def import_torchao():
         for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)
     return float8
-
-
-def check_fp8_device(accelerator: str) -> None:
-    """Refuses speed.fp8=true on a CUDA GPU without float8 tensor cores, before anything is written."""
-    import_torchao()
-    if runs_on_cuda(accelerator):
-        capability = torch.cuda.get_device_capability()
-        if capability < MIN_CAPABILITY:
-            raise ConfigError(
-                f"speed.fp8=true needs a GPU with float8 tensor cores (H100, Ada: compute capability 8.9 or later); "
-                f"{torch.cuda.get_device_name()} is {capability[0]}.{capability[1]}. Leave speed.fp8=false here"
-            )
 
 
 def fp8_convertible(module: nn.Module, name: str) -> bool:

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from lightbert.checkpoints.reading import Pretrained
-from lightbert.errors import ParameterError, UserError
+from lightbert.errors import ConfigError, ParameterError, UserError
 from lightbert.plugins.agreement import SameResumeOnEveryNode
 from lightbert.plugins.callbacks import FineTuningResume, RunProgressBar
 from lightbert.plugins.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
@@ -43,6 +43,11 @@ def config_keys(node: DictConfig) -> dict[str, str]:
     return keys
 
 
+def named(error: ParameterError, keys: dict[str, str]) -> ConfigError:
+    """`error` with each parameter named by its config key (`keys`: parameter -> key)."""
+    return ConfigError(error.template.format(*(keys.get(p, p) for p in error.parameters)))
+
+
 @contextmanager
 def parameters_named_by(node: DictConfig) -> Iterator[None]:
     """A `ParameterError` raised while building (or first using) the object of `node` names config keys."""
@@ -50,7 +55,7 @@ def parameters_named_by(node: DictConfig) -> Iterator[None]:
         yield
     except ParameterError as error:
         keys = config_keys(node)
-        raise error.naming(keys) from None
+        raise named(error, keys) from None
 
 
 def instantiate_config(node: Any, **kwargs: Any) -> Any:
@@ -62,7 +67,7 @@ def instantiate_config(node: Any, **kwargs: Any) -> Any:
         cause = error.__cause__
         if isinstance(cause, ParameterError) and isinstance(node, DictConfig):
             keys = config_keys(node)
-            raise cause.naming(keys) from None
+            raise named(cause, keys) from None
         if isinstance(cause, UserError):
             raise cause from None
         raise

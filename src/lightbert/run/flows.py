@@ -1,7 +1,7 @@
 """The flows of a held run (`run.jobs` holds it): training (`fit`) and evaluation (`validate`). Each, in order: the
 checks on this machine, then the run's record and its line (`run.preflight`); the DataModule, the LightningModule
 with init_from's weights, the callbacks, the loggers and the Trainer (`run.building`); fit or validate; the test
-predictions and the results (`run.record`).
+predictions and the results (`run.outputs`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError
 from lightbert.plugins.loggers import finish_wandb, summarise_in_wandb
 from lightbert.run import building
+from lightbert.run.outputs import results as run_results
+from lightbert.run.outputs import write_results, write_test_predictions
 from lightbert.run.preflight import prepare
-from lightbert.run.record import results as run_results
-from lightbert.run.record import write_results, write_test_predictions
 from lightbert.run.run_dir import LAST_CHECKPOINT
 from lightbert.run.settings import RunSettings, Start
 from lightbert.run.weights import check_head

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from lightbert.checkpoints.reading import Pretrained, load_pretrained
 from lightbert.data.local_files import file_identity
 from lightbert.errors import ConfigError, UserError
-from lightbert.model.fp8 import check_fp8_device
+from lightbert.model.fp8 import MIN_CAPABILITY, import_torchao
 from lightbert.plugins.checkpointing import saved_job_shape
 from lightbert.run.building import instantiate_config
 from lightbert.run.console import RunLogFile, tidy_lightning_console
@@ -46,9 +46,9 @@ def prepare(
     # A resume that changes a setting is refused by the record (the devices and nodes may change where the global
     # batch stays), or its data.
     resized = _resized(settings, start) if start.resuming else False
-    sources = data_sources(settings)
     if settings.speed.fp8 and not evaluation:  # evaluation runs no fp8: it trains nothing
-        check_fp8_device(settings.trainer.accelerator)
+        check_fp8_device(settings)
+    sources = data_sources(settings)
     tidy_lightning_console()
     datasets_logging.disable_progress_bar()  # on only around maps worth watching (data.local_files.progress_bars_for)
     # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
@@ -97,6 +97,19 @@ def check_devices(settings: RunSettings) -> None:
             "trainer=cpu, or check the command on CPU first with trainer.accelerator=cpu trainer.devices=2 "
             "trainer.max_steps=3"
         )
+
+
+def check_fp8_device(settings: RunSettings) -> None:
+    """Refuses speed.fp8=true without torchao, or on a CUDA GPU without float8 tensor cores, before anything is
+    written (on a CPU torchao emulates the kernels: the tests' path)."""
+    import_torchao()
+    if settings.trainer.on_cuda:
+        capability = torch.cuda.get_device_capability()
+        if capability < MIN_CAPABILITY:
+            raise ConfigError(
+                f"speed.fp8=true needs a GPU with float8 tensor cores (H100, Ada: compute capability 8.9 or later); "
+                f"{torch.cuda.get_device_name()} is {capability[0]}.{capability[1]}. Leave speed.fp8=false here"
+            )
 
 
 def check_cache_dir(settings: RunSettings) -> None:

@@ -1,7 +1,7 @@
 """The run directory, the user's record of a run: held for one run at a time (`held`, `locked`), what may be
 trained into it (a finished run's is not; an unfinished one only to continue it), and how a run starts there
 (`Start`: from the beginning, or from the checkpoint that resume=true or a requeued SLURM job continues). What a
-run writes into it (`.hydra/`, results.json) is `run.record`'s.
+run writes into it is `run.record`'s (`.hydra/`, before training) and `run.outputs`'s (results.json, at the end).
 
 Light to import (torch and Lightning only inside the functions that need them): the entry point refuses a command
 with these checks before it loads the rest, in a second rather than several.

@@ -1,6 +1,7 @@
 """A run's settings: built once from the composed Hydra config (`RunSettings.from_config`), then read by every stage
-of the run as typed, frozen fields. Each part checks its own values in `__post_init__` (litgpt's `args.py` way), so a
-command with a bad value is refused with one message naming the key the command line accepts, before anything is
+of the run as typed, frozen fields. Every number is checked once, in one pass over one table (`NUMBERS`), and each
+part checks how its values go together in `__post_init__` (litgpt's `args.py` way), so a command with a bad value is
+refused with one message naming the key the command line accepts, before anything is
 read or written; no stage below this module reads the config by its string keys.
 
 Torch-free at import, so that a refused command is refused before torch loads; the devices a trainer resolves to
@@ -152,21 +153,9 @@ class TrainerSettings:
         return self.devices_per_node * self.num_nodes
 
     @classmethod
-    def from_config(cls, trainer: DictConfig) -> TrainerSettings:
-        numbers = {
-            "max_steps": (int, -1, False),
-            "max_epochs": (int, -1, True),
-            "accumulate_grad_batches": (int, 1, False),
-            "log_every_n_steps": (int, 1, False),
-            "num_nodes": (int, 1, False),
-            "gradient_clip_val": (float, 0, True),
-            "val_check_interval": (float, 0, True),
-        }
-        checked = {}
-        for key, (kind, minimum, nullable) in numbers.items():
-            if key in trainer:
-                positive = key == "val_check_interval"
-                checked[key] = checked_number(f"trainer.{key}", trainer[key], kind, minimum, nullable, positive)
+    def from_config(cls, trainer: DictConfig, numbers: dict[str, Any]) -> TrainerSettings:
+        """`numbers`: the config's numbers, checked (`checked_numbers`)."""
+        checked = {key.removeprefix("trainer."): v for key, v in numbers.items() if key.startswith("trainer.")}
         strategy = trainer.get("strategy", "auto")
         if OmegaConf.is_dict(strategy):
             target = str(strategy.get("_target_", ""))
@@ -186,16 +175,49 @@ class TrainerSettings:
         )
 
 
-# task.datamodule's numbers: key -> what `checked_number` allows (kind, smallest value, null, "auto", ...).
-DATAMODULE_NUMBERS = {
-    "eval_batch_size": {"kind": int, "minimum": 1, "nullable": True},
-    "dupe_factor": {"kind": int, "minimum": 1},
-    "max_predictions_per_seq": {"kind": int, "minimum": 1, "nullable": True},  # null: from the length and rate
-    "num_workers": {"kind": int, "minimum": 0, "or_auto": True},  # "auto": fine-tuning's loaders pick by the machine
-    "vocab_size": {"kind": int, "minimum": 1},
+# Every number of a run's config, checked once (`checked_numbers`) before any part of the settings is built: key ->
+# what `lightbert.errors.checked_number` allows (kind, smallest value, null, "auto", ...). A key the config does not
+# hold keeps its part's default, but for REQUIRED_NUMBERS. (The optimiser's are `OptimConfig`'s.)
+NUMBERS = {
+    "seed": {"kind": int, "largest": 2**32 - 1},  # numpy's and Python's seeds
+    "trainer.max_steps": {"kind": int, "minimum": -1},
+    "trainer.max_epochs": {"kind": int, "minimum": -1, "nullable": True},
+    "trainer.accumulate_grad_batches": {"kind": int, "minimum": 1},
+    "trainer.log_every_n_steps": {"kind": int, "minimum": 1},
+    "trainer.num_nodes": {"kind": int, "minimum": 1},
+    "trainer.gradient_clip_val": {"kind": float, "nullable": True},
+    "trainer.val_check_interval": {"kind": float, "positive": True, "nullable": True},
+    "task.batch_size": {"kind": int, "minimum": 1},
+    "task.global_batch_size": {"kind": int, "minimum": 1, "nullable": True},
+    "task.max_seq_length": {"kind": int, "minimum": 1, "nullable": True},
+    "task.checkpoint_every_n_steps": {"kind": int, "minimum": 1, "nullable": True},
+    "task.cpu_val_check_interval": {"kind": int, "minimum": 1, "nullable": True},
+    "task.datamodule.eval_batch_size": {"kind": int, "minimum": 1, "nullable": True},
+    "task.datamodule.dupe_factor": {"kind": int, "minimum": 1},
+    "task.datamodule.max_predictions_per_seq": {"kind": int, "minimum": 1, "nullable": True},  # null: from the rate
+    "task.datamodule.num_workers": {"kind": int, "minimum": 0, "or_auto": True},  # auto: by the machine
+    "task.datamodule.vocab_size": {"kind": int, "minimum": 1},
     # A share of the training batches between two validations (pre-training); null reads the whole held-out split.
-    "validation_share": {"kind": float, "positive": True, "largest": 1, "nullable": True},
+    "task.datamodule.validation_share": {"kind": float, "positive": True, "largest": 1, "nullable": True},
 }
+REQUIRED_NUMBERS = ("seed", "task.batch_size")
+ABSENT = object()
+
+
+def checked_numbers(cfg: DictConfig) -> dict[str, Any]:
+    """Each number of NUMBERS the config holds, as its kind, or one message naming its key; and add_words, a count
+    of words or a file of them."""
+    checked = {}
+    for key, allowed in NUMBERS.items():
+        value = OmegaConf.select(cfg, key, default=ABSENT)
+        if value is not ABSENT or key in REQUIRED_NUMBERS:
+            checked[key] = checked_number(key, None if value is ABSENT else value, **allowed)
+    add = OmegaConf.select(cfg, "task.datamodule.add_words")
+    if add is not None and not isinstance(add, str) and (as_number(add, int) is None or add < 0):
+        raise ConfigError(
+            f"task.datamodule.add_words must be a count of words (0 or more) or a file of words, got {add!r}"
+        )
+    return checked
 
 
 @dataclass(frozen=True)
@@ -218,20 +240,12 @@ class TaskSettings:
     def __post_init__(self) -> None:
         if self.objective is not None and self.objective not in OBJECTIVES:
             raise ConfigError(f"task.objective={self.objective!r} is not known; valid: {list(OBJECTIVES)}")
-        for key, allowed in DATAMODULE_NUMBERS.items():
-            if key in self.datamodule:
-                checked_number(f"task.datamodule.{key}", self.datamodule[key], **allowed)
-        add = self.datamodule.get("add_words")
-        if add is not None and not isinstance(add, str) and (as_number(add, int) is None or add < 0):
-            raise ConfigError(
-                f"task.datamodule.add_words must be a count of words (0 or more) or a file of words, got {add!r}"
-            )
         masking = self.datamodule.get("masking")
         if masking is not None:
             try:
                 MaskingShares(**masking)
             except ParameterError as error:
-                raise error.naming({"masking": "task.datamodule.masking"}) from None
+                raise ConfigError(error.template.format("task.datamodule.masking")) from None  # its one parameter
 
     @property
     def fine_tuning(self) -> bool:
@@ -249,18 +263,17 @@ class TaskSettings:
         return get_class(str(self.datamodule._target_)).token_types(self.datamodule)
 
     @classmethod
-    def from_config(cls, task: DictConfig) -> TaskSettings:
+    def from_config(cls, task: DictConfig, numbers: dict[str, Any]) -> TaskSettings:
+        """`numbers`: the config's numbers, checked (`checked_numbers`)."""
         files = task.get("data_files")
-        for key in ("checkpoint_every_n_steps", "cpu_val_check_interval"):
-            checked_number(f"task.{key}", task.get(key), int, 1, nullable=True)
         return cls(
             name=str(task.name),
             option=_choice("task"),
             datamodule=task.datamodule,
             module=task.module,
-            batch_size=checked_number("task.batch_size", task.get("batch_size"), int, 1),
-            global_batch_size=checked_number("task.global_batch_size", task.get("global_batch_size"), int, 1, True),
-            max_seq_length=checked_number("task.max_seq_length", task.get("max_seq_length"), int, 1, True),
+            batch_size=numbers["task.batch_size"],
+            global_batch_size=numbers.get("task.global_batch_size"),
+            max_seq_length=numbers.get("task.max_seq_length"),
             data_files=None if files is None else {split: str(path) for split, path in files.items() if path},
             objective=task.get("objective"),
             packing=task.datamodule.get("packing") is True,
@@ -317,7 +330,6 @@ class RunSettings:
     corpus: DictConfig | None = field(repr=False)  # pre-training's corpus= group
 
     def __post_init__(self) -> None:
-        checked_number("seed", self.seed, int, 0, largest=2**32 - 1)  # numpy's and Python's seeds
         if self.task.fine_tuning and not self.init_from and not self.task.tokenizer_path:
             raise ConfigError(
                 f"task={self.task.option or self.task.name} fine-tunes a pre-trained model: set init_from=<checkpoint> "
@@ -403,14 +415,15 @@ class RunSettings:
     @classmethod
     def from_config(cls, cfg: DictConfig) -> RunSettings:
         _check_whole(cfg)
-        trainer = TrainerSettings.from_config(cfg.trainer)
-        task = TaskSettings.from_config(cfg.task)
+        numbers = checked_numbers(cfg)
+        trainer = TrainerSettings.from_config(cfg.trainer, numbers)
+        task = TaskSettings.from_config(cfg.task, numbers)
         overrides = tuple(str(o) for o in cfg.get("overrides") or [])
         speed = cfg.get("speed") or {}
         return cls(
             config=cfg,
             output_dir=Path(cfg.paths.output_dir),
-            seed=cfg.seed,
+            seed=numbers["seed"],
             init_from=str(cfg.init_from) if cfg.get("init_from") else None,
             resume=bool(cfg.get("resume", False)),
             overrides=overrides,
