@@ -78,21 +78,23 @@ def _check_before_hydra(argv: list[str], config_name: str, run_directory: bool =
 
 
 def train_command() -> None:
-    from lightbert.cluster.processes import adopt_launch, ddp_child_argv
+    from lightbert.cluster.processes import adopt_launch, ddp_child_argv, launched_by_another
 
     adopt_launch()  # first: a DDP process the first one launched leaves Ctrl-C to it
     sys.argv[1:] = argv = ddp_child_argv(sys.argv[1:])  # a multirun job's DDP process runs that job alone
     answer_completion_query(argv)
-    _check_before_hydra(argv, "train")
+    if not launched_by_another():  # the first process checked this command line (a second composition saved)
+        _check_before_hydra(argv, "train")
     _hydra_command(_train, "train", on_refusal=_record_in_sweep)()
 
 
 def evaluate_command() -> None:
-    from lightbert.cluster.processes import adopt_launch, ddp_child_argv
+    from lightbert.cluster.processes import adopt_launch, ddp_child_argv, launched_by_another
 
     adopt_launch()
     sys.argv[1:] = ddp_child_argv(sys.argv[1:])
-    _check_before_hydra(sys.argv[1:], "evaluate")
+    if not launched_by_another():
+        _check_before_hydra(sys.argv[1:], "evaluate")
     _hydra_command(_evaluate, "evaluate")()
 
 

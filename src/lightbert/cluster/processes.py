@@ -215,6 +215,12 @@ def adopt_launch() -> None:
     _Watch().start()
 
 
+def launched_by_another() -> bool:
+    """Whether this is a DDP process that a first process of this machine launched (`adopt_launch`), with the
+    command line that process has checked."""
+    return _launcher_pid is not None
+
+
 def record_members(members: list[dict]) -> None:
     """Every process of the job ({"rank", "host", "pid"}), gathered once at start-up (`run.agreement`)."""
     global _world_size
