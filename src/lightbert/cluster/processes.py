@@ -218,7 +218,7 @@ def adopt_launch() -> None:
 def launched_by_another() -> bool:
     """Whether this is a DDP process that a first process of this machine launched (`adopt_launch`), with the
     command line that process has checked."""
-    return _launcher_pid is not None
+    return _launcher_pid != 0
 
 
 def record_members(members: list[dict]) -> None:
