@@ -105,6 +105,62 @@ def test_below_the_settings_builder_no_stage_reads_the_config_by_its_keys():
     assert len((PACKAGE / "run" / "jobs.py").read_text().splitlines()) < 250
 
 
+def config_node_fields() -> set[str]:
+    """The fields of the run's settings that hold a raw config node (annotated `DictConfig`), read from settings.py."""
+    tree = ast.parse((PACKAGE / "run" / "settings.py").read_text())
+    return {
+        node.target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and "DictConfig" in ast.unparse(node.annotation)
+    }
+
+
+def settings_chain(node: ast.expr, aliases: set[str]) -> bool:
+    """Whether `node` is reached from the run's settings: `settings.<...>`, or a local name bound to a part of them."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name) and (node.id == "settings" or node.id in aliases)
+
+
+def test_below_the_builder_a_config_node_is_only_handed_on():
+    """Every access to a settings field that holds a raw config node (task.datamodule, task.module, the corpus, the
+    callbacks, the config as recorded), in every stage of run/: handed on whole (to the builder, to the record),
+    never read by key, item, attribute, method or `in`. settings.py types what the stages read; building.py hands the
+    nodes to `hydra.utils.instantiate`."""
+    fields = config_node_fields()
+    assert {"datamodule", "module", "corpus", "callbacks", "config"} <= fields, fields
+    reads = []
+    for path in sorted((PACKAGE / "run").glob("*.py")):
+        if path.name in ("settings.py", "building.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        aliases = {  # task = settings.task, trainer = settings.trainer, ...
+            target.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and settings_chain(node.value, set())
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        nodes = {
+            id(node)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr in fields and settings_chain(node.value, aliases)
+        }
+        for node in ast.walk(tree):
+            opened = (  # node.x, node.get(...), node[...]
+                node.value
+                if isinstance(node, ast.Attribute | ast.Subscript)
+                else node.comparators[0]  # "key" in node
+                if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.In | ast.NotIn)
+                else None
+            )
+            if opened is not None and id(opened) in nodes:
+                reads.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not reads, "\n".join(reads)
+
+
 def code_words(path: Path) -> list[tuple[int, str]]:
     """The names and strings of `path`'s code, without its docstrings (which may name a family as an example)."""
     tree = ast.parse(path.read_text())

@@ -40,7 +40,7 @@ def fit(settings: RunSettings, start: Start) -> dict[str, Any]:
         if start.resuming and (output_dir / "tokenizer.json").is_file():
             # The run's own tokenizer: the ids its checkpoint was trained on, whatever the corpus now holds.
             tokenizer = {"tokenizer": load_tokenizer(output_dir / "tokenizer.json")}
-            if "add_words" in settings.task.datamodule:
+            if settings.task.add_words is not None:
                 tokenizer["add_words"] = None  # the words added when the run began are in it: none are added again
         datamodule, module, _ = building.data_and_module(settings, pretrained, model_config, tokenizer)
         if not start.resuming and is_global_zero():

@@ -15,6 +15,10 @@ class Phase:
     end_step: int
     datamodule: dict  # task.datamodule keys this phase changes, e.g. max_seq_length
 
+    @property
+    def max_seq_length(self) -> int | None:
+        return self.datamodule.get("max_seq_length")
+
 
 def phases_of(node: DictConfig | None, max_steps: int) -> list[Phase]:
     """task.phases (`node`) as step ranges of trainer.max_steps; one phase (no changes) without them."""

@@ -117,10 +117,10 @@ def check_cache_dir(settings: RunSettings) -> None:
     files) that cannot be written: a read-only mount, a file in its place, a directory of another user's. Found
     later, it was a traceback from `datasets` after the run's record was written. (`os.access` asks the system:
     it says a read-only file system is not writable even to root, for whom permissions are no obstacle.)"""
-    given = settings.task.datamodule.get("cache_dir")
+    given = settings.task.cache_dir
     if not given:
         return
-    path = Path(str(given)).expanduser()
+    path = Path(given).expanduser()
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent  # the cache is made when first used: where it would be made
@@ -183,7 +183,7 @@ def data_sources(settings: RunSettings) -> dict[str, Any]:
     if task.fine_tuning:
         given = {split: Path(path).expanduser() for split, path in task.data_files.items()}
         if not given:
-            return {"task.datamodule.hub_dataset": task.datamodule.get("hub_dataset")}
+            return {"task.datamodule.hub_dataset": task.hub_dataset}
         return {f"task.data_files.{s}": file_identity(p) if p.is_file() else str(p) for s, p in given.items()}
     if settings.corpus is None:
         return {}

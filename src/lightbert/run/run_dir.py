@@ -122,14 +122,12 @@ def check_same_kind(path: Path, checkpoint: dict, settings: RunSettings) -> None
     a SQuAD one into a GLUE run, an MRPC one into an SST-2 run): Lightning would restore its step, then fail to load
     its weights into this task's model. The kind is the head a fine-tuning module records (`TaskModule.head`; none
     for pre-training) and the GLUE task it was trained on."""
-    from hydra.utils import get_class
-
-    wanted = getattr(get_class(str(settings.task.module._target_)), "head", None)
+    wanted = getattr(settings.task.module_class, "head", None)
     hyper_parameters = checkpoint.get("hyper_parameters") or {}
     found = checkpoint.get("head")
     if found is None and "objective" not in hyper_parameters:
         return  # written before lightbert recorded heads: nothing to judge it by
-    found_task, wanted_task = hyper_parameters.get("task"), settings.task.module.get("task")
+    found_task, wanted_task = hyper_parameters.get("task"), settings.task.module_arguments.get("task")
     if found == wanted and (found_task is None or wanted_task is None or found_task == wanted_task):
         return
 

@@ -24,7 +24,7 @@ def describe_run(
         source = f"resumed from step {start.step} of {start.resume_from}"
     task, trainer, batches = settings.task, settings.trainer, settings.batches
     if not task.fine_tuning:
-        data = f"corpus {settings.corpus.get('name') or ','.join(settings.corpus.get('paths') or []) or 'demo'}"
+        data = f"corpus {settings.corpus_label}"
     else:
         data = ", ".join(f"{k}={v}" for k, v in (task.data_files or {}).items()) or "the hub's data"
     devices = f"{batches.devices} x {trainer.accelerator}" + (f" x {batches.nodes} nodes" if batches.nodes > 1 else "")

@@ -251,9 +251,41 @@ class TaskSettings:
     def fine_tuning(self) -> bool:
         return self.data_files is not None
 
+    # What the stages read of task.datamodule and task.module, typed here: below this module they are handed whole to
+    # the builder (`run.building`), never read by key (tests/test_layout.py).
     @property
     def tokenizer_path(self) -> str | None:
         return self.datamodule.get("tokenizer_path")
+
+    @property
+    def lowercase(self) -> bool:
+        return bool(self.datamodule.get("lowercase", True))
+
+    @property
+    def cache_dir(self) -> str | None:
+        given = self.datamodule.get("cache_dir")
+        return str(given) if given else None
+
+    @property
+    def hub_dataset(self) -> str | None:
+        return self.datamodule.get("hub_dataset")
+
+    @property
+    def add_words(self) -> int | str | None:
+        """task.datamodule.add_words (checked by `checked_numbers`): a count of words, a file of them, or None."""
+        return self.datamodule.get("add_words")
+
+    @property
+    def module_class(self) -> type:
+        """The task's LightningModule class (its `head`, none for pre-training)."""
+        from hydra.utils import get_class
+
+        return get_class(str(self.module._target_))
+
+    @property
+    def module_arguments(self) -> dict:
+        """task.module's values, resolved: what its head is built with (`Head.arguments`)."""
+        return OmegaConf.to_container(self.module, resolve=True)
 
     @property
     def token_types(self) -> int:
@@ -377,6 +409,12 @@ class RunSettings:
                 "pre-training's MLM head runs on a number of masked tokens that changes every batch: set "
                 "task.datamodule.packing=true"
             )
+
+    @property
+    def corpus_label(self) -> str:
+        """Pre-training's corpus as the run line names it: the hub dataset, the files, or the demo."""
+        corpus = self.corpus or {}
+        return corpus.get("name") or ",".join(corpus.get("paths") or []) or "demo"
 
     @cached_property
     def batches(self) -> Batches:

@@ -3,13 +3,13 @@ and init_from's weights loaded into it, with the fine-tuned head where that head
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
 import lightning as L
-from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightbert.checkpoints.reading import Pretrained, load_into
@@ -47,8 +47,8 @@ def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None
     config = BertConfig.from_dict({k: v for k, v in model.items() if k != "vocab_size"})
     lengths = {"task.max_seq_length": settings.task.max_seq_length}
     for number, phase in enumerate(settings.phases):
-        if "max_seq_length" in phase.datamodule:
-            lengths[f"task.phases[{number}].datamodule.max_seq_length"] = phase.datamodule["max_seq_length"]
+        if phase.max_seq_length is not None:
+            lengths[f"task.phases[{number}].datamodule.max_seq_length"] = phase.max_seq_length
     for key, max_seq_length in lengths.items():
         if max_seq_length and max_seq_length > config.max_position_embeddings:
             raise ConfigError(
@@ -94,7 +94,7 @@ def recorded_config(settings: RunSettings, model: dict, name: str) -> DictConfig
     """The config as recorded and given to the loggers: under init_from the checkpoint decides the model, and the
     record, the run's name and its W&B tags say the model that runs (`name`, e.g. bert_tiny), not the `model=`
     default (a fine-tune of a bert_tiny checkpoint is not "sst2-bert_mini"). The settings stay as they were built."""
-    config = settings.config.copy()
+    config = copy.copy(settings.config)  # the record's copy (DictConfig.copy); the settings stay as they were
     default_name = f"{settings.task.name}-{settings.model_option}"
     with open_dict(config):
         config.model = {k: v for k, v in model.items() if k != "vocab_size"}
@@ -147,8 +147,7 @@ def check_vocabulary(settings: RunSettings, start: Start, pretrained: Pretrained
     `task.datamodule.add_words` cannot do: add words without a checkpoint, to one whose MLM decoder is not tied to
     its embeddings, from a file that does not exist (or holds a line that is not one word). Returns the checkpoint
     with the tokenizer that words are added to (`task.datamodule.tokenizer_path`'s, when it came without one)."""
-    datamodule, key = settings.task.datamodule, "task.datamodule.add_words"
-    add = datamodule.get("add_words")
+    key, add = "task.datamodule.add_words", settings.task.add_words
     if pretrained is None or start.resuming:  # a resumed run's tokenizer.json holds its words already
         if add and pretrained is None:
             raise ConfigError(
@@ -159,7 +158,7 @@ def check_vocabulary(settings: RunSettings, start: Start, pretrained: Pretrained
     tokenizer = pretrained.tokenizer
     if tokenizer is None and settings.task.tokenizer_path:  # the tokenizer the run reads, as its DataModule loads it
         try:
-            tokenizer = load_tokenizer(settings.task.tokenizer_path, lowercase=datamodule.get("lowercase", True))
+            tokenizer = load_tokenizer(settings.task.tokenizer_path, lowercase=settings.task.lowercase)
         except UserError as error:
             raise ConfigError(f"task.datamodule.tokenizer_path: {error}") from None
         pretrained = replace(pretrained, tokenizer=tokenizer)
@@ -180,10 +179,10 @@ def check_vocabulary(settings: RunSettings, start: Start, pretrained: Pretrained
 
 def wanted_head(settings: RunSettings) -> tuple[Head, HeadArguments] | None:
     """The fine-tuned head the task trains, and what it is built with (its labels); None for pre-training."""
-    head = head_of_module(get_class(str(settings.task.module._target_)))
+    head = head_of_module(settings.task.module_class)
     if head is None:
         return None
-    return head, head.arguments(OmegaConf.to_container(settings.task.module, resolve=True))
+    return head, head.arguments(settings.task.module_arguments)
 
 
 def load_pretrained_weights(
