@@ -71,30 +71,33 @@ def _hydra_command(task, config_name: str, on_refusal=None):
 
 @exits_on_user_error
 def _check_before_hydra(argv: list[str], config_name: str, run_directory: bool = True) -> None:
-    """The command line's keys and options, and the run directory Hydra would make, judged before Hydra runs."""
+    """The command line's keys and options, and the run directory Hydra would make, judged before Hydra runs; not
+    again in a DDP process the first one launched, which judged this same command line (a composition saved)."""
+    from lightbert.cluster.processes import launched_by_another
+
+    if launched_by_another():
+        return
     check_command_line(argv, config_name=config_name)
     if run_directory:
         check_run_directory(argv)
 
 
 def train_command() -> None:
-    from lightbert.cluster.processes import adopt_launch, ddp_child_argv, launched_by_another
+    from lightbert.cluster.processes import adopt_launch, ddp_child_argv
 
     adopt_launch()  # first: a DDP process the first one launched leaves Ctrl-C to it
     sys.argv[1:] = argv = ddp_child_argv(sys.argv[1:])  # a multirun job's DDP process runs that job alone
     answer_completion_query(argv)
-    if not launched_by_another():  # the first process checked this command line (a second composition saved)
-        _check_before_hydra(argv, "train")
+    _check_before_hydra(argv, "train")
     _hydra_command(_train, "train", on_refusal=_record_in_sweep)()
 
 
 def evaluate_command() -> None:
-    from lightbert.cluster.processes import adopt_launch, ddp_child_argv, launched_by_another
+    from lightbert.cluster.processes import adopt_launch, ddp_child_argv
 
     adopt_launch()
     sys.argv[1:] = ddp_child_argv(sys.argv[1:])
-    if not launched_by_another():
-        _check_before_hydra(sys.argv[1:], "evaluate")
+    _check_before_hydra(sys.argv[1:], "evaluate")
     _hydra_command(_evaluate, "evaluate")()
 
 
