@@ -87,14 +87,3 @@ def swag_run(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def bert4(tmp_path_factory):
     return write_hf_bert(tmp_path_factory.mktemp("features") / "bert", num_hidden_layers=4, words=NER_WORDS)
-
-
-# The longest files first (measured: the notebooks about 8 minutes on one worker, the rest 1-5 each). pytest-xdist
-# (--dist loadfile, pyproject's addopts) hands out whole files in collection order, so a long file collected late
-# keeps one worker busy long after the others have finished.
-LONGEST_FIRST = ("test_notebooks.py", "test_swag.py", "test_trainers.py", "test_resume.py", "test_bench.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order
