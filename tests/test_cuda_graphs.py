@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers.runs import compose_config
+from helpers.runs import compose_config, run_settings
 from test_packing import CONFIG, WIDTH, masking, model, sentence_pairs
 
 from lightbert.errors import ConfigError
 from lightbert.run.building import fix_batch_shapes
-from lightbert.run.settings import RunSettings, SpeedSettings
+from lightbert.run.settings import SpeedSettings
 from lightbert.tasks.pretraining.module import PreTrainingModule
 from lightbert.tasks.pretraining.packing import PackingCollator, first_fit, fixed_row_counts
 
@@ -38,19 +38,17 @@ PACKED = ["task=pretrain", "task.datamodule.packing=true"]
 )
 def test_cuda_graphs_are_refused_where_they_cannot_run(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as refused:
-        RunSettings.from_config(compose_config(overrides, tmp_path))
+        run_settings(compose_config(overrides, tmp_path))
     assert message in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_cuda_graphs_with_packing_and_no_accumulation_are_accepted(tmp_path):
-    RunSettings.from_config(compose_config([*PACKED, *CUDA_GRAPHS], tmp_path / "a"))
-    RunSettings.from_config(compose_config(["task=glue/sst2", "init_from=x", *CUDA_GRAPHS], tmp_path / "b"))
+    run_settings(compose_config([*PACKED, *CUDA_GRAPHS], tmp_path / "a"))
+    run_settings(compose_config(["task=glue/sst2", "init_from=x", *CUDA_GRAPHS], tmp_path / "b"))
     # Accumulation stays with every other compile mode, and without compiling.
-    RunSettings.from_config(
-        compose_config([*PACKED, "speed.compile=true", "trainer.accumulate_grad_batches=4"], tmp_path / "c")
-    )
+    run_settings(compose_config([*PACKED, "speed.compile=true", "trainer.accumulate_grad_batches=4"], tmp_path / "c"))
     only_the_mode = [*PACKED, "speed.compile_mode=reduce-overhead", "trainer.accumulate_grad_batches=4"]
-    RunSettings.from_config(compose_config(only_the_mode, tmp_path / "d"))
+    run_settings(compose_config(only_the_mode, tmp_path / "d"))
 
 
 def pretraining_lengths(rng: random.Random, count: int, width: int = 128) -> list[int]:

@@ -4,15 +4,15 @@ devices and nodes (the accumulation derived); what cannot be made exactly is ref
 from __future__ import annotations
 
 import pytest
-from helpers.runs import compose_config
+from helpers.runs import compose_config, run_settings
 
 from lightbert.errors import ConfigError
+from lightbert.model_config import BertConfig
 from lightbert.run.run_line import describe_run
-from lightbert.run.settings import RunSettings
 
 
 def batches(tmp_path, *overrides: str) -> tuple[int, int, int]:
-    made = RunSettings.from_config(compose_config(["trainer=cpu", *overrides], tmp_path / "run")).batches
+    made = run_settings(compose_config(["trainer=cpu", *overrides], tmp_path / "run")).batches
     return made.devices, made.accumulate, made.global_batch
 
 
@@ -42,9 +42,7 @@ def test_a_global_batch_the_devices_cannot_make_is_refused_naming_the_keys(tmp_p
 def test_the_run_line_states_devices_nodes_accumulation_and_the_global_batch(tmp_path):
     cfg = compose_config(["trainer=cpu", "trainer.devices=-1", "trainer.num_nodes=2", "task.global_batch_size=256"],
                          tmp_path / "run")  # fmt: skip
-    line = describe_run(
-        RunSettings.from_config(cfg), {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4}
-    )
+    line = describe_run(run_settings(cfg), BertConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4))
     assert "; 1 x cpu x 2 nodes," in line and "-1" not in line
     assert line.endswith("batch 32 per device x 4 accumulated = 256 per step")
 
@@ -52,6 +50,6 @@ def test_the_run_line_states_devices_nodes_accumulation_and_the_global_batch(tmp
 def test_what_cannot_accumulate_is_refused_where_the_global_batch_derives_accumulation(tmp_path):
     cfg = compose_config(["trainer=cpu", "task.global_batch_size=256", "trainer.precision=bf16-true"], tmp_path / "r")
     with pytest.raises(ConfigError, match=r"needs 8 accumulated batches .*=bf16-true \(bf16 gradients\) cannot"):
-        RunSettings.from_config(cfg).batches  # noqa: B018
+        run_settings(cfg).batches  # noqa: B018
     cfg = compose_config(["trainer=cpu", "task.global_batch_size=32", "trainer.precision=bf16-true"], tmp_path / "r")
-    assert RunSettings.from_config(cfg).batches.accumulate == 1
+    assert run_settings(cfg).batches.accumulate == 1

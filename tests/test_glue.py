@@ -20,6 +20,7 @@ from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.encoding import truncate_pair
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import ConfigError, UserError
+from lightbert.model_config import BertConfig
 from lightbert.run.jobs import train
 from lightbert.run.weights import size_name
 from lightbert.tasks.glue.data import GlueDataModule, encode_examples
@@ -275,7 +276,7 @@ def test_a_fine_tune_records_the_checkpoints_model_not_the_model_default(hf_dir,
     (run / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))  # as Hydra writes it before the run
     assert cfg.model.num_hidden_layers == 4  # model=bert_mini, the default
     train(cfg)
-    expected = size_name(load_pretrained(str(hf_dir)).config)
+    expected = size_name(BertConfig.from_dict(load_pretrained(str(hf_dir)).config))
     logged = offline_run(run)
     assert logged["name"] == f"sst2-{expected}" and expected in logged["tags"] and "bert_mini" not in logged["tags"]
     recorded = OmegaConf.load(run / ".hydra" / "config.yaml")

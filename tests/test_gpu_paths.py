@@ -59,26 +59,25 @@ def test_several_nodes_shard_the_steps_over_every_device():
 
 
 def test_fp32_matmuls_use_tf32_on_cuda_and_the_run_line_says_so(tmp_path):
-    from helpers.runs import compose_config
+    from helpers.runs import compose_config, run_settings
 
     from lightbert.run.preflight import set_fp32_matmuls
     from lightbert.run.run_line import describe_run
-    from lightbert.run.settings import RunSettings
 
-    settings = RunSettings.from_config(compose_config(["trainer=gpu"], tmp_path))
+    settings = run_settings(compose_config(["trainer=gpu"], tmp_path))
     was = torch.get_float32_matmul_precision()
     try:
         with mock.patch("torch.cuda.is_available", return_value=False):
             assert set_fp32_matmuls(settings) is None  # no CUDA: nothing changes
         assert torch.get_float32_matmul_precision() == was
-        settings = RunSettings.from_config(compose_config(["trainer=gpu"], tmp_path))  # on_cuda is worked out once
+        settings = run_settings(compose_config(["trainer=gpu"], tmp_path))  # on_cuda is worked out once
         with (
             mock.patch("torch.cuda.is_available", return_value=True),
             mock.patch("torch.cuda.device_count", return_value=1),
         ):
             matmuls = set_fp32_matmuls(settings)
             line = describe_run(
-                settings, {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4}, matmuls=matmuls
+                settings, BertConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4), matmuls=matmuls
             )
         assert torch.get_float32_matmul_precision() == "high"
         assert "bf16-mixed (TF32 matmuls)" in line
@@ -89,9 +88,9 @@ def test_fp32_matmuls_use_tf32_on_cuda_and_the_run_line_says_so(tmp_path):
 def test_the_compile_mode_reaches_torch_compile(tmp_path):
     """speed.compile_mode=reduce-overhead (CUDA graphs) is what the model's torch.compile is given; default passes
     no mode. The losses are compiled too, never in CUDA graphs (a replay would overwrite the logged losses)."""
-    from helpers.runs import compose_config
+    from helpers.runs import compose_config, run_settings
 
-    from lightbert.run.settings import RunSettings, SpeedSettings
+    from lightbert.run.settings import SpeedSettings
     from lightbert.run.speed import apply_speed_switches
     from lightbert.tasks.pretraining.module import PreTrainingModule, pretraining_losses
 
@@ -99,7 +98,7 @@ def test_the_compile_mode_reaches_torch_compile(tmp_path):
     for mode, given in (("reduce-overhead", "reduce-overhead"), ("default", None)):
         module = PreTrainingModule(config.to_dict(), {"lr": 1e-4})
         with mock.patch.object(module.model, "compile") as compile_, mock.patch("torch.compile") as compile_losses:
-            trainer = RunSettings.from_config(compose_config(["trainer=cpu"], tmp_path)).trainer
+            trainer = run_settings(compose_config(["trainer=cpu"], tmp_path)).trainer
             apply_speed_switches(module, SpeedSettings(compile=True, compile_mode=mode), trainer, packing=False)
         compile_.assert_called_once_with(mode=given, backend="inductor")
         compile_losses.assert_called_once_with(pretraining_losses, backend="inductor")
@@ -115,13 +114,12 @@ def test_the_compile_mode_reaches_torch_compile(tmp_path):
     ],
 )
 def test_the_run_line_gives_every_limit_that_can_end_the_run(tmp_path, overrides, length):
-    from helpers.runs import compose_config
+    from helpers.runs import compose_config, run_settings
 
     from lightbert.run.run_line import describe_run
-    from lightbert.run.settings import RunSettings
 
     line = describe_run(
-        RunSettings.from_config(compose_config(overrides, tmp_path)),
-        {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2},
+        run_settings(compose_config(overrides, tmp_path)),
+        BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2),
     )
     assert f", {length}, batch" in line

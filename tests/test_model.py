@@ -142,3 +142,59 @@ def test_bad_sizes_fail_naming_the_field(change, field):
 def test_unknown_model_key_lists_valid_keys():
     with pytest.raises(ConfigError, match="hidden_sise.*valid keys"):
         BertConfig.from_dict({"hidden_sise": 128})
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.hidden_size=129", "model.hidden_size (129) must be divisible by model.num_attention_heads (2)"),
+        ("model.num_hidden_layers=0", "model.num_hidden_layers must be a positive integer, got 0"),
+        ("model.hidden_dropout_prob=1.5", "model.hidden_dropout_prob must be in [0, 1), got 1.5"),
+        ("+model.hidden_layers=3", "unknown model config key(s) ['hidden_layers']"),
+    ],
+)
+def test_each_model_setting_is_checked_once_by_the_settings_builder(tmp_path, override, message):
+    """The run's settings hold the model's typed config: a bad size is refused there, naming its key, before
+    anything is written (the module's BertConfig is the same class's rules)."""
+    from helpers.runs import compose_config, run_settings
+
+    with pytest.raises(ConfigError) as refused:
+        run_settings(compose_config(["trainer=cpu", "model=bert_tiny", override], tmp_path / "run"))
+    assert message in str(refused.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_settings_leave_the_vocabulary_to_the_tokenizer(tmp_path):
+    from types import SimpleNamespace
+
+    from helpers.runs import compose_config, run_settings
+
+    from lightbert.run.weights import with_vocabulary
+
+    model = run_settings(compose_config(["trainer=cpu", "model=bert_tiny"], tmp_path / "run")).model
+    assert isinstance(model, BertConfig) and (model.hidden_size, model.vocab_size) == (128, None)
+    with pytest.raises(ValueError, match="vocab_size is not set"):
+        BertModel(model)
+    tokenizer = SimpleNamespace(vocab_size=300, pad_id=0)
+    built = with_vocabulary(model, tokenizer, None)
+    assert (built["vocab_size"], built["pad_token_id"], built["hidden_size"]) == (300, 0, 128)
+    assert BertModel(BertConfig.from_dict(built)).embeddings.word_embeddings.num_embeddings == 300
+
+
+def test_a_runs_settings_are_built_before_torch_loads(tmp_path):
+    """A refused command is refused before torch's seconds of import: the settings and their typed configs are
+    torch-free."""
+    import subprocess
+    import sys
+
+    from helpers.runs import REPO
+
+    probe = (
+        "import sys; from lightbert.run.configs import compose_config; "
+        "from lightbert.run.config_checks import checked_config; from lightbert.run.settings import RunSettings; "
+        f"cfg = compose_config(['trainer=cpu', 'model=bert_tiny'], {str(tmp_path / 'run')!r}); "
+        "settings = RunSettings.from_config(cfg, checked_config(cfg)); "
+        "print(type(settings.model).__name__, type(settings.optim).__name__, 'torch' in sys.modules)"
+    )
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    assert shown.stdout.split() == ["BertConfig", "OptimConfig", "False"], shown.stderr[-2000:]

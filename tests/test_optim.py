@@ -95,22 +95,19 @@ def test_nvidia_polynomial_schedule():
 def test_each_optimiser_setting_is_checked_once_by_the_settings_builder(tmp_path, override, message):
     """The run's settings hold the optimiser's typed settings: a bad value is refused there, naming its key, before
     torch loads or anything is written (the module's OptimConfig is the same object's rules)."""
-    from helpers.runs import compose_config
+    from helpers.runs import compose_config, run_settings
 
     from lightbert.errors import ConfigError
-    from lightbert.run.settings import RunSettings
 
     with pytest.raises(ConfigError) as refused:
-        RunSettings.from_config(compose_config(["trainer=cpu", override], tmp_path / "run"))
+        run_settings(compose_config(["trainer=cpu", override], tmp_path / "run"))
     assert message in str(refused.value)
     assert not (tmp_path / "run").exists()
 
 
 def test_the_settings_hold_the_optimisers_values_as_numbers(tmp_path):
-    from helpers.runs import compose_config
+    from helpers.runs import compose_config, run_settings
 
-    from lightbert.run.settings import RunSettings
-
-    settings = RunSettings.from_config(compose_config(["trainer=cpu", "optim.lr='2e-5'"], tmp_path / "run"))
+    settings = run_settings(compose_config(["trainer=cpu", "optim.lr='2e-5'"], tmp_path / "run"))
     assert isinstance(settings.optim, OptimConfig) and settings.optim.lr == 2e-5
     assert settings.optim.hyperparameters()["betas"] == [0.9, 0.999]

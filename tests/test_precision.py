@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing
 import torch.nn.functional as F
 from helpers.loss_recorder import global_norm
-from helpers.runs import compose_config, cpu_twin, free_port, pretrain_overrides
+from helpers.runs import compose_config, cpu_twin, free_port, pretrain_overrides, run_settings
 from helpers.sharded_step import step
 
 from lightbert.optim import MasterWeights, clip_gradients
@@ -290,11 +290,8 @@ def test_bf16_true_master_weights_start_from_the_fp32_weights():
 )
 def test_half_models_that_would_lose_their_gradients_are_refused(tmp_path, overrides, message):
     from lightbert.errors import ConfigError
-    from lightbert.run.settings import RunSettings
 
     with pytest.raises(ConfigError) as refused:
-        RunSettings.from_config(compose_config(["task=pretrain", *cpu_twin("gpu"), *overrides], tmp_path))
+        run_settings(compose_config(["task=pretrain", *cpu_twin("gpu"), *overrides], tmp_path))
     assert message in str(refused.value) and "\n" not in str(refused.value)
-    RunSettings.from_config(
-        compose_config(["task=pretrain", *cpu_twin("gpu"), "trainer.precision=bf16-true"], tmp_path / "ok")
-    )
+    run_settings(compose_config(["task=pretrain", *cpu_twin("gpu"), "trainer.precision=bf16-true"], tmp_path / "ok"))

@@ -143,14 +143,14 @@ def test_fsdp_runs_padded_batches_in_place_of_length_groups_and_says_why(setting
 def test_the_speed_switches_set_the_encoders_unpadding_and_it_takes_only_known_modes(tmp_path):
     """apply_speed_switches hands speed.unpad to the head's encoder (`BertModel.set_unpadding`), which refuses a mode
     it does not know and keeps the one it had."""
-    from helpers.runs import compose_config
+    from helpers.runs import compose_config, run_settings
 
-    from lightbert.run.settings import RunSettings, SpeedSettings
+    from lightbert.run.settings import SpeedSettings
     from lightbert.run.speed import apply_speed_switches
     from lightbert.tasks.glue.module import SequenceClassificationModule
 
     module = SequenceClassificationModule(CONFIG.to_dict(), {"lr": 1e-4}, task="sst2")
-    trainer = RunSettings.from_config(compose_config(["trainer=cpu"], tmp_path)).trainer
+    trainer = run_settings(compose_config(["trainer=cpu"], tmp_path)).trainer
     for setting, how in ((False, "off"), ("varlen", "varlen"), (True, "groups")):  # true: length groups on a CPU
         apply_speed_switches(module, SpeedSettings(unpad=setting), trainer, packing=False, training=False)
         assert module.model.bert.unpad == how, setting

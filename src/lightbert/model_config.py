@@ -1,4 +1,6 @@
-"""The architecture config of a BERT encoder: sizes only, validated when it is made."""
+"""The architecture config of a BERT encoder (the config's `model` node), typed and checked once. Light to import (no
+torch): a run's settings hold it, and a bad size is refused before torch loads. `lightbert.model` builds the
+encoder from it."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ class BertConfig:
     A bad value fails here, at start, naming the field (litgpt's `Config.__post_init__` habit).
     """
 
-    vocab_size: int = 30522
+    vocab_size: int | None = 30522  # None: the tokenizer's, not known yet (a run's settings: the size files leave it)
     hidden_size: int = 768
     num_hidden_layers: int = 12
     num_attention_heads: int = 12
@@ -45,6 +47,8 @@ class BertConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", *SIZE_FIELDS):
             value = getattr(self, name)
+            if name == "vocab_size" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
@@ -59,7 +63,7 @@ class BertConfig:
         for name in ("layer_norm_eps", "initializer_range"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)!r}")
-        if not 0 <= self.pad_token_id < self.vocab_size:
+        if self.vocab_size is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(
                 f"the padding token id ({self.pad_token_id}) must be below the vocabulary size ({self.vocab_size}): "
                 "the tokenizer and the model's vocabulary disagree"

@@ -93,6 +93,14 @@ def compose_config(overrides: list[str], output_dir: Path, config_name: str = "t
     return lightbert_compose_config(overrides, output_dir, CONF_DIR, config_name)
 
 
+def run_settings(cfg: DictConfig):
+    """A run's settings as `lightbert.train` builds them: the config checked as a whole, then typed."""
+    from lightbert.run.config_checks import checked_config
+    from lightbert.run.settings import RunSettings
+
+    return RunSettings.from_config(cfg, checked_config(cfg))
+
+
 def default_sigint() -> None:
     """For a child that must take Ctrl-C: a non-interactive shell starts background jobs with SIGINT ignored."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -9,8 +9,8 @@ from lightbert.model.bert import (
     BertLayer,
     BertModel,
 )
-from lightbert.model.config import BertConfig
 from lightbert.model.layouts import PackedRows
+from lightbert.model_config import BertConfig
 
 __all__ = [
     "BertConfig",

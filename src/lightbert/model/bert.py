@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from lightbert.model.config import BertConfig
 from lightbert.model.layouts import UNPADDING, Layout, PackedRows, Padded, explicit_attention_mask, layout_for
+from lightbert.model_config import BertConfig
 
 
 class BertEmbeddings(nn.Module):
@@ -47,6 +47,8 @@ class BertEmbeddings(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
+        if config.vocab_size is None:  # a run's settings leave it to the tokenizer (run.weights.with_vocabulary)
+            raise ValueError("the model config's vocab_size is not set: give the tokenizer's vocabulary size")
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)

@@ -19,7 +19,7 @@ from torch import nn
 
 from lightbert.errors import ConfigError
 from lightbert.model.bert import BertModel, init_weights, run_packed
-from lightbert.model.config import BertConfig
+from lightbert.model_config import BertConfig
 
 
 @dataclass(frozen=True)

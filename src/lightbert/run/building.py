@@ -19,6 +19,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from lightbert.checkpoints.reading import Pretrained
 from lightbert.errors import ConfigError, ParameterError, UserError
+from lightbert.model_config import BertConfig
 from lightbert.plugins.agreement import SameResumeOnEveryNode
 from lightbert.plugins.callbacks import FineTuningResume, RunProgressBar
 from lightbert.plugins.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
@@ -104,7 +105,7 @@ def fix_batch_shapes(datamodule: L.LightningDataModule, speed: SpeedSettings) ->
 
 
 def data_and_module(
-    settings: RunSettings, pretrained: Pretrained | None, model_config: dict, kwargs: dict, training: bool = True
+    settings: RunSettings, pretrained: Pretrained | None, model_config: BertConfig, kwargs: dict, training: bool = True
 ):
     """The task's DataModule and LightningModule, the module holding init_from's weights; and the fresh ones."""
     data = datamodule(settings, kwargs)

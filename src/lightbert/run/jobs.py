@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from lightbert.cluster import processes
 from lightbert.cluster.environment import adopt_submitit_local_ranks
 from lightbert.errors import UserError
+from lightbert.run.config_checks import checked_config
 from lightbert.run.console import logging_like_the_command
 from lightbert.run.run_dir import held
 from lightbert.run.settings import RunSettings
@@ -31,7 +32,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     training after the current batch, with `last.ckpt` saved and one line that says how to continue, then exit
     128 + the signal's number; before or after training at once, with one line."""
     adopt_submitit_local_ranks()  # before anything asks which process this is
-    settings = RunSettings.from_config(cfg)  # a bad value is refused here, before anything is read or written
+    # A bad value is refused here, before anything is read or written: the config as a whole, then its parts.
+    settings = RunSettings.from_config(cfg, checked_config(cfg))
     processes.install()  # its DataLoader workers and data-preparation pool die with it, and hold no lock
     with (
         logging_like_the_command(settings.output_dir),
@@ -62,7 +64,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Score the fine-tuned model `init_from` names on the task's validation splits and write the prediction files a
     training run writes, into a new run directory (`results.json` there); the checkpoint's own is never touched."""
     adopt_submitit_local_ranks()
-    settings = RunSettings.from_config(cfg)
+    settings = RunSettings.from_config(cfg, checked_config(cfg))
     if not settings.init_from:
         raise UserError("src/evaluate.py scores a fine-tuned model: set init_from=<run directory | .ckpt | HF dir>")
     processes.install()

@@ -20,6 +20,7 @@ from lightbert.checkpoints.reading import Pretrained, load_pretrained
 from lightbert.data.local_files import file_identity
 from lightbert.errors import ConfigError, UserError
 from lightbert.model.fp8 import MIN_CAPABILITY, import_torchao
+from lightbert.model_config import BertConfig
 from lightbert.plugins.checkpointing import saved_job_shape
 from lightbert.run.building import instantiate_config
 from lightbert.run.console import RunLogFile, tidy_lightning_console
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 def prepare(
     settings: RunSettings, start: Start, check: Callable[[Pretrained], None] | None = None, evaluation: bool = False
-) -> tuple[Pretrained | None, dict, DictConfig]:
+) -> tuple[Pretrained | None, BertConfig, DictConfig]:
     """The checks, then the record. `check` refuses an init_from the command cannot use (evaluation: one without
     the task's head). Returns init_from's checkpoint, the architecture, and the config as recorded (naming the
     model that runs)."""

@@ -3,12 +3,13 @@ batches (`preflight.prepare` says it once the run's record is written)."""
 
 from __future__ import annotations
 
+from lightbert.model_config import BertConfig
 from lightbert.run.settings import RunSettings, Start
 
 
 def describe_run(
     settings: RunSettings,
-    model: dict,
+    model: BertConfig,
     evaluation: bool = False,
     matmuls: str | None = None,
     left_to_right: str | None = None,
@@ -16,7 +17,7 @@ def describe_run(
 ) -> str:
     """The run line: what is trained on what data, where, how long, in which batches. `left_to_right` says why the
     model attends left to right (`weights.left_to_right_because`), where it does."""
-    sizes = f"L{model['num_hidden_layers']}/H{model['hidden_size']}/A{model['num_attention_heads']}"
+    sizes = f"L{model.num_hidden_layers}/H{model.hidden_size}/A{model.num_attention_heads}"
     if left_to_right:
         sizes += f", attention left to right ({left_to_right})"
     source = f"init_from={settings.init_from}" if settings.init_from else "from scratch"

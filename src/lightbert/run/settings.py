@@ -1,8 +1,10 @@
 """A run's settings: built once from the composed Hydra config (`RunSettings.from_config`), then read by every stage
-of the run as typed, frozen fields. Every number is checked once, in one pass over one table (`NUMBERS`), and each
-part checks how its values go together in `__post_init__` (litgpt's `args.py` way), so a command with a bad value is
-refused with one message naming the key the command line accepts, before anything is
-read or written; no stage below this module reads the config by its string keys.
+of the run as typed, frozen fields. The config is checked as a whole first (`run.config_checks`: it resolves, has
+its parts, and every number is checked once, in one pass over one table); then each part checks how its values go
+together in `__post_init__` (litgpt's `args.py` way), and the optimiser's and the model's settings are their typed
+configs (`OptimConfig`, `BertConfig`), each checking its own values as it is made. A command with a bad value is
+refused with one message naming the key the command line accepts, before anything is read or written; no stage
+below this module reads the config by its string keys.
 
 Torch-free at import, so that a refused command is refused before torch loads; the devices a trainer resolves to
 (`-1`, `auto`) are worked out on first use (`TrainerSettings.devices_per_node`), by Lightning's own parsing.
@@ -17,9 +19,9 @@ from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import GrammarParseError, InterpolationResolutionError
 
-from lightbert.errors import ConfigError, ParameterError, as_number, checked_number
+from lightbert.errors import ConfigError, ParameterError
+from lightbert.model_config import BertConfig
 from lightbert.optim_config import OptimConfig
 from lightbert.run.phases import Phase, phases_of
 from lightbert.tasks.pretraining.objectives import OBJECTIVES, MaskingShares
@@ -154,7 +156,7 @@ class TrainerSettings:
 
     @classmethod
     def from_config(cls, trainer: DictConfig, numbers: dict[str, Any]) -> TrainerSettings:
-        """`numbers`: the config's numbers, checked (`checked_numbers`)."""
+        """`numbers`: the config's numbers, checked (`run.config_checks.checked_config`)."""
         checked = {key.removeprefix("trainer."): v for key, v in numbers.items() if key.startswith("trainer.")}
         strategy = trainer.get("strategy", "auto")
         if OmegaConf.is_dict(strategy):
@@ -173,51 +175,6 @@ class TrainerSettings:
             accumulate_grad_batches=checked.get("accumulate_grad_batches", 1),
             progress_bar=bool(trainer.get("enable_progress_bar", True)),
         )
-
-
-# Every number of a run's config, checked once (`checked_numbers`) before any part of the settings is built: key ->
-# what `lightbert.errors.checked_number` allows (kind, smallest value, null, "auto", ...). A key the config does not
-# hold keeps its part's default, but for REQUIRED_NUMBERS. (The optimiser's are `OptimConfig`'s.)
-NUMBERS = {
-    "seed": {"kind": int, "largest": 2**32 - 1},  # numpy's and Python's seeds
-    "trainer.max_steps": {"kind": int, "minimum": -1},
-    "trainer.max_epochs": {"kind": int, "minimum": -1, "nullable": True},
-    "trainer.accumulate_grad_batches": {"kind": int, "minimum": 1},
-    "trainer.log_every_n_steps": {"kind": int, "minimum": 1},
-    "trainer.num_nodes": {"kind": int, "minimum": 1},
-    "trainer.gradient_clip_val": {"kind": float, "nullable": True},
-    "trainer.val_check_interval": {"kind": float, "positive": True, "nullable": True},
-    "task.batch_size": {"kind": int, "minimum": 1},
-    "task.global_batch_size": {"kind": int, "minimum": 1, "nullable": True},
-    "task.max_seq_length": {"kind": int, "minimum": 1, "nullable": True},
-    "task.checkpoint_every_n_steps": {"kind": int, "minimum": 1, "nullable": True},
-    "task.cpu_val_check_interval": {"kind": int, "minimum": 1, "nullable": True},
-    "task.datamodule.eval_batch_size": {"kind": int, "minimum": 1, "nullable": True},
-    "task.datamodule.dupe_factor": {"kind": int, "minimum": 1},
-    "task.datamodule.max_predictions_per_seq": {"kind": int, "minimum": 1, "nullable": True},  # null: from the rate
-    "task.datamodule.num_workers": {"kind": int, "minimum": 0, "or_auto": True},  # auto: by the machine
-    "task.datamodule.vocab_size": {"kind": int, "minimum": 1},
-    # A share of the training batches between two validations (pre-training); null reads the whole held-out split.
-    "task.datamodule.validation_share": {"kind": float, "positive": True, "largest": 1, "nullable": True},
-}
-REQUIRED_NUMBERS = ("seed", "task.batch_size")
-ABSENT = object()
-
-
-def checked_numbers(cfg: DictConfig) -> dict[str, Any]:
-    """Each number of NUMBERS the config holds, as its kind, or one message naming its key; and add_words, a count
-    of words or a file of them."""
-    checked = {}
-    for key, allowed in NUMBERS.items():
-        value = OmegaConf.select(cfg, key, default=ABSENT)
-        if value is not ABSENT or key in REQUIRED_NUMBERS:
-            checked[key] = checked_number(key, None if value is ABSENT else value, **allowed)
-    add = OmegaConf.select(cfg, "task.datamodule.add_words")
-    if add is not None and not isinstance(add, str) and (as_number(add, int) is None or add < 0):
-        raise ConfigError(
-            f"task.datamodule.add_words must be a count of words (0 or more) or a file of words, got {add!r}"
-        )
-    return checked
 
 
 @dataclass(frozen=True)
@@ -272,7 +229,7 @@ class TaskSettings:
 
     @property
     def add_words(self) -> int | str | None:
-        """task.datamodule.add_words (checked by `checked_numbers`): a count of words, a file of them, or None."""
+        """task.datamodule.add_words (checked by `run.config_checks`): a count of words, a file of them, or None."""
         return self.datamodule.get("add_words")
 
     @property
@@ -296,7 +253,7 @@ class TaskSettings:
 
     @classmethod
     def from_config(cls, task: DictConfig, numbers: dict[str, Any]) -> TaskSettings:
-        """`numbers`: the config's numbers, checked (`checked_numbers`)."""
+        """`numbers`: the config's numbers, checked (`run.config_checks.checked_config`)."""
         files = task.get("data_files")
         return cls(
             name=str(task.name),
@@ -350,7 +307,9 @@ class RunSettings:
     init_from: str | None
     resume: bool  # resume=true: continue from checkpoints/last.ckpt
     overrides: tuple[str, ...]  # the command line's
-    model: dict  # the sizes and regularisation asked for (init_from's checkpoint decides its own sizes)
+    # The sizes and regularisation asked for, checked as it is made; its vocab_size is the tokenizer's (None until the
+    # DataModule has one: run.weights.with_vocabulary). init_from's checkpoint decides its own sizes.
+    model: BertConfig
     model_option: str | None  # the model= choice
     model_overrides: tuple[str, ...]  # the command line's model=... and model.<key>=... (asking for sizes)
     task: TaskSettings
@@ -451,9 +410,8 @@ class RunSettings:
         return Batches(per_device, devices, nodes, accumulate, wanted)
 
     @classmethod
-    def from_config(cls, cfg: DictConfig) -> RunSettings:
-        _check_whole(cfg)
-        numbers = checked_numbers(cfg)
+    def from_config(cls, cfg: DictConfig, numbers: dict[str, Any]) -> RunSettings:
+        """`numbers`: the config's numbers, checked with the config as a whole (`run.config_checks.checked_config`)."""
         trainer = TrainerSettings.from_config(cfg.trainer, numbers)
         task = TaskSettings.from_config(cfg.task, numbers)
         overrides = tuple(str(o) for o in cfg.get("overrides") or [])
@@ -465,7 +423,7 @@ class RunSettings:
             init_from=str(cfg.init_from) if cfg.get("init_from") else None,
             resume=bool(cfg.get("resume", False)),
             overrides=overrides,
-            model=OmegaConf.to_container(cfg.model, resolve=True),
+            model=BertConfig.from_dict({"vocab_size": None, **OmegaConf.to_container(cfg.model, resolve=True)}),
             model_option=_choice("model"),
             model_overrides=tuple(o for o in overrides if o.lstrip("+~").startswith(("model=", "model."))),
             task=task,
@@ -476,30 +434,3 @@ class RunSettings:
             callbacks=tuple((cfg.get("callbacks") or {}).values()),
             corpus=cfg.get("corpus"),
         )
-
-
-# The parts every run reads, each with a key it cannot be without: removing one (`~trainer`) leaves nothing to run.
-REQUIRED = {
-    "model": "model.hidden_size",
-    "task": "task.name",
-    "task.datamodule": "task.datamodule._target_",
-    "task.module": "task.module._target_",
-    "trainer": "trainer._target_",
-    "optim": "optim.lr",
-    "paths": "paths.output_dir",
-}
-
-
-def _check_whole(cfg: DictConfig) -> None:
-    try:
-        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-    except (InterpolationResolutionError, GrammarParseError) as error:
-        key = getattr(error, "full_key", None) or "a value"
-        reason = str(error).splitlines()[0]
-        raise ConfigError(
-            f"{key} cannot be resolved ({reason}); an interpolation ${{...}} there refers to itself or to a key "
-            "that does not exist: give the value itself"
-        ) from None
-    for key, inner in REQUIRED.items():
-        if OmegaConf.select(cfg, inner, default=None) is None:
-            raise ConfigError(f"the config has no {key} (an override ~{key}?); every run needs it: drop that override")

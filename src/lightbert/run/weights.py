@@ -15,8 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from lightbert.checkpoints.reading import Pretrained, load_into
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import ConfigError, UserError
-from lightbert.model import BertConfig
-from lightbert.model.config import REGULARISATION_FIELDS, SIZE_FIELDS
+from lightbert.model_config import REGULARISATION_FIELDS, SIZE_FIELDS, BertConfig
 from lightbert.run.configs import CONF_DIR
 from lightbert.run.settings import RunSettings, Start
 from lightbert.tasks.finetuned import carry_head, head_of
@@ -31,7 +30,7 @@ class RunModel(NamedTuple):
     """The model a run trains, decided before any data work."""
 
     pretrained: Pretrained | None  # init_from, with the tokenizer words are added to (`check_vocabulary`)
-    config: dict  # the architecture
+    config: BertConfig  # the architecture; its vocabulary is the tokenizer's (`with_vocabulary`)
     recorded: DictConfig  # the run's config as recorded and logged, naming the model that runs
     left_to_right: str | None  # why the model attends left to right, for the run line; None: both ways
 
@@ -40,11 +39,10 @@ def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None
     """The architecture, its name and the config naming it, each checked once: a bad size, a tokenizer that does not
     fit init_from, sequences longer than the position embeddings, too few segment embeddings fail here, before
     anything is written."""
-    model = model_sizes(settings, pretrained)
-    recorded = recorded_config(settings, model, size_name(model)) if pretrained else settings.config
+    config = model_sizes(settings, pretrained)
+    recorded = recorded_config(settings, config, size_name(config)) if pretrained else settings.config
     left_to_right = left_to_right_because(settings, pretrained)
     pretrained = check_vocabulary(settings, start, pretrained)
-    config = BertConfig.from_dict({k: v for k, v in model.items() if k != "vocab_size"})
     lengths = {"task.max_seq_length": settings.task.max_seq_length}
     for number, phase in enumerate(settings.phases):
         if phase.max_seq_length is not None:
@@ -65,39 +63,40 @@ def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None
             f"segments (a sentence pair); fine-tune it on a task of single sentences, or start from a model with "
             f"type_vocab_size {segments}"
         )
-    return RunModel(pretrained, model, recorded, left_to_right)
+    return RunModel(pretrained, config, recorded, left_to_right)
 
 
-def model_sizes(settings: RunSettings, pretrained: Pretrained | None) -> dict:
-    """The architecture as a plain dict. With init_from the checkpoint decides the sizes; a `model=` asking for
-    other sizes is an error rather than a silent choice. Dropout set on the command line still applies (it does not
-    change the weights)."""
-    model = dict(settings.model)
-    if pretrained is not None:
-        explicit = settings.model_overrides
-        # model=<size> asks for every size; model.<key>=... for that key only.
-        keys = [o.lstrip("+~").split("=", 1)[0] for o in explicit]
-        asked = SIZE_FIELDS if "model" in keys else [k.removeprefix("model.") for k in keys]
-        differ = [f for f in SIZE_FIELDS if f in asked and f in model and model[f] != pretrained.config[f]]
-        if differ:
-            sizes = ", ".join(f"{f} {pretrained.config[f]} (asked {model[f]})" for f in differ)
-            raise ConfigError(
-                f"init_from={settings.init_from} has other sizes than {' '.join(explicit)} asks for: {sizes}. "
-                "The checkpoint sets the architecture: drop the model override"
-            )
-        regularisation = {f: model[f] for f in REGULARISATION_FIELDS if f in model} if explicit else {}
-        model = {**pretrained.config, **regularisation}
-    return model
+def model_sizes(settings: RunSettings, pretrained: Pretrained | None) -> BertConfig:
+    """The architecture, its vocabulary left to the tokenizer. With init_from the checkpoint decides the sizes; a
+    `model=` asking for other sizes is an error rather than a silent choice. Dropout set on the command line still
+    applies (it does not change the weights)."""
+    asked = settings.model
+    if pretrained is None:
+        return asked
+    explicit = settings.model_overrides
+    # model=<size> asks for every size; model.<key>=... for that key only.
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in explicit]
+    named = SIZE_FIELDS if "model" in keys else [k.removeprefix("model.") for k in keys]
+    differ = [f for f in SIZE_FIELDS if f in named and getattr(asked, f) != pretrained.config[f]]
+    if differ:
+        sizes = ", ".join(f"{f} {pretrained.config[f]} (asked {getattr(asked, f)})" for f in differ)
+        raise ConfigError(
+            f"init_from={settings.init_from} has other sizes than {' '.join(explicit)} asks for: {sizes}. "
+            "The checkpoint sets the architecture: drop the model override"
+        )
+    regularisation = {f: getattr(asked, f) for f in REGULARISATION_FIELDS} if explicit else {}
+    # The checkpoint's architecture (its fields, checked as it was read), with the dropout asked for.
+    return replace(asked, **{**pretrained.config, **regularisation, "vocab_size": None})
 
 
-def recorded_config(settings: RunSettings, model: dict, name: str) -> DictConfig:
+def recorded_config(settings: RunSettings, model: BertConfig, name: str) -> DictConfig:
     """The config as recorded and given to the loggers: under init_from the checkpoint decides the model, and the
     record, the run's name and its W&B tags say the model that runs (`name`, e.g. bert_tiny), not the `model=`
     default (a fine-tune of a bert_tiny checkpoint is not "sst2-bert_mini"). The settings stay as they were built."""
     config = copy.copy(settings.config)  # the record's copy (DictConfig.copy); the settings stay as they were
     default_name = f"{settings.task.name}-{settings.model_option}"
     with open_dict(config):
-        config.model = {k: v for k, v in model.items() if k != "vocab_size"}
+        config.model = {k: v for k, v in model.to_dict().items() if k != "vocab_size"}
         if config.get("run_name") == default_name:
             config.run_name = f"{settings.task.name}-{name}"
         wandb = (config.get("logger") or {}).get("wandb")
@@ -119,27 +118,28 @@ def left_to_right_because(settings: RunSettings, pretrained: Pretrained | None) 
     return "init_from's model was trained left to right, and fine-tuning keeps its attention"
 
 
-def size_name(model: dict, conf_dir: Path = CONF_DIR) -> str:
+def size_name(model: BertConfig, conf_dir: Path = CONF_DIR) -> str:
     """The conf/model/ size with these sizes (e.g. bert_base), else L<layers>-H<hidden>-A<heads>."""
     for path in sorted((conf_dir / "model").glob("*.yaml")):
         sizes = OmegaConf.to_container(OmegaConf.load(path))
-        if all(model.get(field) == sizes.get(field) for field in SIZE_FIELDS if field in sizes):
+        if all(getattr(model, field) == sizes.get(field) for field in SIZE_FIELDS if field in sizes):
             return path.stem
-    return f"L{model['num_hidden_layers']}-H{model['hidden_size']}-A{model['num_attention_heads']}"
+    return f"L{model.num_hidden_layers}-H{model.hidden_size}-A{model.num_attention_heads}"
 
 
-def with_vocabulary(model_config: dict, tokenizer, pretrained: Pretrained | None) -> dict:
-    """The size files leave the vocabulary to the tokenizer; a checkpoint brings its own embedding size (grown by
-    the words `task.datamodule.add_words` added: `with_added_words`)."""
+def with_vocabulary(config: BertConfig, tokenizer, pretrained: Pretrained | None) -> dict:
+    """The architecture as the LightningModule takes it, with its vocabulary: the size files leave it to the
+    tokenizer; a checkpoint brings its own embedding size (grown by the words `task.datamodule.add_words` added:
+    `with_added_words`)."""
     if pretrained is None:
-        return {**model_config, "vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_id}
-    model_config = {**model_config, "vocab_size": pretrained.config["vocab_size"]}
-    if tokenizer.vocab_size > model_config["vocab_size"]:
+        return replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id).to_dict()
+    rows = pretrained.config["vocab_size"]
+    if tokenizer.vocab_size > rows:
         raise UserError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but init_from={pretrained.source} embeds only "
-            f"{model_config['vocab_size']}; use the tokenizer that came with the checkpoint"
+            f"{rows}; use the tokenizer that came with the checkpoint"
         )
-    return model_config
+    return replace(config, vocab_size=rows).to_dict()
 
 
 def check_vocabulary(settings: RunSettings, start: Start, pretrained: Pretrained | None) -> Pretrained | None:
