@@ -22,10 +22,10 @@ from lightbert.inference.predict import predict_records
 from lightbert.interop.convert import to_hf
 from lightbert.model import BertConfig, BertForPreTraining
 from lightbert.run.jobs import evaluate, train
-from lightbert.tasks.finetuned import carry_head, label_rows, load_finetuned
+from lightbert.tasks.finetuned import load_finetuned
 from lightbert.tasks.glue.module import SequenceClassificationModule
 from lightbert.tasks.glue.tasks import glue_task
-from lightbert.tasks.heads import HEADS
+from lightbert.tasks.heads import HEADS, carry_head, label_rows
 from lightbert.tasks.ner.data import CONLL2003_LABELS
 
 ATOL = 2e-5

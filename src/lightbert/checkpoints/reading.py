@@ -174,7 +174,7 @@ def _from_hub(repo_id: str) -> Pretrained:
 
 @dataclass(frozen=True)
 class HeadCarry:
-    """Whether a checkpoint's fine-tuned head goes into a task's model (lightbert.tasks.finetuned.carry_head
+    """Whether a checkpoint's fine-tuned head goes into a task's model (lightbert.tasks.heads.carry_head
     decides, by what the head means: its kind and its labels).
 
     `rows` puts the checkpoint's label rows in the task's label order (row i of the task is row rows[i] of the

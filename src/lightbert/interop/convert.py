@@ -24,7 +24,8 @@ from pathlib import Path
 from lightbert.checkpoints.reading import load_pretrained
 from lightbert.errors import exits_on_user_error
 from lightbert.interop.hf import export_hf, hf_head_config, import_hf, pretraining_head_config
-from lightbert.tasks.finetuned import finetuned_from, head_of
+from lightbert.tasks.finetuned import finetuned_from
+from lightbert.tasks.heads import head_of
 
 
 def to_hf(checkpoint: str, out_dir: str) -> Path:

@@ -27,8 +27,8 @@ from lightbert.errors import UserError
 from lightbert.files import publish_directory
 from lightbert.interop.hf import check_export_dir, hf_head_config
 from lightbert.model import BertModel
-from lightbert.tasks.finetuned import FineTuned, finetuned_from, head_of
-from lightbert.tasks.heads import HEADS
+from lightbert.tasks.finetuned import FineTuned, finetuned_from
+from lightbert.tasks.heads import HEADS, head_of
 
 INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 OPSET = 18

@@ -18,8 +18,7 @@ from lightbert.errors import ConfigError, UserError
 from lightbert.model_config import REGULARISATION_FIELDS, SIZE_FIELDS, BertConfig
 from lightbert.run.configs import CONF_DIR
 from lightbert.run.settings import RunSettings, Start
-from lightbert.tasks.finetuned import carry_head, head_of
-from lightbert.tasks.heads import Head, HeadArguments, head_of_module
+from lightbert.tasks.heads import Head, HeadArguments, carry_head, head_of, head_of_module
 from lightbert.tasks.pretraining.continued import Growth, carried_line, check_added_words_fit
 from lightbert.tasks.pretraining.domain_words import read_word_file
 

@@ -5,7 +5,8 @@ to build its network, the Hugging Face class with the same parameter names (`con
 `architectures`), the predictor that runs it on new records (`src/predict.py`), its ONNX outputs, and the settings a
 run of it used when its own record does not say. A checkpoint records its head's name (the module's `head`,
 saved by `TaskModule.on_save_checkpoint`); a Hugging Face directory its `architectures`. Nothing guesses a head from
-parameter names.
+parameter names: `head_of` reads a checkpoint's head from those records, and `carry_head` decides whether it can
+start a task's head (the same kind, built the same way, with the task's labels in any order).
 
 Each task family registers its head in its own folder, in `<family>/head.py` (`register(Head(...))`); the registry
 imports those modules on its first lookup, so a new family is its folder and its YAML, and nothing here
@@ -18,11 +19,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lightbert.checkpoints.reading import HeadCarry, Pretrained
 from lightbert.errors import UserError
 
 if TYPE_CHECKING:
@@ -161,3 +164,81 @@ def recorded_defaults(task: Mapping[str, Any], defaults: dict) -> dict:
         if value is not None:
             settings[key] = type(default)(value) if default is not None else value
     return settings
+
+
+def head_of(pretrained: Pretrained) -> tuple[str, HeadArguments] | None:
+    """The head of a checkpoint and what its network was built with; None for one without a fine-tuned head.
+
+    A lightbert checkpoint records its head (lightbert.tasks.heads); a Hugging Face directory names its class in
+    `architectures`, and its labels in `id2label`."""
+    if pretrained.head is not None:
+        head = head_named(pretrained.head, pretrained.source)
+        return head.name, head.arguments(pretrained.hyper_parameters)
+    hf = pretrained.hf_config
+    head = head_of_hf_class((hf.get("architectures") or [""])[0])
+    if head is None:
+        return None
+    labels: tuple[str, ...] = ()
+    if head.labelled:
+        id2label = hf.get("id2label") or {}
+        labels = tuple(id2label[k] for k in sorted(id2label, key=int))
+        if hf.get("problem_type") == "regression":
+            labels = ()
+    return head.name, HeadArguments(labels)
+
+
+GENERIC_LABEL = re.compile(r"LABEL_(\d+)")  # transformers' names for labels nobody named
+
+
+def label_rows(found: tuple[str, ...], wanted: tuple[str, ...]) -> tuple[tuple[int, ...], str] | None:
+    """The checkpoint's label rows in the task's order, and how they were matched; None where the meaning differs.
+
+    Labels match by name, ignoring case (a classifier's NEGATIVE is the task's negative), whatever their order;
+    transformers' generic names (LABEL_0, LABEL_1, ...) say nothing of meaning and are taken by index. A regression
+    head (no labels) matches one unnamed output."""
+    if not wanted:
+        return ((0,), "one regression output") if found in ((), ("LABEL_0",)) else None
+    if len(found) != len(wanted):
+        return None
+    if all(GENERIC_LABEL.fullmatch(name) for name in found):
+        if sorted(int(GENERIC_LABEL.fullmatch(name)[1]) for name in found) != list(range(len(found))):
+            return None
+        rows = tuple(int(GENERIC_LABEL.fullmatch(name)[1]) for name in found)
+        return tuple(rows.index(i) for i in range(len(rows))), "by index (its labels are transformers' LABEL_i)"
+    folded, task = [n.casefold() for n in found], [n.casefold() for n in wanted]
+    if len(set(folded)) != len(folded) or set(folded) != set(task):
+        return None
+    rows = tuple(folded.index(name) for name in task)
+    if rows == tuple(range(len(rows))):
+        return rows, "by name, in the same order"
+    order = ", ".join(found[i] for i in rows)
+    return rows, f"by name, its rows reordered to the task's order ({order})"
+
+
+def carry_head(pretrained: Pretrained, wanted: Head, wanted_arguments: HeadArguments) -> HeadCarry:
+    """Whether the checkpoint's fine-tuned head can start the task's head: only where its meaning is known to
+    match (the same kind of head, built the same way, with the task's labels); otherwise the task's head starts
+    fresh. The line says which, and why."""
+    what = wanted.name.replace("_", " ")
+    found = head_of(pretrained)
+    if found is None:
+        return HeadCarry(False, line=f"the {what} head starts fresh ({pretrained.source} has no fine-tuned head)")
+    name, arguments = found
+    if name != wanted.name:
+        has = name.replace("_", " ")
+        return HeadCarry(False, line=f"the {what} head starts fresh ({pretrained.source} has a {has} head)")
+    built = (arguments.bilstm, arguments.feature_based is not None)
+    if built != (wanted_arguments.bilstm, wanted_arguments.feature_based is not None):
+        return HeadCarry(False, line=f"the {what} head starts fresh ({pretrained.source}'s head is built another way)")
+    if not wanted.labelled:
+        return HeadCarry(True, line=f"the {what} head is carried from {pretrained.source}")
+    matched = label_rows(arguments.labels, wanted_arguments.labels)
+    if matched is None:
+        return HeadCarry(
+            False,
+            line=f"the {what} head starts fresh: {pretrained.source}'s labels {list(arguments.labels)} are not "
+            f"the task's {list(wanted_arguments.labels)}",
+        )
+    rows, how = matched
+    keep = None if rows == tuple(range(len(rows))) else rows
+    return HeadCarry(True, keep, line=f"the {what} head is carried from {pretrained.source}, its labels matched {how}")
