@@ -169,7 +169,7 @@ def recorded_defaults(task: Mapping[str, Any], defaults: dict) -> dict:
 def head_of(pretrained: Pretrained) -> tuple[str, HeadArguments] | None:
     """The head of a checkpoint and what its network was built with; None for one without a fine-tuned head.
 
-    A lightbert checkpoint records its head (lightbert.tasks.heads); a Hugging Face directory names its class in
+    A lightbert checkpoint records its head's name (its module's `head`); a Hugging Face directory names its class in
     `architectures`, and its labels in `id2label`."""
     if pretrained.head is not None:
         head = head_named(pretrained.head, pretrained.source)
