@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import runtime
 from helpers.models import write_hf_bert
 from helpers.ner_files import NER_WORDS
 from helpers.runs import write_bert_corpus
@@ -22,6 +23,7 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = shared / "lightbert-cache"
     cache.mkdir(exist_ok=True)
     os.environ["LIGHTBERT_CACHE"] = str(cache)
+    os.environ[runtime.LOCATION_VARIABLE] = str(shared / "lightbert-runtime")  # made on first use
     os.environ["WANDB_MODE"] = "offline"
     os.environ["WANDB_SILENT"] = "true"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

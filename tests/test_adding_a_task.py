@@ -9,8 +9,8 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 
+from helpers import runtime
 from helpers.models import write_hf_bert
 from helpers.runs import REPO
 
@@ -50,7 +50,7 @@ def test_the_docs_diff_adds_a_glue_style_task(tmp_path):
     for seed, path in enumerate(data.values()):
         write_boolq_file(path, 16, seed)
     run = subprocess.run(
-        [sys.executable, str(copy / "src" / "train.py"), "task=glue/boolq"]
+        [runtime.python(), str(copy / "src" / "train.py"), "task=glue/boolq"]
         + [f"init_from={write_hf_bert(tmp_path / 'bert')}", "logger=csv", "trainer.max_epochs=1", "task.batch_size=8"]
         + [f"task.data_files.{split}={path}" for split, path in data.items()]
         + [f"hydra.run.dir={tmp_path / 'run'}"],

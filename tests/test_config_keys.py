@@ -10,10 +10,10 @@ from __future__ import annotations
 import ast
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import runtime
 from helpers.runs import CONF_DIR, REPO, compose_config
 from omegaconf import OmegaConf
 
@@ -87,7 +87,7 @@ def test_every_key_named_in_code_is_accepted_by_the_command_line():
         choice_keys = [k for k in choice_keys if not any(other.startswith(k + ".") for other in choice_keys)]
         run = subprocess.run(
             [
-                sys.executable,
+                runtime.python(),
                 str(REPO / "src" / "train.py"),
                 choice,
                 *(f"{k}=null" for k in choice_keys),

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import runtime
 from helpers.runs import REPO, snapshot
 
 from lightbert.errors import UserError
@@ -80,7 +80,7 @@ def test_a_pre_trained_model_without_a_head_is_refused(sst2_run, tmp_path):
 
 def test_the_command_needs_init_from_and_runs_under_evals(sst2_run, tmp_path):
     run = subprocess.run(
-        [sys.executable, str(REPO / "src" / "evaluate.py"), "task=glue/sst2"],
+        [runtime.python(), str(REPO / "src" / "evaluate.py"), "task=glue/sst2"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -90,7 +90,7 @@ def test_the_command_needs_init_from_and_runs_under_evals(sst2_run, tmp_path):
     files = [o for o in sst2_run.overrides if o.startswith(("task.data_files.validation", "task.data_files.test"))]
     run = subprocess.run(
         [
-            sys.executable,
+            runtime.python(),
             str(REPO / "src" / "evaluate.py"),
             "task=glue/sst2",
             "logger=csv",

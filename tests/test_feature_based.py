@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import lightning as L
 import pytest
 import torch
 import transformers
+from helpers import runtime
 from helpers.models import extract_config, write_hf_bert
 from helpers.ner_files import ner_data_files, read_conlleval
 from helpers.runs import REPO, run_train_script
@@ -159,7 +159,7 @@ def test_extracted_features_equal_transformers_hidden_states(tmp_path):
     out = tmp_path / "out.jsonl"
     result = subprocess.run(
         [
-            sys.executable,
+            runtime.python(),
             str(REPO / "src" / "extract_features.py"),
             f"init_from={bert}",
             f"input_file={tmp_path / 'in.txt'}",

@@ -11,12 +11,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import runtime
 from helpers.runs import REPO, TINY_PRETRAIN, default_sigint, free_port, write_bert_corpus
 
 pytestmark = pytest.mark.slow
@@ -53,7 +53,7 @@ def start_nodes(
             node_env["WORLD_SIZE"] = str(nodes * devices)
         for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "SLURM_NTASKS", "SLURM_PROCID", "TORCHELASTIC_RUN_ID"):
             node_env.pop(name, None)
-        command = [sys.executable, str(REPO / "src" / "train.py"), *base, *args]
+        command = [runtime.python(), str(REPO / "src" / "train.py"), *base, *args]
         if torchrun:
             launcher = [f"--nnodes={nodes}", f"--node-rank={node}", f"--nproc-per-node={devices}"]
             launcher += ["--master-addr=127.0.0.1", f"--master-port={port}"]

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import runtime
 from helpers.runs import BASE, REPO, pythonpath_with_tests, run_train_recorded, write_bert_corpus
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ print("best_score", results["best_score"])
 
 
 def run_library(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    script = [sys.executable, "-c", textwrap.dedent(LIBRARY_RUN), str(run_dir), *overrides]
+    script = [runtime.python(), "-c", textwrap.dedent(LIBRARY_RUN), str(run_dir), *overrides]
     env = {**os.environ, "PYTHONPATH": pythonpath_with_tests()}
     return subprocess.run(script, capture_output=True, text=True, cwd=REPO, timeout=600, env=env)
 

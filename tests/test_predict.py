@@ -8,11 +8,11 @@ import json
 import os
 import random
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from helpers import runtime
 from helpers.ner_files import read_conlleval
 from helpers.predictions import predict, predict_config, records_of, rows
 from helpers.runs import REPO, run_script_forked
@@ -190,7 +190,7 @@ def test_an_output_directory_is_refused_before_any_work(sst2_run, tmp_path):
 def test_bytes_that_are_not_text_on_standard_input_are_one_line(sst2_run):
     run = subprocess.run(
         [
-            sys.executable,
+            runtime.python(),
             str(REPO / "src" / "predict.py"),
             f"init_from={sst2_run.dir}",
             "input_file=-",
@@ -245,7 +245,7 @@ def test_a_closed_standard_stream_is_one_line(sst2_run, tmp_path, closed):
     args = ["input_file=-", f"output_file={tmp_path / 'out.jsonl'}"] if closed == "stdin" else [
         f"input_file={source}", "output_file=-"]  # fmt: skip
     run = subprocess.run(
-        [sys.executable, str(REPO / "src" / "predict.py"), f"init_from={sst2_run.dir}", *args],
+        [runtime.python(), str(REPO / "src" / "predict.py"), f"init_from={sst2_run.dir}", *args],
         stdin=subprocess.DEVNULL if closed == "stdout" else None,
         stderr=subprocess.PIPE,
         text=True,

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import runtime
 from helpers.runs import REPO, TINY_PRETRAIN, pythonpath_with_tests, write_bert_corpus
 
 pytestmark = pytest.mark.slow
@@ -59,7 +60,7 @@ class TaskServer:
 
     def _serve(self) -> None:
         if self.server is None or self.server.poll() is not None:
-            command = [sys.executable, str(REPO / "tests" / "helpers" / "task_server.py")]
+            command = [runtime.python(), str(REPO / "tests" / "helpers" / "task_server.py")]
             env = {**os.environ, "PYTHONPATH": pythonpath_with_tests(), "OMP_NUM_THREADS": "1"}
             self.server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                            cwd=REPO, env=env)  # fmt: skip

@@ -8,11 +8,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import runtime
 from helpers.runs import BASE, REPO, default_sigint, pythonpath_with_tests, write_bert_corpus
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def start(args: list[str]) -> subprocess.Popen:
     """`python src/train.py ARGS` in a process group of its own, as a terminal's foreground job."""
     env = {**os.environ, "PYTHONPATH": pythonpath_with_tests()}
     return subprocess.Popen(
-        [sys.executable, str(REPO / "src" / "train.py"), *args],
+        [runtime.python(), str(REPO / "src" / "train.py"), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -135,7 +135,7 @@ DDP = [*BASE, "trainer.strategy=ddp", "trainer.devices=2", "trainer.max_steps=10
 def start_logged(args: list[str], stderr: Path) -> subprocess.Popen:
     """`start`, with stderr to a file that the test reads while the run goes on."""
     env = {**os.environ, "PYTHONPATH": pythonpath_with_tests()}
-    return subprocess.Popen([sys.executable, str(REPO / "src" / "train.py"), *args], stdout=subprocess.DEVNULL,
+    return subprocess.Popen([runtime.python(), str(REPO / "src" / "train.py"), *args], stdout=subprocess.DEVNULL,
                             stderr=stderr.open("w"), text=True, cwd=REPO, env=env, start_new_session=True,
                             preexec_fn=default_sigint)  # fmt: skip
 

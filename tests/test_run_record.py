@@ -8,11 +8,11 @@ import csv
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import runtime
 from helpers.runs import (
     BASE,
     REPO,
@@ -112,7 +112,7 @@ def test_two_runs_in_one_directory_the_second_is_refused(tmp_path, corpus):
     run_dir = tmp_path / "run"
     args = [*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=100000", f"hydra.run.dir={run_dir}"]
     first = subprocess.Popen(
-        [sys.executable, str(REPO / "src" / "train.py"), *args],
+        [runtime.python(), str(REPO / "src" / "train.py"), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

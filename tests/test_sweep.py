@@ -3,6 +3,7 @@
 import csv
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,8 @@ def run_sweep(task: str, hf_dir, tmp_path, *overrides: str, multirun: bool = Tru
         "task.datamodule.num_workers=0",
         f"hydra.sweep.dir={sweep}",
         *overrides,
+        # sweep=optuna needs the optuna extra, which the install of helpers.runtime leaves out
+        python=sys.executable if "sweep=optuna" in overrides else None,
     )
     summary = sweep / "summary.csv"
     rows = list(csv.DictReader(summary.read_text().splitlines())) if summary.is_file() else []

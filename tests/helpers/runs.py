@@ -11,12 +11,12 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig
 
+from helpers import runtime
 from lightbert.run.configs import compose_config as lightbert_compose_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,12 +107,12 @@ def default_sigint() -> None:
 
 
 def run_train_script(
-    *args: str, cwd: Path = REPO, start_new_session: bool = False, **env: str
+    *args: str, cwd: Path = REPO, start_new_session: bool = False, python: str | None = None, **env: str
 ) -> subprocess.CompletedProcess:
-    """`python src/train.py ARGS` in a subprocess, as a user would run it (SIGINT as in a terminal's foreground);
-    `env` adds environment variables."""
+    """`python src/train.py ARGS` in a subprocess, as a user would run it (SIGINT as in a terminal's foreground), on
+    a user's install (`runtime.python()`) unless `python` says which; `env` adds environment variables."""
     return subprocess.run(
-        [sys.executable, str(REPO / "src" / "train.py"), *args],
+        [python or runtime.python(), str(REPO / "src" / "train.py"), *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -143,7 +143,7 @@ class ForkedScripts:
         **env: str,
     ) -> subprocess.CompletedProcess:
         if self.server is None or self.server.poll() is not None:
-            server = [sys.executable, str(Path(__file__).with_name("fork_server.py"))]
+            server = [runtime.python(), str(Path(__file__).with_name("fork_server.py"))]
             self.server = subprocess.Popen(server, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
             atexit.register(self.server.kill)
         out, err, given = self.files / "stdout", self.files / "stderr", self.files / "stdin"
