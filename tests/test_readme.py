@@ -1,17 +1,17 @@
 """The runnable command blocks of README.md and of every page of docs/, run as written: the blocks are read from the
 pages themselves, so the pages and the test cannot drift apart. A block is runnable when its first line is
-`RUNNABLE`; every line of it runs in a fresh directory that has the checkout's src/ and conf/, with the test's venv
-first on PATH (`python`, `lightbert-train`)."""
+`RUNNABLE`; every line of it runs in a fresh directory that has the checkout's src/ and conf/, with a user's
+install of lightbert first on PATH (`helpers.runtime`: `python`, `lightbert-train`), as `pip install -e .` gives."""
 
 from __future__ import annotations
 
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import runtime
 from helpers.runs import CONF_DIR, REPO
 
 RUNNABLE = "# runs as written on a CPU, no network (tests/test_readme.py)"
@@ -75,7 +75,7 @@ def test_a_marker_is_never_lost_to_another_fence():
 def test_a_runnable_block_runs_as_written(page: str, block: str, tmp_path: Path):
     for name in ("src", "conf"):
         (tmp_path / name).symlink_to(REPO / name)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{runtime.bin_dir()}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(
         ["bash", "-e", "-o", "pipefail", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=600,

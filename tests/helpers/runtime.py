@@ -10,7 +10,8 @@ reference package, and nothing but this would notice one that did.
 holds links to the installed files of `lightbert[slurm,onnx,fp8]` and what they require, nothing else. The extras
 left out are the two that bring in a package torchmetrics imports unasked (`optuna` requires SciPy, `report` is
 matplotlib); a test that starts a command needing them uses `sys.executable`, as do the benchmarks (they compare
-with transformers) and the README's blocks (run in the README's own set-up).
+with transformers) and the notebooks. Its bin/ has lightbert's commands too (`lightbert-train`, ...): the README's
+blocks run there, as after the README's `pip install -e .`.
 """
 
 from __future__ import annotations
@@ -30,15 +31,20 @@ LOCATION_VARIABLE = "LIGHTBERT_TEST_RUNTIME"  # set by conftest's session fixtur
 
 
 def python() -> str:
-    """The environment's interpreter, made on first use (once for all of a session's workers)."""
+    """The environment's interpreter."""
+    return str(bin_dir() / "python")
+
+
+def bin_dir() -> Path:
+    """The environment's bin/ (`python`, and lightbert's commands as pip writes them), made on first use: once for
+    all of a session's workers."""
     where = Path(os.environ[LOCATION_VARIABLE])
-    interpreter = where / "bin" / "python"
     with open(f"{where}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait for the first to finish making it
         if not (where / "made").is_file():
             make(where)
             (where / "made").touch()
-    return str(interpreter)
+    return where / "bin"
 
 
 def make(where: Path) -> None:
@@ -62,6 +68,13 @@ def make(where: Path) -> None:
         elif len(entry.parts) == 2 and shared_top and names & wanted and (source / entry).exists():
             (target / entry.parts[0]).mkdir(exist_ok=True)
             (target / entry).symlink_to(source / entry)
+    for command in importlib.metadata.distribution("lightbert").entry_points.select(group="console_scripts"):
+        script = where / "bin" / command.name
+        module, _, function = command.value.partition(":")
+        script.write_text(
+            f"#!{where / 'bin' / 'python'}\nimport sys\nfrom {module} import {function}\nsys.exit({function}())\n"
+        )
+        script.chmod(0o755)
 
 
 def installed_requirements(requirement: str) -> list[str]:
