@@ -52,6 +52,8 @@ def make(where: Path) -> None:
     source = Path(sysconfig.get_paths()["purelib"])
     target = Path(sysconfig.get_paths(vars={"base": str(where), "platbase": str(where)})["purelib"])
     wanted = set(installed_requirements(f"lightbert[{','.join(EXTRAS)}]"))
+    if "lightbert" not in wanted:
+        raise RuntimeError("lightbert is not installed in the venv that runs the tests: pip install -e '.[dev]'")
     owners: dict[Path, set[str]] = {}  # each file or folder at the top of site-packages, and who installed it
     for dist in importlib.metadata.distributions():
         name = canonicalize_name(dist.metadata["Name"])
