@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import runtime
 from helpers.runs import REPO
 
 
@@ -103,3 +104,25 @@ def test_the_pre_commit_hooks_find_the_tools_of_the_active_venv_wherever_it_is(t
     env = {**os.environ, "VIRTUAL_ENV": str(fake.parent), "PATH": "/usr/bin:/bin"}
     done = subprocess.run([tool, "no-such-tool"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 1 and "pre-commit: no-such-tool not found" in done.stderr
+
+
+# Every module of lightbert, imported in a fresh interpreter; prints the suite's references that got imported.
+IMPORT_EVERY_MODULE = """
+import importlib, pkgutil, sys
+import hydra_plugins.lightbert_benchmark.benchmark_sweeper
+import lightbert
+for module in pkgutil.walk_packages(lightbert.__path__, "lightbert."):
+    importlib.import_module(module.name)
+print(sorted(name for name in ("transformers", "sklearn", "scipy", "seqeval", "matplotlib") if name in sys.modules))
+"""
+
+
+@pytest.mark.slow
+def test_every_module_imports_on_an_install_of_lightberts_declared_dependencies():
+    """On `helpers.runtime` (lightbert[slurm,onnx,fp8] and what it requires, not the dev extra's references): a
+    module that imported transformers, scikit-learn or SciPy would fail a user's `pip install lightbert` here."""
+    result = subprocess.run([runtime.python(), "-c", IMPORT_EVERY_MODULE], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]"
+    missing = subprocess.run([runtime.python(), "-c", "import transformers"], capture_output=True, text=True)
+    assert "No module named 'transformers'" in missing.stderr  # the references are not there to be imported
