@@ -17,6 +17,7 @@ blocks run there, as after the README's `pip install -e .`.
 from __future__ import annotations
 
 import fcntl
+import functools
 import importlib.metadata
 import os
 import sysconfig
@@ -35,9 +36,10 @@ def python() -> str:
     return str(bin_dir() / "python")
 
 
+@functools.cache
 def bin_dir() -> Path:
     """The environment's bin/ (`python`, and lightbert's commands as pip writes them), made on first use: once for
-    all of a session's workers."""
+    all of a session's workers (each asks once)."""
     where = Path(os.environ[LOCATION_VARIABLE])
     with open(f"{where}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait for the first to finish making it
