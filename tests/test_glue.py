@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers.glue_files import glue_data_files, glue_overrides, write_glue_file
 from helpers.models import write_hf_bert
-from helpers.runs import compose_config, run_train_script
+from helpers.runs import compose_config, run_train_forked, run_train_script
 from helpers.wandb_files import offline_run
 from omegaconf import OmegaConf
 from scipy.stats import pearsonr, spearmanr
@@ -231,7 +231,7 @@ def test_two_process_ddp_counts_every_validation_example_once(hf_dir, tmp_path):
     results = {}
     for devices in (1, 2):
         run = tmp_path / f"run{devices}"
-        result = run_train_script(
+        result = run_train_forked(
             "task=glue/mrpc",
             f"init_from={hf_dir}",
             f"task.data_files.train={train_file}",

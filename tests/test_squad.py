@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers
 from helpers.models import write_hf_bert
-from helpers.runs import compose_config, run_train_script
+from helpers.runs import compose_config, run_train_forked
 from helpers.squad_files import squad_articles, squad_data_files, write_flat, write_official
 
 from lightbert.checkpoints.reading import load_into, load_pretrained
@@ -494,7 +494,7 @@ def test_two_process_ddp_scores_every_window_once(hf_dir, tmp_path):
         run = tmp_path / f"run{devices}"
         overrides = squad_overrides("2.0", files, hf_dir, ("trainer.strategy=ddp", f"trainer.devices={devices}"))
         overrides += ["trainer.max_epochs=1", "optim.lr=1e-9", f"hydra.run.dir={run}"]  # weights stay as loaded
-        result = run_train_script(*overrides)
+        result = run_train_forked(*overrides)
         assert result.returncode == 0, result.stderr[-3000:]
         metrics = json.loads((run / "results.json").read_text())["metrics"]
         predictions = json.loads((run / "predictions" / "predictions.json").read_text())

@@ -3,9 +3,18 @@
 A server process imports what the scripts import, once (torch, Lightning, Hydra, datasets: 7 s of a 2-core
 machine's time per process), then forks one child per command. The child is a process of its own, as a user's
 command is: it runs the script as `__main__` with the command's arguments, working directory, environment and
-standard input, its own stdout and stderr, SIGINT as in a terminal, and exits with the script's status (a DDP
-run's other ranks are fresh processes that Lightning starts). What it cannot show is a failure at import time: the
-tests that start `python src/train.py` itself (test_processes, test_packaging, test_readme, ...) do.
+standard input, its own stdout and stderr, SIGINT as in a terminal, and exits with the script's status. What it
+cannot show is a failure at import time: the tests that start `python src/train.py` itself (test_processes,
+test_packaging, test_readme, ...) do.
+
+A DDP run's second process is forked too (`RankSpare`): Lightning starts ranks 1..N-1 with
+`subprocess.Popen([sys.executable, script, ...])`, a fresh interpreter that pays for the imports again (4 s of
+this machine's time, for each of about 40 DDP runs). The child forks a spare before the script runs, from the same
+clean state, and the first such `Popen` hands it the command line instead of executing a new interpreter. The
+spare is what the fresh process would be where lightbert can tell: a child of the first process (`adopt_launch`
+checks), with the command's arguments, environment, working directory, the first process's signal mask and ignored
+signals, and Python's start-up handlers. Further ranks (three or more processes), and every other `Popen`, start as
+they always do; the commands the tests start directly (run_train_script) launch their ranks as a user's do.
 
 Protocol: one JSON request per line on stdin ({"script", "args", "cwd", "env", "new_session", "file_size_limit",
 "stdin", "stdout", "stderr"}: the last three are file paths), one JSON line back on stdout ({"returncode"},
@@ -14,13 +23,19 @@ negative for a signal, as subprocess reports it).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
+import inspect
 import json
 import os
 import resource
 import signal
+import subprocess
 import sys
 import traceback
+
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
 
 
 def serve() -> None:
@@ -60,8 +75,15 @@ def run_child(request: dict) -> None:
     os.environ.update(request["env"])
     # What PYTHONPATH would have put on a fresh interpreter's path (e.g. tests/, for the recorder callbacks).
     sys.path[1:1] = [entry for entry in request["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
-    script = request["script"]
-    sys.argv = [script, *request["args"]]
+    spare = RankSpare(request["script"])
+    code = run_script(request["script"], request["args"])
+    spare.discard()
+    sys.exit(code)
+
+
+def run_script(script: str, args: list[str]) -> int:
+    """The script as `__main__` with `args`; its exit status, and its output flushed."""
+    sys.argv = [script, *args]
     code = 0
     try:
         import runpy
@@ -78,8 +100,117 @@ def run_child(request: dict) -> None:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    # Interpreter shutdown as a process ending this way has it (atexit handlers, logging's flush), then the status.
-    sys.exit(code)
+    # The caller exits with it: interpreter shutdown as a process ending this way has it (atexit handlers, logging's
+    # flush), then the status.
+    return code
+
+
+class RankSpare:
+    """A child forked before the script runs, waiting to be the first DDP process the script launches (see the
+    module's docstring). Unused, it ends with its parent (or at `discard`)."""
+
+    def __init__(self, script: str) -> None:
+        self.script = script
+        read, self.write = os.pipe()
+        parent = os.getpid()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(self.write)
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:  # the parent ended before the line above
+                os._exit(0)
+            with os.fdopen(read, "rb") as pipe:
+                launch = pipe.read()
+            if not launch:
+                os._exit(0)
+            libc.prctl(PR_SET_PDEATHSIG, 0)  # a fresh process outlives its launcher (lightbert's watch notices)
+            become_launched(json.loads(launch))  # never returns
+        os.close(read)
+        # The script's own forked children (DataLoader workers) must not hold the pipe open.
+        os.register_at_fork(after_in_child=self._close_in_child)
+        spare = self
+
+        class Popen(subprocess.Popen):
+            def _execute_child(self, *args, **kwargs):
+                given = EXECUTE_CHILD.bind(self, *args, **kwargs).arguments
+                if spare.takes(given) and spare.launch(given):
+                    self.pid, self._child_created = spare.pid, True
+                else:
+                    super()._execute_child(*args, **kwargs)
+
+        subprocess.Popen = Popen
+
+    def takes(self, given: dict) -> bool:
+        """Whether this `Popen` is the launch of a DDP process of the script, as Lightning does it, and the spare
+        is still free."""
+        command = given["args"]
+        pipes = ("p2cread", "p2cwrite", "c2pread", "c2pwrite", "errread", "errwrite")
+        return (
+            self.write >= 0
+            and given["preexec_fn"] is None
+            and not (given["pass_fds"] or given["shell"] or given["start_new_session"])
+            and given["process_group"] in (None, -1)
+            and all(given[name] == -1 for name in pipes)
+            and isinstance(command, list | tuple)
+            and len(command) > 1
+            and os.fspath(command[0]) == sys.executable
+            and os.path.realpath(os.fspath(command[1])) == os.path.realpath(self.script)
+        )
+
+    def launch(self, given: dict) -> bool:
+        """Hands the spare this command line; False if it is gone (a signal to the process group killed it)."""
+        ignored = [int(s) for s in CATCHABLE if signal.getsignal(s) == signal.SIG_IGN]
+        launch = {
+            "args": [os.fspath(a) for a in given["args"][1:]],
+            "env": dict(given["env"] if given["env"] is not None else os.environ),
+            "cwd": os.fspath(given["cwd"]) if given["cwd"] is not None else None,
+            "mask": [int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])],
+            "ignored": ignored,
+        }
+        pipe, self.write = os.fdopen(self.write, "wb"), -1
+        try:
+            with pipe:
+                pipe.write(json.dumps(launch).encode())
+        except BrokenPipeError:
+            os.waitpid(self.pid, 0)
+            return False
+        return True
+
+    def _close_in_child(self) -> None:
+        if self.write >= 0:
+            os.close(self.write)
+            self.write = -1
+
+    def discard(self) -> None:
+        """Ends the spare if the script did not use it."""
+        if self.write >= 0:
+            os.close(self.write)
+            self.write = -1
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+
+
+EXECUTE_CHILD = inspect.signature(subprocess.Popen._execute_child)
+CATCHABLE = sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP})
+
+
+def become_launched(launch: dict) -> None:
+    """In the spare: what `execve` and Python's start-up would leave, then the script."""
+    for number in CATCHABLE:  # execve resets each handler, and keeps what is ignored
+        with contextlib.suppress(OSError, ValueError):  # not the real-time signals the C library keeps
+            signal.signal(number, signal.SIG_IGN if number in launch["ignored"] else signal.SIG_DFL)
+    for number in (signal.SIGPIPE, signal.SIGXFSZ):  # Python's start-up ignores these two
+        signal.signal(number, signal.SIG_IGN)
+    if signal.SIGINT not in launch["ignored"]:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, launch["mask"])
+    if launch["cwd"] is not None:
+        os.chdir(launch["cwd"])
+    os.environ.clear()
+    os.environ.update(launch["env"])
+    args = launch["args"]
+    sys.exit(run_script(args[0], args[1:]))
 
 
 if __name__ == "__main__":
