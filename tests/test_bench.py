@@ -5,12 +5,12 @@ import csv
 import gzip
 import importlib
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.runs import forked_benchmarks
 
 from lightbert.model import BertConfig
 from lightbert.plugins.callbacks import step_flops
@@ -29,9 +29,9 @@ def test_step_flops_count_the_blocks_attention_and_predicted_head_rows():
 
 
 def run_bench(script: str, *args: str) -> list[str]:
-    """The benchmark's output lines, after checking that it ran to the end."""
-    result = subprocess.run([sys.executable, f"bench/{script}", *args], cwd=REPO, capture_output=True, text=True,
-                            timeout=600)  # fmt: skip
+    """The benchmark's output lines, after checking that it ran to the end (`python bench/SCRIPT ARGS`, forked from
+    a process that has done the imports: `helpers.runs.forked_benchmarks`)."""
+    result = forked_benchmarks.run(script.removesuffix(".py"), *args)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip().splitlines()
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import random
 import subprocess
-import sys
 import textwrap
 
 import pytest
+from helpers import runtime
 
 from lightbert.data.encoding import truncate_pair
 from lightbert.tasks.pretraining.examples import truncate_seq_pair
@@ -21,8 +21,9 @@ GUARD_SECONDS = 120
 
 
 def run_child(code: str) -> str:
+    """`code` in a child on a user's install (`helpers.runtime`): it imports lightbert only."""
     run = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=GUARD_SECONDS
+        [runtime.python(), "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=GUARD_SECONDS
     )
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout

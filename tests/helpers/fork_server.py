@@ -16,6 +16,9 @@ checks), with the command's arguments, environment, working directory, the first
 signals, and Python's start-up handlers. Further ranks (three or more processes), and every other `Popen`, start as
 they always do; the commands the tests start directly (run_train_script) launch their ranks as a user's do.
 
+The benchmarks' scripts (bench/) have a server of their own, on the test session's Python, that also imports
+transformers' BERT (`python fork_server.py MODULE ...`).
+
 Protocol: one JSON request per line on stdin ({"script", "args", "cwd", "env", "new_session", "file_size_limit",
 "stdin", "stdout", "stderr"}: the last three are file paths), one JSON line back on stdout ({"returncode"},
 negative for a signal, as subprocess reports it).
@@ -35,14 +38,22 @@ import subprocess
 import sys
 import traceback
 
+from lightbert.cluster.processes import LAUNCHER_VARIABLE
+
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
 
 
-def serve() -> None:
+def serve(preload: list[str]) -> None:
+    """`preload`: modules imported besides lightbert's (the benchmarks' server: transformers' BERT)."""
+    import importlib
+
     import lightbert.cli.commands
     import lightbert.inference.predict
     import lightbert.run.flows
     import lightbert.run.jobs  # noqa: F401  (the imports are the point: every child starts with them done)
+
+    for module in preload:
+        importlib.import_module(module)
 
     # The imported objects, out of the collector's reach: otherwise each child's collections, and the full one at its
     # exit, touch every object of the server's heap and copy its pages (copy-on-write) - measured, 2.4 s of a
@@ -156,6 +167,7 @@ class RankSpare:
             and len(command) > 1
             and os.fspath(command[0]) == sys.executable
             and os.path.realpath(os.fspath(command[1])) == os.path.realpath(self.script)
+            and LAUNCHER_VARIABLE in (given["env"] if given["env"] is not None else os.environ)
         )
 
     def launch(self, given: dict) -> bool:
@@ -214,4 +226,4 @@ def become_launched(launch: dict) -> None:
 
 
 if __name__ == "__main__":
-    serve()
+    serve(sys.argv[1:])

@@ -11,7 +11,9 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -124,10 +126,14 @@ def run_train_script(
 
 
 class ForkedScripts:
-    """`python src/<script>.py ARGS` as `subprocess.run` would run it, in a child forked from a server that has done
-    the scripts' imports once (`helpers.fork_server`): a second or two instead of seven or more on this machine."""
+    """`python <folder>/<script>.py ARGS` as `subprocess.run` would run it, in a child forked from a server that has
+    done the scripts' imports once (`helpers.fork_server`): a second or two instead of seven or more on this machine.
+    `python`: the interpreter (asked when the server starts); `preload`: what the server imports besides lightbert."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, python: Callable[[], str] = runtime.python, folder: Path = REPO / "src", preload: tuple[str, ...] = ()
+    ) -> None:
+        self.python, self.folder, self.preload = python, folder, preload
         self.server: subprocess.Popen | None = None
         self.files = Path(tempfile.mkdtemp(prefix="lightbert-forked-"))  # each command's stdin, stdout, stderr
         atexit.register(shutil.rmtree, self.files, ignore_errors=True)
@@ -143,25 +149,29 @@ class ForkedScripts:
         **env: str,
     ) -> subprocess.CompletedProcess:
         if self.server is None or self.server.poll() is not None:
-            server = [runtime.python(), str(Path(__file__).with_name("fork_server.py"))]
+            server = [self.python(), str(Path(__file__).with_name("fork_server.py")), *self.preload]
             self.server = subprocess.Popen(server, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
             atexit.register(self.server.kill)
         out, err, given = self.files / "stdout", self.files / "stderr", self.files / "stdin"
         if stdin is not None:
             given.write_text(stdin)
-        request = {"script": str(REPO / "src" / f"{script}.py"), "args": list(args), "cwd": str(cwd), "env": env}
+        path = self.folder / f"{script}.py"
+        request = {"script": str(path), "args": list(args), "cwd": str(cwd), "env": env}
         request |= {"new_session": start_new_session, "file_size_limit": file_size_limit}
         request |= {"stdin": str(given) if stdin is not None else None, "stdout": str(out), "stderr": str(err)}
         self.server.stdin.write(json.dumps(request) + "\n")
         self.server.stdin.flush()
         if not select.select([self.server.stdout], [], [], 600)[0]:
             self.server.kill()
-            raise TimeoutError(f"python src/{script}.py {' '.join(args)} ran past 600 s")
+            raise TimeoutError(f"python {path.relative_to(REPO)} {' '.join(args)} ran past 600 s")
         returncode = json.loads(self.server.stdout.readline())["returncode"]
-        return subprocess.CompletedProcess([f"src/{script}.py", *args], returncode, out.read_text(), err.read_text())
+        command = [str(path.relative_to(REPO)), *args]
+        return subprocess.CompletedProcess(command, returncode, out.read_text(), err.read_text())
 
 
 forked_scripts = ForkedScripts()
+# The benchmarks compare with transformers: the test session's Python, which has it, and its BERT imported once.
+forked_benchmarks = ForkedScripts(lambda: sys.executable, REPO / "bench", ("transformers.models.bert.modeling_bert",))
 
 
 def run_train_forked(*args: str, **kwargs) -> subprocess.CompletedProcess:
