@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 import torch
 from helpers import runtime
 from helpers.runs import REPO, TINY_PRETRAIN, default_sigint, free_port, write_bert_corpus
+from helpers.tasks import tasks
 
 pytestmark = pytest.mark.slow
 
@@ -26,47 +28,58 @@ TINY = [*TINY_PRETRAIN, "trainer.strategy=ddp"]
 PATIENCE = int(os.environ.get("LIGHTBERT_TEST_PATIENCE", 240))
 
 
-def start_nodes(
-    args: list[str],
-    nodes: int,
-    devices: int,
-    root: Path,
-    cwds: list[Path] | None = None,
-    torchrun: bool = False,
-    base: list[str] = TINY,
-    **env: str,
+# What a node's environment must not inherit from the test's (the suite may itself run inside a SLURM or torchrun job).
+INHERITED = ("RANK", "LOCAL_RANK", "GROUP_RANK", "SLURM_NTASKS", "SLURM_PROCID", "TORCHELASTIC_RUN_ID")
+
+
+def node_env(node: int, root: Path) -> dict[str, str]:
+    return {"LIGHTBERT_CACHE": str(root / f"cache-node{node}"), "OMP_NUM_THREADS": "1"}  # a node's local disk
+
+
+def run_nodes(
+    args: list[str], nodes: int, devices: int, root: Path, cwds: list[Path] | None = None
+) -> list[subprocess.CompletedProcess]:
+    """One `python src/train.py` per node with Lightning's documented variables, side by side: tasks forked from
+    `helpers.task_server` (a process of their own each, in a session of their own); `cwds`: each node's working
+    directory (a relative hydra.run.dir is then another directory on each node, as a run directory on a node's local
+    disk is). A node still running after PATIENCE seconds is a deadlock: all are killed, and the test fails."""
+    port = str(free_port())
+    variables = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(nodes * devices)}
+    envs = [{**node_env(node, root), **variables, "NODE_RANK": str(node)} for node in range(nodes)]
+    command = [*TINY, *args, f"trainer.num_nodes={nodes}", f"trainer.devices={devices}"]
+    logs = Path(tempfile.mkdtemp(dir=root, prefix="nodes-"))
+    job, pids = tasks.start(command, envs, logs, cwds=cwds, unset=INHERITED)
+    codes = tasks.wait(job, pids, PATIENCE)
+    return [
+        subprocess.CompletedProcess(command, code, (logs / f"task{node}.out").read_text(),
+                                    (logs / f"task{node}.err").read_text())
+        for node, code in enumerate(codes)
+    ]  # fmt: skip
+
+
+def start_torchrun_nodes(
+    args: list[str], nodes: int, devices: int, root: Path, base: list[str]
 ) -> list[subprocess.Popen]:
-    """One `python src/train.py` per node, or with `torchrun` one `torchrun --nnodes=... src/train.py` (which starts
-    the node's processes, as a cluster's torchrun line does); `cwds`: each node's working directory (a relative
-    hydra.run.dir is then another directory on each node, as a run directory on a node's local disk is)."""
+    """On each node `torchrun --nnodes=... src/train.py` (which starts the node's processes, as a cluster's torchrun
+    line does): fresh interpreters, torchrun's own."""
     port = str(free_port())
     started = []
     for node in range(nodes):
-        node_env = {
-            **os.environ,
-            "LIGHTBERT_CACHE": str(root / f"cache-node{node}"),  # a node's local disk
-            "OMP_NUM_THREADS": "1",
-            **env,
-        }
-        if not torchrun:  # Lightning's documented variables
-            node_env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(node)}
-            node_env["WORLD_SIZE"] = str(nodes * devices)
-        for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "SLURM_NTASKS", "SLURM_PROCID", "TORCHELASTIC_RUN_ID"):
-            node_env.pop(name, None)
-        command = [runtime.python(), str(REPO / "src" / "train.py"), *base, *args]
-        if torchrun:
-            launcher = [f"--nnodes={nodes}", f"--node-rank={node}", f"--nproc-per-node={devices}"]
-            launcher += ["--master-addr=127.0.0.1", f"--master-port={port}"]
-            command[1:1] = ["-m", "torch.distributed.run", *launcher]
-        command += [f"trainer.num_nodes={nodes}", f"trainer.devices={devices}"]
+        env = {**os.environ, **node_env(node, root)}
+        for name in INHERITED:
+            env.pop(name, None)
+        launcher = [f"--nnodes={nodes}", f"--node-rank={node}", f"--nproc-per-node={devices}"]
+        launcher += ["--master-addr=127.0.0.1", f"--master-port={port}"]
+        command = [runtime.python(), "-m", "torch.distributed.run", *launcher, str(REPO / "src" / "train.py"), *base]
+        command += [*args, f"trainer.num_nodes={nodes}", f"trainer.devices={devices}"]
         started.append(
             subprocess.Popen(
                 command,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                cwd=cwds[node] if cwds else REPO,
-                env=node_env,
+                cwd=REPO,
+                env=env,
                 start_new_session=True,
                 preexec_fn=default_sigint,
             )
@@ -94,10 +107,6 @@ def finish_nodes(started: list[subprocess.Popen]) -> list[subprocess.CompletedPr
         tails = "\n".join(f"node {n}: {r.stderr[-1500:]}" for n, r in enumerate(results))
         pytest.fail(f"node(s) {hung} still running after {PATIENCE} s: a deadlock\n{tails}")
     return results
-
-
-def run_nodes(args: list[str], nodes: int, devices: int, root: Path, **env: str) -> list[subprocess.CompletedProcess]:
-    return finish_nodes(start_nodes(args, nodes, devices, root, **env))
 
 
 @pytest.fixture
@@ -129,7 +138,7 @@ def test_two_nodes_launched_with_torchrun_train_one_run(tmp_path, corpus, device
     FSDP shards over the 4 processes of 2 nodes as DDP replicates over 2."""
     run = tmp_path / "run"
     args = [f"corpus.paths=[{corpus}]", "trainer.max_steps=4", "trainer.val_check_interval=2", f"hydra.run.dir={run}"]
-    results = finish_nodes(start_nodes(args, nodes=2, devices=devices, root=tmp_path, torchrun=True, base=base))
+    results = finish_nodes(start_torchrun_nodes(args, nodes=2, devices=devices, root=tmp_path, base=base))
     for result in results:
         assert result.returncode == 0, "\n".join(f"node {n}: {r.stderr[-2500:]}" for n, r in enumerate(results))
     assert json.loads((run / "results.json").read_text())["global_step"] == 4
@@ -147,10 +156,10 @@ def test_nodes_that_see_different_run_directories_stop_naming_the_node(tmp_path,
     for home in homes:
         home.mkdir()
     args = [f"corpus.paths=[{corpus}]", "trainer.max_steps=4", "trainer.val_check_interval=2", "hydra.run.dir=run"]
-    first = finish_nodes(start_nodes(args, 2, 1, tmp_path, cwds=[homes[0], homes[0]]))  # shared, this time
+    first = run_nodes(args, 2, 1, tmp_path, cwds=[homes[0], homes[0]])  # shared, this time
     assert [r.returncode for r in first] == [0, 0], first[0].stderr[-3000:]
     (homes[0] / "run" / "results.json").unlink()  # as if it had stopped after its last checkpoint (step 4)
-    results = finish_nodes(start_nodes([*args, "resume=true"], 2, 1, tmp_path, cwds=homes))
+    results = run_nodes([*args, "resume=true"], 2, 1, tmp_path, cwds=homes)
     assert [r.returncode for r in results] == [2, 2], [r.stderr[-2000:] for r in results]
     for result in results:
         line = next(x for x in result.stderr.splitlines() if x.startswith("lightbert: error:"))

@@ -8,26 +8,22 @@ on PATH that records what it was asked."""
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import contextlib
-import itertools
 import json
 import os
-import queue
 import random
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import runtime
-from helpers.runs import REPO, TINY_PRETRAIN, pythonpath_with_tests, write_bert_corpus
+from helpers.runs import TINY_PRETRAIN, write_bert_corpus
+from helpers.tasks import tasks
 
 pytestmark = pytest.mark.slow
 
@@ -48,67 +44,11 @@ TINY = [
 PATIENCE = 120  # seconds from the signal to the end of every task; a deadlock never ends
 
 
-class TaskServer:
-    """`helpers.task_server`: the tasks of jobs forked from one process that has done the imports, several jobs at
-    once (each test's trials run side by side, from threads of the test)."""
-
-    def __init__(self) -> None:
-        self.server: subprocess.Popen | None = None
-        self.lock = threading.Lock()
-        self.replies: dict[int, queue.Queue] = {}
-        self.jobs = itertools.count()
-
-    def _serve(self) -> None:
-        if self.server is None or self.server.poll() is not None:
-            command = [runtime.python(), str(REPO / "tests" / "helpers" / "task_server.py")]
-            env = {**os.environ, "PYTHONPATH": pythonpath_with_tests(), "OMP_NUM_THREADS": "1"}
-            self.server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                           cwd=REPO, env=env)  # fmt: skip
-            atexit.register(self.server.kill)
-            threading.Thread(target=self._read, args=(self.server,), daemon=True).start()
-
-    def _read(self, server: subprocess.Popen) -> None:
-        for line in server.stdout:  # each job's replies to the thread that started it
-            reply = json.loads(line)
-            self.replies[reply["job"]].put(reply)
-
-    def start(self, args: list[str], envs: list[dict], logs: Path) -> tuple[int, list[int]]:
-        """Starts a job's tasks; returns the job's number (for `wait`) and the tasks' pids."""
-        tasks = [{"env": env, "stdout": str(logs / f"task{i}.out"), "stderr": str(logs / f"task{i}.err")}
-                 for i, env in enumerate(envs)]  # fmt: skip
-        with self.lock:
-            self._serve()
-            job = next(self.jobs)
-            self.replies[job] = queue.Queue()
-            request = {"job": job, "script": str(REPO / "src" / "train.py"), "args": args, "cwd": str(REPO)}
-            self.server.stdin.write(json.dumps({**request, "tasks": tasks}) + "\n")
-            self.server.stdin.flush()
-        return job, self.replies[job].get(timeout=PATIENCE)["pids"]
-
-    def wait(self, job: int, pids: list[int], seconds: float) -> list[int]:
-        """The tasks' exit statuses; a task still running after `seconds` is a deadlock: every one is killed."""
-        try:
-            return self.replies[job].get(timeout=seconds)["returncodes"]
-        except queue.Empty:
-            for pid in pids:  # faulthandler writes every thread's stack to the task's stderr (`stacks`)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGABRT)
-            time.sleep(3)
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-            self.replies[job].get(timeout=PATIENCE)
-            pytest.fail(f"the job's tasks were still running {seconds} s after the signal: a deadlock")
-
-
 def side_by_side(trial, trials: int = TRIALS) -> None:
     """`trial(0)`, ..., `trial(trials - 1)`, up to SIDE_BY_SIDE at once; the first failure is raised."""
     with concurrent.futures.ThreadPoolExecutor(SIDE_BY_SIDE) as pool:
         for done in [pool.submit(trial, t) for t in range(trials)]:
             done.result()
-
-
-tasks = TaskServer()
 
 
 def slurm_env(task: int, job_id: str, bin_dir: Path, **extra: str) -> dict:

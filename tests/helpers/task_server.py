@@ -2,9 +2,10 @@
 task, each with its own environment (SLURM_PROCID, NODE_RANK, ...), forked from a server that has done the imports
 once (`helpers.fork_server`), so that a test can start a job many times in a few seconds each, several at once.
 
-Protocol: one JSON request per line on stdin ({"job", "script", "args", "cwd", "tasks": [{"env", "stdout",
-"stderr"}]}); for each job the server replies with one JSON line of its tasks' pids as soon as they run ({"job",
-"pids"}), then one with their exit statuses once all have ended ({"job", "returncodes"}, negative for a signal).
+Protocol: one JSON request per line on stdin ({"job", "script", "args", "unset", "tasks": [{"env", "cwd",
+"stdout", "stderr"}]}; "unset": variables of the server's environment that the tasks do not have); for each job the
+server replies with one JSON line of its tasks' pids as soon as they run ({"job", "pids"}), then one with their exit
+statuses once all have ended ({"job", "returncodes"}, negative for a signal).
 Jobs run side by side: each is watched by a process of its own (forked from the server, the tasks' parent), so
 the replies of different jobs come in the order their events happen.
 """
@@ -48,7 +49,9 @@ def watch(request: dict, reply) -> None:
     for task in request["tasks"]:
         pid = os.fork()
         if pid == 0:
-            run_child({"script": request["script"], "args": request["args"], "cwd": request["cwd"],
+            for name in request["unset"]:
+                os.environ.pop(name, None)
+            run_child({"script": request["script"], "args": request["args"], "cwd": task["cwd"],
                        "env": task["env"], "stdin": None, "stdout": task["stdout"], "stderr": task["stderr"],
                        "new_session": True, "file_size_limit": None})  # fmt: skip
         pids.append(pid)
