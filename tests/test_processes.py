@@ -1,6 +1,10 @@
 """A run's processes, with real ones: its helpers (DataLoader workers, the data-preparation pool) die with it and
 never hold its directory, so `resume=true` right after a kill -9 is accepted; SIGTERM and Ctrl-C while the data is
-prepared end in one line, with nothing left running."""
+prepared end in one line, with nothing left running.
+
+The runs that are killed or stopped are `python src/train.py` itself, fresh interpreters in a process group of their
+own; the resumes after them (and the run whose second process kills itself) are forked
+(`helpers.runs.run_train_recorded`), as most of the suite's commands are."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers import runtime
-from helpers.runs import BASE, REPO, default_sigint, pythonpath_with_tests, write_bert_corpus
+from helpers.runs import BASE, REPO, default_sigint, pythonpath_with_tests, run_train_recorded, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -53,12 +57,6 @@ def start(args: list[str]) -> subprocess.Popen:
     )
 
 
-def finish(args: list[str]) -> subprocess.CompletedProcess:
-    process = start(args)
-    stdout, stderr = process.communicate(timeout=600)
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-
-
 def test_a_resume_right_after_kill9_during_training_with_workers_continues(tmp_path):
     corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=10, seed=11)
     run_dir = tmp_path / "run"
@@ -69,7 +67,7 @@ def test_a_resume_right_after_kill9_during_training_with_workers_continues(tmp_p
     assert killed.returncode == -signal.SIGKILL
     assert wait_until_gone(killed.pid) == []  # the two workers died with it
 
-    resumed = finish([*args, "resume=true"])  # at once: nothing holds the directory any more
+    resumed = run_train_recorded(*args, "resume=true")  # at once: nothing holds the directory any more
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "another run is training" not in resumed.stderr
     results = json.loads((run_dir / "results.json").read_text())
@@ -106,7 +104,7 @@ def test_kill9_during_data_preparation_leaves_no_process_and_the_resume_starts(t
     process.communicate(timeout=60)
     assert wait_until_gone(process.pid) == []  # the pool's workers died with it
 
-    started = finish([*args, "resume=true"])
+    started = run_train_recorded(*args, "resume=true")
     assert started.returncode == 0, started.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["global_step"] == 2
 
@@ -213,7 +211,7 @@ def test_the_first_ddp_process_killed_the_second_names_it_and_the_checkpoint_it_
         f"hydra.run.dir={run} resume=true"
     ], killed.stderr[-3000:]
 
-    resumed = finish([*args, "resume=true"])
+    resumed = run_train_recorded(*args, "resume=true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from step {step}" in resumed.stdout
     assert json.loads((run / "results.json").read_text())["global_step"] == 10
@@ -227,7 +225,7 @@ def test_the_second_ddp_process_killed_at_the_last_step_leaves_the_newest_checkp
     run = tmp_path / "run"
     args = [*DDP, f"corpus.paths=[{corpus}]", f"hydra.run.dir={run}"]
     kill = ["+callbacks.kill._target_=helpers.loss_recorder.KillRankAtStep", "+callbacks.kill.step=10"]
-    killed = finish([*args, *kill])
+    killed = run_train_recorded(*args, *kill, new_session=True)
     assert killed.returncode == 2, killed.stderr[-3000:]
     assert "Traceback" not in killed.stderr, killed.stderr[-3000:]
     said = [line for line in killed.stderr.splitlines() if line.startswith("lightbert:")]
@@ -235,7 +233,7 @@ def test_the_second_ddp_process_killed_at_the_last_step_leaves_the_newest_checkp
     step = int(said[0].split("last.ckpt (step ")[1].split(")")[0])
     assert step in (8, 10), said  # the step-10 save needs both processes: it may or may not have been written
 
-    resumed = finish([*args, "resume=true"])
+    resumed = run_train_recorded(*args, "resume=true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from step {step}" in resumed.stdout
     assert json.loads((run / "results.json").read_text())["global_step"] == 10
