@@ -13,7 +13,7 @@ import transformers
 from helpers import runtime
 from helpers.models import extract_config, write_hf_bert
 from helpers.ner_files import ner_data_files, read_conlleval
-from helpers.runs import REPO, run_train_script
+from helpers.runs import REPO, run_train_forked
 from omegaconf import OmegaConf
 
 from lightbert.checkpoints.reading import load_into, load_pretrained
@@ -112,7 +112,7 @@ def test_frozen_means_frozen(tmp_path, bert4):
 @pytest.mark.slow
 def test_feature_sweep_summary_has_table_7_s_shape(tmp_path, bert4):
     files = ner_data_files(tmp_path / "data", sizes=(24, 8, 8))
-    result = run_train_script(
+    result = run_train_forked(
         "task=conll2003_features",
         f"init_from={bert4}",
         "sweep=feature_layers",

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.runs import TINY_PRETRAIN, run_train_script, write_bert_corpus
+from helpers.runs import TINY_PRETRAIN, run_train_forked, write_bert_corpus
 
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.model import BertConfig, BertForPreTraining, PackedRows
@@ -134,7 +134,7 @@ def test_the_packed_step_compiles_to_one_graph_without_breaks_or_recompiles():
 def test_packing_through_the_command_line(tmp_path):
     corpus = write_bert_corpus(tmp_path / "corpus.txt")
     run_dir = tmp_path / "run"
-    result = run_train_script(
+    result = run_train_forked(
         *TINY_PRETRAIN, f"corpus.paths=[{corpus}]", "task.datamodule.packing=true", "trainer.max_steps=4",
         "trainer.val_check_interval=4", f"hydra.run.dir={run_dir}",
     )  # fmt: skip

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from helpers.glue_files import glue_data_files
 from helpers.models import write_hf_bert
-from helpers.runs import CONF_DIR, run_train_script
+from helpers.runs import CONF_DIR, run_train_forked, run_train_script
 
 from lightbert.analysis.sweep import write_summary
 
@@ -53,7 +53,7 @@ def run_sweep(task: str, hf_dir, tmp_path, *overrides: str, multirun: bool = Tru
     """`python src/train.py [-m]` on a small local GLUE task with OVERRIDES; returns the result and summary.csv."""
     files = glue_data_files(tmp_path / "data", task, "tsv")
     sweep = tmp_path / "sweep"
-    result = run_train_script(
+    command = [
         *(["-m"] if multirun else []),  # before the overrides, or Hydra's parser refuses them
         f"task=glue/{task}",
         f"init_from={hf_dir}",
@@ -63,9 +63,11 @@ def run_sweep(task: str, hf_dir, tmp_path, *overrides: str, multirun: bool = Tru
         "task.datamodule.num_workers=0",
         f"hydra.sweep.dir={sweep}",
         *overrides,
-        # sweep=optuna needs the optuna extra, which the install of helpers.runtime leaves out
-        python=sys.executable if "sweep=optuna" in overrides else None,
-    )
+    ]
+    if "sweep=optuna" in overrides:  # the optuna extra, which the install of helpers.runtime leaves out
+        result = run_train_script(*command, python=sys.executable)
+    else:
+        result = run_train_forked(*command)
     summary = sweep / "summary.csv"
     rows = list(csv.DictReader(summary.read_text().splitlines())) if summary.is_file() else []
     return result, rows, sweep
