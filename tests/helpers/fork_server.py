@@ -13,7 +13,7 @@ this machine's time, for each of about 40 DDP runs). The child forks a spare bef
 clean state, and the first such `Popen` hands it the command line instead of executing a new interpreter. The
 spare is what the fresh process would be where lightbert can tell: a child of the first process (`adopt_launch`
 checks), with the command's arguments, environment, working directory, the first process's signal mask and ignored
-signals, and Python's start-up handlers. Further ranks (three or more processes), and every other `Popen`, start as
+signals, and Python's start-up handlers. A run's third process and later ones, and every other `Popen`, start as
 they always do; the commands the tests start directly (run_train_script) launch their ranks as a user's do.
 
 The benchmarks' scripts (bench/) have a server of their own, on the test session's Python, that also imports
