@@ -140,17 +140,8 @@ class RankSpare:
         os.close(read)
         # The script's own forked children (DataLoader workers) must not hold the pipe open.
         os.register_at_fork(after_in_child=self._close_in_child)
-        spare = self
-
-        class Popen(subprocess.Popen):
-            def _execute_child(self, *args, **kwargs):
-                given = EXECUTE_CHILD.bind(self, *args, **kwargs).arguments
-                if spare.takes(given) and spare.launch(given):
-                    self.pid, self._child_created = spare.pid, True
-                else:
-                    super()._execute_child(*args, **kwargs)
-
-        subprocess.Popen = Popen
+        SparePopen.spare = self
+        subprocess.Popen = SparePopen
 
     def takes(self, given: dict) -> bool:
         """Whether this `Popen` is the launch of a DDP process of the script, as Lightning does it, and the spare
@@ -201,6 +192,20 @@ class RankSpare:
             self.write = -1
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)
+
+
+class SparePopen(subprocess.Popen):
+    """`subprocess.Popen` in a forked command: the launch the spare takes becomes the spare (its pid), any other
+    starts as it always does."""
+
+    spare: RankSpare
+
+    def _execute_child(self, *args, **kwargs):
+        given = EXECUTE_CHILD.bind(self, *args, **kwargs).arguments
+        if self.spare.takes(given) and self.spare.launch(given):
+            self.pid, self._child_created = self.spare.pid, True
+        else:
+            super()._execute_child(*args, **kwargs)
 
 
 EXECUTE_CHILD = inspect.signature(subprocess.Popen._execute_child)
