@@ -61,7 +61,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 def test_each_process_holds_half_of_every_weight_and_the_checkpoint_the_whole(runs):
     shards = [line.split() for line in (runs["root"] / "shards.txt").read_text().splitlines()]
     held = {(int(rank), name): (local, full, kind, tied) for rank, name, local, full, kind, tied in shards}
-    assert held[(0, "query")] == held[(1, "query")] == ("64x128", "128x128", "DTensor", "True")
+    assert held[(0, "qkv")] == held[(1, "qkv")] == ("192x128", "384x128", "DTensor", "True")  # query, key, value
     vocab = int(held[(0, "word_embeddings")][1].split("x")[0])
     rows = [int(held[(rank, "word_embeddings")][0].split("x")[0]) for rank in (0, 1)]
     assert rows == [(vocab + 1) // 2, vocab // 2]  # the tied embeddings and decoder: one weight, sharded once

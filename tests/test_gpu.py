@@ -26,6 +26,7 @@ from test_packing import VOCAB, WIDTH, masking, sentence_pairs
 
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.model import BertConfig, BertForPreTraining
+from lightbert.model.bert import split_qkv
 from lightbert.run.jobs import train
 from lightbert.tasks.pretraining.packing import PackingCollator, packed_rows
 
@@ -54,7 +55,8 @@ def step(net: BertForPreTraining, batch: dict, packed: bool) -> tuple[torch.Tens
     loss = F.cross_entropy(mlm.float(), labels, ignore_index=IGNORE_INDEX)
     loss = loss + F.cross_entropy(nsp_logits.float(), nsp_labels, ignore_index=IGNORE_INDEX)
     loss.backward()
-    return mlm.float(), nsp_logits.float(), {n: p.grad.float() for n, p in net.named_parameters() if p.grad is not None}
+    grads = {n: p.grad.float() for n, p in net.named_parameters() if p.grad is not None}
+    return mlm.float(), nsp_logits.float(), split_qkv(grads)  # query, key and value apart, as transformers has them
 
 
 @RunIf(flash=True)

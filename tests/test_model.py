@@ -115,9 +115,9 @@ def test_initialisation_follows_the_reference():
     model = BertForPreTraining(
         BertConfig(vocab_size=2000, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024)
     )
-    query = model.bert.encoder.layer[0].attention.self.query
-    assert abs(query.weight.std().item() - 0.02) < 0.002
-    assert torch.all(query.bias == 0)
+    qkv = model.bert.encoder.layer[0].attention.self.qkv  # query, key and value in one
+    assert abs(qkv.weight.std().item() - 0.02) < 0.002
+    assert torch.all(qkv.bias == 0)
     layer_norm = model.bert.embeddings.LayerNorm
     assert torch.all(layer_norm.weight == 1) and torch.all(layer_norm.bias == 0)
     assert torch.all(model.cls.predictions.bias == 0)

@@ -85,8 +85,8 @@ def test_the_flash_call_takes_the_packed_model_forward_and_backward_on_the_meta_
     assert q.shape == (rows * WIDTH, CONFIG.num_attention_heads, CONFIG.head_size) and q.dtype == torch.bfloat16
     assert cu_q is cu_k and cu_q.shape == (rows * 5 + 1,) and cu_q.dtype == torch.int32
     assert (max_q, max_k, dropout_p, is_causal) == (WIDTH, WIDTH, CONFIG.attention_probs_dropout_prob, False)
-    query = net.bert.encoder.layer[0].attention.self.query.weight
-    assert query.grad is not None and query.grad.shape == query.shape
+    qkv = net.bert.encoder.layer[0].attention.self.qkv.weight
+    assert qkv.grad is not None and qkv.grad.shape == qkv.shape
 
 
 def test_the_flash_call_of_unpadded_tokens_on_the_meta_device():

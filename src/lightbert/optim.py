@@ -22,25 +22,49 @@ if TYPE_CHECKING:
 from lightbert.optim_config import OptimConfig
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: matrices decay (and LAMB adapts them); biases and LayerNorm weights (every 1-d parameter) not."""
-    decay, no_decay = [], []
+def parameter_groups(model: nn.Module, weight_decay: float, row_blocks: bool = False) -> list[dict]:
+    """Two groups: matrices decay (and LAMB adapts them); biases and LayerNorm weights (every 1-d parameter) not.
+
+    With `row_blocks` (LAMB), the weights of fused projections (a module's `row_blocks`: BERT's query, key and value
+    in one `qkv`) make a third group, whose `blocks` says into how many blocks of rows each splits: LAMB's trust
+    ratio is per block there, as it is per tensor for transformers' three separate weights."""
+    fused = {}
+    if row_blocks:
+        for module in model.modules():
+            for name, count in getattr(module, "row_blocks", {}).items():
+                fused[id(module.get_parameter(name))] = count
+    decay, no_decay, blocked = [], [], {}
     for parameter in model.parameters():  # tied weights appear once
-        if parameter.requires_grad:
-            (decay if parameter.ndim >= 2 else no_decay).append(parameter)
-    return [
+        if not parameter.requires_grad:
+            continue
+        if parameter.ndim < 2:
+            no_decay.append(parameter)
+        elif id(parameter) in fused:
+            blocked.setdefault(fused[id(parameter)], []).append(parameter)
+        else:
+            decay.append(parameter)
+    groups = [
         {"params": decay, "weight_decay": weight_decay, "adapt": True},
         {"params": no_decay, "weight_decay": 0.0, "adapt": False},
     ]
+    if row_blocks:
+        groups = [{**group, "blocks": 1} for group in groups]
+        groups += [
+            {"params": ps, "weight_decay": weight_decay, "adapt": True, "blocks": n} for n, ps in blocked.items()
+        ]
+    return groups
 
 
 class Lamb(torch.optim.Optimizer):
     """LAMB, Algorithm 2 of You et al. (2019), with phi the identity, for every parameter of a group with
-    `adapt=True`; the others take the plain bias-corrected Adam step (trust ratio 1)."""
+    `adapt=True`; the others take the plain bias-corrected Adam step (trust ratio 1). A group's `blocks` (default 1)
+    splits each of its weights into that many blocks of rows, each with its own trust ratio (a fused projection's
+    parts, `parameter_groups`)."""
 
     def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
         super().__init__(
-            params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "adapt": True}
+            params,
+            {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "adapt": True, "blocks": 1},
         )
 
     @torch.no_grad()
@@ -64,11 +88,12 @@ class Lamb(torch.optim.Optimizer):
                 update = (m / (1 - beta1**t)) / ((v / (1 - beta2**t)).sqrt_().add_(group["eps"]))
                 if group["weight_decay"]:
                     update.add_(p, alpha=group["weight_decay"])  # r_t + lambda x_t
-                trust = 1.0
-                if group["adapt"]:
-                    weight_norm, update_norm = p.norm(), update.norm()
+                if group["adapt"]:  # one trust ratio per block of rows: (blocks, ...)
+                    weights, update = p.unflatten(0, (group["blocks"], -1)), update.unflatten(0, (group["blocks"], -1))
+                    weight_norm, update_norm = weights.flatten(1).norm(dim=1), update.flatten(1).norm(dim=1)
                     trust = torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, 1.0)
-                p.sub_(update * (group["lr"] * trust))
+                    update = (update * trust.view(-1, *[1] * (update.ndim - 1))).flatten(0, 1)
+                p.sub_(update, alpha=group["lr"])
         return loss
 
 
@@ -240,7 +265,7 @@ def build_optimizer(
     bf16 (`trainer.precision=bf16-true`) gets fp32 master weights (`MasterWeights`), which start from
     `fp32_weights` (by parameter id(): the weights before the cast) where given."""
     total_steps = config.total_steps or total_steps
-    groups = parameter_groups(model, config.weight_decay)
+    groups = parameter_groups(model, config.weight_decay, row_blocks=config.name == "lamb")
     if config.name == "lamb":
 
         def make(groups):

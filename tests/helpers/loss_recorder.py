@@ -175,7 +175,7 @@ class RecordShards(L.Callback):
 
         bert = module.model.bert
         weights = {
-            "query": bert.encoder.layer[0].attention.self.query.weight,
+            "qkv": bert.encoder.layer[0].attention.self.qkv.weight,
             "word_embeddings": bert.embeddings.word_embeddings.weight,
         }
         tied = module.model.cls.predictions.decoder.weight is weights["word_embeddings"]

@@ -33,6 +33,9 @@ packed row, C choices of a multiple-choice example.
 
 from __future__ import annotations
 
+import contextlib
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -72,33 +75,111 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(x))
 
 
+QKV = ("query", "key", "value")  # transformers' three projections, in the order of the fused one's rows
+
+
+def split_qkv(state: dict, prefix: str = "") -> dict:
+    """`state` with every fused `...attention.self.qkv.{weight,bias}` (3H rows) under `prefix` as transformers' three
+    entries `query`, `key` and `value` (H rows each, views), where the fused ones stood and in transformers' order;
+    the other entries as they were. In place, and returned."""
+    ends = ("attention.self.qkv.weight", "attention.self.qkv.bias")
+    if not any(k.startswith(prefix) and k.endswith(ends) for k in state):
+        return state
+    items = list(state.items())
+    fused = {k: v for k, v in items if k.startswith(prefix) and k.endswith(ends)}
+    state.clear()
+    for key, value in items:
+        if key not in fused:
+            state[key] = value
+            continue
+        head = key.rsplit(".", 2)[0]  # "...attention.self"
+        if f"{head}.query.weight" in state or f"{head}.query.bias" in state:
+            continue  # emitted with its sibling
+        parts = {
+            kind: fused[f"{head}.qkv.{kind}"].chunk(3) for kind in ("weight", "bias") if f"{head}.qkv.{kind}" in fused
+        }
+        for i, name in enumerate(QKV):
+            for kind, chunks in parts.items():
+                state[f"{head}.{name}.{kind}"] = chunks[i]
+    return state
+
+
+def join_qkv(state: dict, prefix: str = "") -> dict:
+    """The inverse of `split_qkv`: transformers' `...attention.self.{query,key,value}.{weight,bias}` (all three
+    present) as one fused `qkv` entry, concatenated in that order. In place, and returned."""
+    for key in [
+        k
+        for k in state
+        if k.startswith(prefix) and k.endswith(("attention.self.query.weight", "attention.self.query.bias"))
+    ]:
+        head, kind = key.rsplit(".", 2)[0], key.rsplit(".", 1)[1]
+        names = [f"{head}.{name}.{kind}" for name in QKV]
+        if all(name in state for name in names):
+            state[f"{head}.qkv.{kind}"] = torch.cat([state.pop(name) for name in names])
+    return state
+
+
 class BertSelfAttention(nn.Module):
-    """Bidirectional multi-head self-attention: every token attends to every real token."""
+    """Bidirectional multi-head self-attention: every token attends to every real token.
+
+    Query, key and value come from one fused projection `qkv` (H -> 3H, one GEMM instead of three, as in NVIDIA's
+    and MosaicBERT's BERT). Its state dict keeps transformers' three names (`query`, `key`, `value`: split on save,
+    joined on load, by this module's state-dict hooks), so checkpoints still map one to one.
+    """
+
+    row_blocks: ClassVar[dict[str, int]] = {
+        "qkv.weight": 3
+    }  # LAMB's trust ratio: one per transformers' weight (lightbert.optim)
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_size = config.head_size
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)  # rows: query, key, value
         self.dropout_p = config.attention_probs_dropout_prob
+        self.split_names = True  # state dicts name query, key and value apart (`fused_qkv_names` turns it off)
+        self.register_state_dict_post_hook(_split_on_save)
+        self.register_load_state_dict_pre_hook(_join_on_load)
 
     def forward(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
         """x is (B, T, H), or (N, H) where `layout` runs the layers on fewer tokens; the output has x's shape."""
-        q, k, v = self.query(x), self.key(x), self.value(x)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # views of one (..., 3H) output, each (..., H)
         return layout.attention(q, k, v, self.num_heads, self.dropout_p if self.training else 0.0)
 
     def probabilities(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         """softmax(QK^T / sqrt(D)) (B, A, T, T): what the fused kernel computes inside, for looking at heads."""
         batch, seq_len, _ = x.shape
-        q, k = (
-            t(x).view(batch, seq_len, self.num_heads, self.head_size).transpose(1, 2) for t in (self.query, self.key)
+        q, k, _ = (
+            t.reshape(batch, seq_len, self.num_heads, self.head_size).transpose(1, 2) for t in self.qkv(x).chunk(3, -1)
         )
         scores = q @ k.transpose(-1, -2) / self.head_size**0.5
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, torch.finfo(scores.dtype).min)
         return scores.softmax(-1)
+
+
+def _split_on_save(module: BertSelfAttention, state: dict, prefix: str, local_metadata: dict) -> None:
+    if module.split_names:
+        split_qkv(state, prefix)
+
+
+def _join_on_load(module: BertSelfAttention, state: dict, prefix: str, *_) -> None:
+    join_qkv(state, prefix)  # a state dict with the fused names (`fused_qkv_names`) loads as it is
+
+
+@contextlib.contextmanager
+def fused_qkv_names(model: nn.Module):
+    """Within it, `model`'s state dict names the fused projections as the parameters they are (`qkv`): for
+    torch.distributed.checkpoint, which maps every state-dict key onto a parameter (FSDP's full state dict). Turn
+    the result into transformers' names with `split_qkv`."""
+    attentions = [m for m in model.modules() if isinstance(m, BertSelfAttention)]
+    for m in attentions:
+        m.split_names = False
+    try:
+        yield
+    finally:
+        for m in attentions:
+            m.split_names = True
 
 
 class BertSelfOutput(nn.Module):

@@ -15,7 +15,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 from lightbert.errors import ConfigError
-from lightbert.model.bert import BertLayer
+from lightbert.model.bert import BertLayer, fused_qkv_names, join_qkv, split_qkv
 
 # trainer.strategy.sharding_strategy -> fully_shard's reshard_after_forward. FULL_SHARD frees each block's gathered
 # weights after its forward and gathers them again for its backward; SHARD_GRAD_OP keeps them until the backward
@@ -49,16 +49,43 @@ class FullyShardedStrategy(ModelParallelStrategy):
         # tensor-parallel group, which lightbert's model does not define).
         self._data_parallel_size, self._tensor_parallel_size = self.world_size, 1
 
+    def lightning_module_state_dict(self) -> dict:
+        # torch.distributed.checkpoint maps every state-dict key onto a parameter: it gathers the fused attention
+        # projections under their own name (qkv), and the checkpoint gets transformers' three names from them.
+        with fused_qkv_names(self.model):
+            return split_qkv(super().lightning_module_state_dict())
+
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict:
         # Validation and prediction read the weights alone (a best-*.ckpt holds nothing else), whatever optimizers
         # an earlier fit of this trainer left (Lightning's strategy would look for their states in the file).
         if self.lightning_module.trainer.state.fn == TrainerFn.FITTING:
-            return super().load_checkpoint(checkpoint_path, weights_only)
+            return self._load_joined(checkpoint_path, weights_only)
         optimizers, self.optimizers = self.optimizers, []
         try:
-            return super().load_checkpoint(checkpoint_path, weights_only)
+            return self._load_joined(checkpoint_path, weights_only)
         finally:
             self.optimizers = optimizers
+
+    def _load_joined(self, checkpoint_path, weights_only: bool | None) -> dict:
+        """Lightning's load of a full checkpoint file (`_load_checkpoint`), with its weights' fused projections
+        joined first: the file names query, key and value apart (transformers' names), and the sharded model is
+        filled parameter by parameter, by name (qkv)."""
+        from pathlib import Path
+
+        from lightning.fabric.strategies import model_parallel
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        path = Path(self.broadcast(checkpoint_path))
+        if not model_parallel._is_full_checkpoint(path):
+            return super().load_checkpoint(checkpoint_path, weights_only)  # a sharded directory: none of lightbert's
+        strict = self.lightning_module.strict_loading
+        checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=weights_only)
+        model_parallel._load_raw_module_state(join_qkv(checkpoint.pop("state_dict")), self.model, strict=strict)
+        options = StateDictOptions(broadcast_from_rank0=True, full_state_dict=True, strict=strict)
+        for index, optimizer in enumerate(self.optimizers):
+            state = model_parallel._rekey_optimizer_state_if_needed(checkpoint["optimizer_states"][index], self.model)
+            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=state, options=options)
+        return checkpoint
 
     def shard(self, module: L.LightningModule) -> None:
         """`shard_bert` on `module.model`, on this process's device, with the trainer's precision."""
