@@ -423,9 +423,9 @@ def hand_loop(cfg, steps: int, device: torch.device) -> list[float]:
 
 
 def bench_trainer_path(args, device: torch.device) -> float:
-    """Per-step time of pre-training through `lightbert.run.jobs.train` (L.Trainer with the configured trainer,
+    """Per-step time of pre-training through `lightbert.train` (L.Trainer with the configured trainer,
     callbacks, logger and the real DataModule) over the same steps in a hand-written loop; rounds alternate."""
-    from lightbert.run.jobs import train
+    from lightbert import train
 
     steps = args.warmup + args.repeats + 1
     times: dict[str, list[float]] = {"trainer": [], "hand loop": []}

@@ -16,12 +16,12 @@ from helpers.models import random_batch, write_hf_model
 from helpers.ner_files import read_conlleval
 from helpers.runs import compose_config
 
+from lightbert import evaluate, train
 from lightbert.checkpoints.reading import load_encoder, load_into, load_pretrained
 from lightbert.errors import UserError
 from lightbert.inference.predict import predict_records
 from lightbert.interop.convert import to_hf
 from lightbert.model import BertConfig, BertForPreTraining
-from lightbert.run.jobs import evaluate, train
 from lightbert.tasks.finetuned import load_finetuned
 from lightbert.tasks.glue.module import SequenceClassificationModule
 from lightbert.tasks.glue.tasks import glue_task

@@ -17,11 +17,11 @@ from helpers import runtime
 from helpers.runs import CONF_DIR, REPO, compose_config
 from omegaconf import OmegaConf
 
+from lightbert import train
 from lightbert.cli.checks import unknown_key_message
 from lightbert.data.tokenizer import train_wordpiece
 from lightbert.errors import UserError
 from lightbert.run.configs import group_options
-from lightbert.run.jobs import train
 
 GROUPS = ("task", "optim", "trainer", "model", "corpus", "logger", "callbacks", "speed", "paths")
 # `+logger.wandb.notes=...` adds a key on purpose (the + says so): not matched.

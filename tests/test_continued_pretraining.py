@@ -18,12 +18,12 @@ from helpers.runs import TINY_PRETRAIN, compose_config, run_train_forked, write_
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from lightbert import train
 from lightbert.checkpoints.reading import load_into, load_pretrained
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.interop.convert import main as convert
 from lightbert.model import BertConfig, BertForPreTraining
-from lightbert.run.jobs import train
 from lightbert.tasks.pretraining.continued import PAD_MULTIPLE, UNUSED_BIAS, with_added_words
 from lightbert.tasks.pretraining.domain_words import count_words, most_pieces, pieces_of, with_words
 from lightbert.tasks.pretraining.module import PreTrainingModule

@@ -92,7 +92,7 @@ def test_a_damaged_cache_is_rebuilt_and_said(tmp_path, caplog, monkeypatch):
     that filled, a copy interrupted): the next run rebuilds each, says so, and trains."""
     from helpers.runs import TINY_PRETRAIN, compose_config
 
-    from lightbert.run.jobs import train
+    from lightbert import train
 
     monkeypatch.setenv("LIGHTBERT_CACHE", str(tmp_path / "cache"))
     corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=10, seed=21)

@@ -11,9 +11,9 @@ import pytest
 from helpers import runtime
 from helpers.runs import REPO, snapshot
 
+from lightbert import evaluate
 from lightbert.errors import UserError
 from lightbert.run.configs import compose_config
-from lightbert.run.jobs import evaluate
 
 
 def evaluate_config(overrides: list[str], output_dir: Path):

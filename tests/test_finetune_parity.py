@@ -13,7 +13,7 @@ from helpers.glue_files import glue_data_files, glue_overrides
 from helpers.models import write_hf_bert
 from helpers.runs import compose_config
 
-from lightbert.run.jobs import train
+from lightbert import train
 from lightbert.tasks.glue.module import SequenceClassificationModule
 
 

@@ -14,11 +14,11 @@ from helpers.cuda_rules import ScaledMatmuls
 from helpers.runs import compose_config, pretrain_overrides
 from torch import nn
 
+from lightbert import train
 from lightbert.errors import UserError
 from lightbert.model import BertConfig
 from lightbert.model.bert import BertForSequenceClassification
 from lightbert.model.fp8 import convert_to_fp8, import_torchao
-from lightbert.run.jobs import train
 
 pytest.importorskip("torchao")  # the dev extra has it; a GPU machine's image may not (skips, not an error)
 Float8Linear = import_torchao().float8_linear.Float8Linear

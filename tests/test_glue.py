@@ -15,13 +15,13 @@ from omegaconf import OmegaConf
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
+from lightbert import train
 from lightbert.checkpoints.reading import load_pretrained
 from lightbert.data.batches import UnpaddedDistributedSampler
 from lightbert.data.encoding import truncate_pair
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import ConfigError, UserError
 from lightbert.model_config import BertConfig
-from lightbert.run.jobs import train
 from lightbert.run.weights import size_name
 from lightbert.tasks.glue.data import GlueDataModule, encode_examples
 from lightbert.tasks.glue.metrics import glue_metrics

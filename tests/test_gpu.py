@@ -24,10 +24,10 @@ from helpers.run_if import RunIf
 from helpers.runs import TINY_PRETRAIN, compose_config, pretrain_overrides, run_train_script
 from test_packing import VOCAB, WIDTH, masking, sentence_pairs
 
+from lightbert import train
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.model import BertConfig, BertForPreTraining
 from lightbert.model.bert import split_qkv
-from lightbert.run.jobs import train
 from lightbert.tasks.pretraining.packing import PackingCollator, packed_rows
 
 # Head size 64 as in BERT; no dropout, so that the two attention paths compute the same function.

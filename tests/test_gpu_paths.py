@@ -61,8 +61,8 @@ def test_several_nodes_shard_the_steps_over_every_device():
 def test_fp32_matmuls_use_tf32_on_cuda_and_the_run_line_says_so(tmp_path):
     from helpers.runs import compose_config, run_settings
 
-    from lightbert.run.preflight import set_fp32_matmuls
     from lightbert.run.run_line import describe_run
+    from lightbert.run.speed import set_fp32_matmuls
 
     settings = run_settings(compose_config(["trainer=gpu"], tmp_path))
     was = torch.get_float32_matmul_precision()

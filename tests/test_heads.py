@@ -14,13 +14,13 @@ from helpers.models import write_hf_bert
 from helpers.runs import compose_config
 from torch import nn
 
+from lightbert import evaluate, train
 from lightbert.data.encoding import encode_pair
 from lightbert.errors import UserError
 from lightbert.inference.predict import predict_records
 from lightbert.interop.convert import to_hf
 from lightbert.model import BertConfig, BertModel
 from lightbert.model.bert import init_weights
-from lightbert.run.jobs import evaluate, train
 from lightbert.tasks.finetuned import load_finetuned
 from lightbert.tasks.glue.module import SequenceClassificationModule
 from lightbert.tasks.glue.predictor import SequenceClassification

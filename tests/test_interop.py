@@ -9,11 +9,11 @@ import transformers
 from helpers.models import random_batch, write_hf_bert
 from helpers.runs import compose_config
 
+from lightbert import train
 from lightbert.checkpoints.reading import load_into, load_pretrained
 from lightbert.errors import ConfigError, UserError
 from lightbert.interop.convert import main as convert
 from lightbert.model import BertConfig, BertForPreTraining
-from lightbert.run.jobs import train
 from lightbert.tasks.pretraining.module import PreTrainingModule
 
 ATOL = 1e-5

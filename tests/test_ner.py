@@ -23,11 +23,11 @@ from helpers.runs import compose_config
 from seqeval.metrics import f1_score, precision_score, recall_score
 from seqeval.metrics.sequence_labeling import get_entities
 
+from lightbert import train
 from lightbert.checkpoints.reading import load_into, load_pretrained
 from lightbert.data.tokenizer import train_wordpiece
 from lightbert.errors import UserError
 from lightbert.model import BertConfig, BertForTokenClassification
-from lightbert.run.jobs import train
 from lightbert.tasks.ner.data import CONLL2003_LABELS, encode_sentences, read_conll_text
 from lightbert.tasks.ner.metrics import EntityF1, entities, entity_scores
 

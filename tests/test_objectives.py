@@ -10,12 +10,12 @@ import torch.nn.functional as F
 from helpers.models import random_batch
 from helpers.runs import TINY_PRETRAIN, compose_config, write_bert_corpus
 
+from lightbert import train
 from lightbert.checkpoints.reading import load_pretrained
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.errors import ConfigError
 from lightbert.model import BertConfig, BertModel
 from lightbert.model.layouts import Padded, attention_mask_for, explicit_attention_mask, length_groups
-from lightbert.run.jobs import train
 from lightbert.tasks.pretraining.masking import NextTokenCollator
 from lightbert.tasks.pretraining.module import PreTrainingModule
 

@@ -16,8 +16,8 @@ from helpers.loss_recorder import global_norm
 from helpers.runs import compose_config, cpu_twin, free_port, pretrain_overrides, run_settings
 from helpers.sharded_step import step
 
+from lightbert import train
 from lightbert.optim import MasterWeights, clip_gradients
-from lightbert.run.jobs import train
 from lightbert.tasks.pretraining.module import PreTrainingModule
 
 

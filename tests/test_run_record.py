@@ -24,8 +24,6 @@ from helpers.runs import (
 )
 from omegaconf import OmegaConf
 
-from lightbert.errors import UserError
-
 pytestmark = pytest.mark.slow
 
 
@@ -189,30 +187,3 @@ def test_a_resumed_run_logs_every_row_an_unbroken_run_logs(tmp_path, corpus):
     assert run_train_recorded(*crashed, *kill, new_session=True).returncode == -signal.SIGKILL
     assert run_train_recorded(*crashed, "resume=true").returncode == 0
     assert rows(tmp_path / "crashed") == rows(tmp_path / "whole")
-
-
-def test_a_run_recorded_before_the_package_layout_moved_resumes(tmp_path):
-    """Runs recorded when the callbacks lived in lightbert.run and the families at the package's top resume: a
-    recorded `_target_` under an old module path names the class that now lives under the new one."""
-    from lightbert.run.record import RECORD_DIR, record_run
-
-    now = OmegaConf.create(
-        {
-            "callbacks": {"latest": {"_target_": "lightbert.plugins.checkpointing.LatestCheckpoint"}},
-            "task": {"module": {"_target_": "lightbert.tasks.glue.module.SequenceClassificationModule"}},
-            "optim": {"lr": 1e-4},
-        }
-    )
-    (tmp_path / RECORD_DIR).mkdir()
-    # The old paths spelt in parts, so that no rewrite of module paths across the tree can change them.
-    old = OmegaConf.to_yaml(now).replace(
-        "lightbert.plugins.checkpointing", ".".join(["lightbert", "checkpoints", "saving"])
-    )
-    old = old.replace("lightbert.tasks.glue", ".".join(["lightbert", "glue"]))
-    (tmp_path / RECORD_DIR / "config.yaml").write_text(old)
-    record_run(now, (), tmp_path, resuming=True)  # no refusal
-    assert (tmp_path / RECORD_DIR / "config.yaml").read_text() == old  # the record is left as it was
-
-    changed = OmegaConf.merge(now, {"optim": {"lr": 2e-4}})
-    with pytest.raises(UserError, match="optim.lr"):
-        record_run(changed, ("optim.lr=2e-4",), tmp_path, resuming=True)

@@ -18,11 +18,11 @@ from helpers.models import write_hf_bert
 from helpers.runs import compose_config, run_train_forked
 from helpers.squad_files import squad_articles, squad_data_files, write_flat, write_official
 
+from lightbert import train
 from lightbert.checkpoints.reading import load_into, load_pretrained
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError
 from lightbert.model import BertConfig, BertForQuestionAnswering
-from lightbert.run.jobs import train
 from lightbert.tasks.squad.answers import NO_CANDIDATE_ODDS, SquadAnswers
 from lightbert.tasks.squad.data import (
     Windowing,

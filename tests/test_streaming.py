@@ -6,9 +6,9 @@ from itertools import islice
 import pytest
 from helpers.runs import compose_config, write_bert_corpus
 
+from lightbert import train
 from lightbert.data.tokenizer import iter_sentences, train_wordpiece
 from lightbert.errors import UserError
-from lightbert.run.jobs import train
 from lightbert.tasks.pretraining.corpus import HFCorpus, TextCorpus, read_bert_format, read_shard
 from lightbert.tasks.pretraining.streaming import StreamingExamples, tokenized
 

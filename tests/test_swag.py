@@ -14,11 +14,11 @@ from helpers.models import write_hf_bert
 from helpers.runs import compose_config
 from helpers.swag_files import ACTIONS, SUBJECTS, swag_data_files, swag_rows, write_swag_file
 
+from lightbert import train
 from lightbert.checkpoints.reading import load_into, load_pretrained
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import UserError
 from lightbert.model import BertConfig, BertForMultipleChoice
-from lightbert.run.jobs import train
 from lightbert.tasks.swag.data import ChoiceCollator, encode_choices
 from lightbert.tasks.swag.module import MultipleChoiceModule
 

@@ -11,10 +11,10 @@ import torch
 from helpers.runs import compose_config, run_train_script
 from helpers.wandb_files import offline_run
 
+from lightbert import train
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.errors import ConfigError, UserError
 from lightbert.run.building import instantiate_config
-from lightbert.run.jobs import train
 from lightbert.tasks.pretraining.module import PreTrainingModule
 
 # A tiny model on short sequences: a run of a few steps takes a second or two.

@@ -29,7 +29,7 @@ from helpers.squad_files import squad_data_files
 from helpers.swag_files import swag_data_files
 from omegaconf import OmegaConf
 
-from lightbert.run.jobs import train
+from lightbert import train
 
 pytestmark = pytest.mark.slow
 

@@ -22,8 +22,8 @@ __version__ = "0.1.0"
 # Each public name and the module that defines it.
 _PUBLIC = {
     "compose_config": "lightbert.run.configs",
-    "train": "lightbert.run.jobs",
-    "evaluate": "lightbert.run.jobs",
+    "train": "lightbert.run.train",
+    "evaluate": "lightbert.run.evaluate",
     "load_finetuned": "lightbert.tasks.finetuned",
     "predict_records": "lightbert.inference.predict",
     "load_pretrained": "lightbert.checkpoints.reading",

@@ -18,7 +18,7 @@ from typing import IO
 
 from lightbert.errors import UserError
 
-# What a finished run leaves in its directory: written by lightbert.run.jobs, read by init_from=<run dir>
+# What a finished run leaves in its directory: written by lightbert.run.train, read by init_from=<run dir>
 # (lightbert.checkpoints.reading) and by the sweep summary.
 RESULTS_FILE = "results.json"
 
@@ -29,6 +29,21 @@ def readable_as_usual(path: Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
     path.chmod(0o666 & ~umask)
+
+
+def cannot_be_made(path: Path) -> str | None:
+    """Why a directory cannot be made at `path` (it is made when first used): the nearest part of it that exists is a
+    file, is not writable, or is on a read-only file system; None where it can. (`os.access` asks the system: it says
+    a read-only file system is not writable even to root, for whom permissions are no obstacle.)"""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
+        return f"{existing} is on a read-only file system" if read_only else f"{existing} is not writable"
+    return None
 
 
 def temporary_path(path: Path) -> Path:

@@ -15,7 +15,7 @@ from helpers.ner_files import FILLER, NAMES, ner_data_files
 from helpers.runs import compose_config
 from helpers.squad_files import squad_data_files
 from helpers.swag_files import ACTIONS, SUBJECTS, swag_data_files
-from lightbert.run.jobs import train
+from lightbert import train
 
 NER_WORDS = FILLER + " ".join(n for names in NAMES.values() for n in names).split()
 COMMON = ["trainer=cpu", "logger=csv", "task.datamodule.num_workers=0", "trainer.max_steps=-1"]

@@ -49,8 +49,12 @@ def serve(preload: list[str]) -> None:
 
     import lightbert.cli.commands
     import lightbert.inference.predict
-    import lightbert.run.flows
-    import lightbert.run.jobs  # noqa: F401  (the imports are the point: every child starts with them done)
+    import lightbert.run.building
+    import lightbert.run.evaluate
+    import lightbert.run.machine_checks
+    import lightbert.run.outputs
+    import lightbert.run.record
+    import lightbert.run.train  # noqa: F401  (the imports are the point: every child starts with them done)
 
     for module in preload:
         importlib.import_module(module)

@@ -25,8 +25,12 @@ def serve() -> None:
 
     faulthandler.enable()  # SIGABRT to a task that hangs writes its threads' stacks to the task's stderr
     import lightbert.cli.commands
-    import lightbert.run.flows
-    import lightbert.run.jobs  # noqa: F401  (the imports are the point: every task starts with them done)
+    import lightbert.run.building
+    import lightbert.run.evaluate
+    import lightbert.run.machine_checks
+    import lightbert.run.outputs
+    import lightbert.run.record
+    import lightbert.run.train  # noqa: F401  (the imports are the point: every task starts with them done)
 
     gc.freeze()  # as fork_server's: a child's collections and exit leave the server's heap untouched
 

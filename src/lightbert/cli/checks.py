@@ -9,12 +9,12 @@ does not compose) is left to Hydra.
 from __future__ import annotations
 
 import difflib
-import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from lightbert.errors import UserError, missing_extra
+from lightbert.files import cannot_be_made
 from lightbert.run.configs import CONF_DIR, group_options, is_group
 
 # Keys that other templates (lightning-hydra-template) use, and what lightbert calls them.
@@ -127,14 +127,7 @@ def check_run_directory(argv: list[str], cwd: Path | None = None) -> None:
     if "${" in directory:
         return  # an interpolation: Hydra resolves it
     path = Path(cwd or Path.cwd()) / Path(directory).expanduser()
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    given = f"{key}={directory}" if key in values else f"paths.log_dir={directory}"
-    if not existing.is_dir():
-        problem = f"{existing} is a file, not a directory"
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        problem = f"{existing} is not writable"
-    else:
-        return
-    raise UserError(f"cannot make the run directory {path} ({given}): {problem}; choose another with {key}=...")
+    problem = cannot_be_made(path)
+    if problem is not None:
+        given = f"{key}={directory}" if key in values else f"paths.log_dir={directory}"
+        raise UserError(f"cannot make the run directory {path} ({given}): {problem}; choose another with {key}=...")

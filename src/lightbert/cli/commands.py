@@ -39,13 +39,13 @@ def _record_in_sweep(error: UserError) -> bool:
 
 def _train(cfg: DictConfig) -> float | None:
     """Returns the best validation metric: what a sweeper (e.g. sweep=optuna) optimises."""
-    from lightbert.run.jobs import train
+    from lightbert.run.train import train
 
     return train(cfg)["best_score"]
 
 
 def _evaluate(cfg: DictConfig) -> None:
-    from lightbert.run.jobs import evaluate
+    from lightbert.run.evaluate import evaluate
 
     evaluate(cfg)
 

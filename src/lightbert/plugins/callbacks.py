@@ -204,7 +204,7 @@ class FineTuningResume(L.Callback):
     (pre-training's `StepSampler` does, and skips to the next batch), so Lightning starts the epoch's pass over the
     data again and stops it after the batches the epoch had left: the first batches of a pass drawn again (one
     device: a shuffle from the restored RNG; DDP: the epoch's own order from its start). Lightning's own warning
-    ("your dataloader is not resumable") says neither what nor what to do, and is silenced (`run.preflight`); a
+    ("your dataloader is not resumable") says neither what nor what to do, and is silenced (`run.console`); a
     resume from the end of an epoch continues exactly."""
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:

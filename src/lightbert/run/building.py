@@ -1,6 +1,7 @@
 """A run's objects, built from its settings' config nodes (`hydra.utils.instantiate`, with errors that name the
 config keys to change): the DataModule, the LightningModule holding init_from's weights with the speed switches
-applied, the callbacks, the loggers and the Trainer. `run.flows` calls them in the order a run needs them."""
+applied, the callbacks, the loggers and the Trainer. `run.train` and `run.evaluate` call them in the order a run
+needs them."""
 
 from __future__ import annotations
 
@@ -141,7 +142,7 @@ def callbacks(settings: RunSettings, start: Start | None = None) -> list:
 
 
 def loggers(config: DictConfig, resumed_step: float | None = None) -> list:
-    """The loggers of the config as recorded (`preflight.prepare`), each given it whole as hyperparameters."""
+    """The loggers of the config as recorded (`record.recorded_config`), each given it whole as hyperparameters."""
     built = [instantiate_config(c) for c in (config.get("logger") or {}).values()]
     for logger in built:  # the resolved config, and the command line that made it
         if isinstance(logger, RunCSVLogger) and resumed_step is not None:

@@ -5,6 +5,8 @@ also goes to the run's `train.log`."""
 from __future__ import annotations
 
 import logging
+import re
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,27 +22,59 @@ class RankZero(logging.Filter):
         return is_global_zero()
 
 
-class DropAdvertisements(logging.Filter):
-    """Drops Lightning's tips for other products (litlogger at every Trainer start, litmodels at a checkpoint load),
-    its device inventory ("GPU available: False", "TPU available": the run's own line says where it runs) and its
-    notes on how it reads a fine-tune's settings ("Loading `train_dataloader` to estimate ...")."""
+# What the libraries under a run print that a user cannot act on (seen on CPU and on an H100): a fragment of its
+# text, and why it is noise. Kept off the console whether it comes as a Python warning or as a log record of
+# Lightning's (`quiet_console`); the tests hold every command's console to it (tests/helpers/runs.py).
+CONSOLE_NOISE = {
+    # Lightning's tips for other products: litlogger at every Trainer start, litmodels at a checkpoint load.
+    "Tip: For seamless cloud": "an advertisement",
+    "litmodels": "an advertisement",
+    "litlogger": "an advertisement",
+    # Lightning's device inventory: the run line says where the run goes.
+    "GPU available:": "the run line says the devices",
+    "TPU available:": "the run line says the devices",
+    "HPU available:": "the run line says the devices",
+    # How Lightning reads a fine-tune's settings.
+    "to estimate number of stepping batches": "Lightning's own bookkeeping",
+    "so validation will run at the end of the training epoch": "Lightning's own bookkeeping",
+    "exists and is not empty": "the run directory holds .hydra/ when the CSV logger starts writing there",
+    "treespec, LeafSpec": "Lightning's internals against a newer torch",
+    # DDP's gradient hooks run on the default stream and torch notes at the first backward that AccumulateGrad's
+    # stream differs (seen on an H100): no synchronisation DDP does not do anyway.
+    "AccumulateGrad node's stream": "nothing a user can change",
+    # Loader workers are lightbert's choice, said on the console (task.datamodule.num_workers=auto).
+    "does not have many workers": "advice on every run of a many-core machine, not the user's to act on",
+    # A short epoch logs once per epoch instead (plugins.callbacks.ShortEpochLogging).
+    "is smaller than the logging interval": "nothing left for the user to do",
+    # A fine-tuning run resumed within an epoch: plugins.callbacks.FineTuningResume says what that epoch trains
+    # instead (pre-training's loaders resume by step and never raise it).
+    "dataloader is not resumable": "said by lightbert, with what it means",
+    # The feature-based tasks keep their frozen encoder in eval mode on purpose (no dropout in the features).
+    "in eval mode at the start of training": "on purpose",
+}
 
-    NOISE = (
-        "Tip: For seamless cloud", "litmodels", "litlogger", "GPU available:", "TPU available:", "HPU available:",
-        "to estimate number of stepping batches", "so validation will run at the end of the training epoch",
-    )  # fmt: skip
+
+class DropNoise(logging.Filter):
+    """Drops the log records that carry `CONSOLE_NOISE`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return not any(noise in message for noise in self.NOISE)
+        return not any(noise in message for noise in CONSOLE_NOISE)
 
 
-def tidy_lightning_console() -> None:
-    """Lightning's console: without its tips and device inventory, and its lines above the progress bar too."""
+def quiet_console() -> None:
+    """The console of a run: without `CONSOLE_NOISE` (warnings and Lightning's records), without the datasets
+    library's progress bars (on only around maps worth watching: `data.local_files.progress_bars_for`), and
+    Lightning's lines above the progress bar."""
+    from datasets.utils import logging as datasets_logging
+
+    for noise in CONSOLE_NOISE:
+        warnings.filterwarnings("ignore", message=f".*{re.escape(noise)}")
+    datasets_logging.disable_progress_bar()
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch"):
         target = logging.getLogger(name)
-        if not any(isinstance(f, DropAdvertisements) for f in target.filters):
-            target.addFilter(DropAdvertisements())
+        if not any(isinstance(f, DropNoise) for f in target.filters):
+            target.addFilter(DropNoise())
     for name in ("lightning", "lightning.pytorch"):  # where Lightning adds its console handler at import
         target = logging.getLogger(name)
         for i, handler in enumerate(target.handlers):

@@ -1,10 +1,12 @@
 """The record a run writes into its run directory before it trains (`run.run_dir` holds the directory): `.hydra/`
-(the config as composed, the overrides, Hydra's config, the data's sources, the SLURM job), checked against what a
-resumed run continues; and the temporary files a killed save left, removed. What a finished run writes is
-`run.outputs`'s."""
+(the config as recorded, the overrides, Hydra's config, the data's sources, the SLURM job), checked against what a
+resumed run continues; and the temporary files a killed save left, removed. The config as recorded is also what the
+loggers get: it names the model that runs (`recorded_config`: the run's name and W&B tags too). What a finished run
+writes is `run.outputs`'s."""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -13,12 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightbert.cluster.environment import is_global_zero
+from lightbert.data.local_files import file_identity
 from lightbert.errors import UserError
 from lightbert.files import write_atomically
+from lightbert.model_config import BertConfig
+from lightbert.run.building import instantiate_config
 from lightbert.run.run_dir import DATA_RECORD, RECORD_DIR, SLURM_RECORD
+from lightbert.run.settings import RunSettings
+from lightbert.tasks.pretraining.corpus import TextCorpus
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +33,42 @@ log = logging.getLogger(__name__)
 # What a resumed run may set differently from the run it continues: where metrics go, what observes the run
 # (callbacks) and how progress is shown. Everything else (data, model, optimiser, length) continues as recorded.
 CHANGEABLE_ON_RESUME = ("resume", "logger", "callbacks", "trainer.enable_progress_bar", "trainer.log_every_n_steps")
+
+
+def recorded_config(settings: RunSettings, model: BertConfig, name: str | None) -> DictConfig:
+    """The config as recorded and given to the loggers. Under init_from the checkpoint decides the model (`name`: its
+    conf/model/ size, e.g. bert_tiny), and the record, the run's name and its W&B tags say the model that runs, not
+    the `model=` default (a fine-tune of a bert_tiny checkpoint is not "sst2-bert_mini"); without (`name` None) the
+    config as composed. The settings stay as they were built."""
+    if name is None:
+        return settings.config
+    config = copy.copy(settings.config)  # the record's copy (DictConfig.copy); the settings stay as they were
+    default_name = f"{settings.task.name}-{settings.model_option}"
+    with open_dict(config):
+        config.model = {k: v for k, v in model.to_dict().items() if k != "vocab_size"}
+        if config.get("run_name") == default_name:
+            config.run_name = f"{settings.task.name}-{name}"
+        wandb = (config.get("logger") or {}).get("wandb")
+        if wandb is not None and settings.model_option in (wandb.get("tags") or []):
+            wandb.tags = [name if tag == settings.model_option else tag for tag in wandb.tags]
+    return config
+
+
+def data_sources(settings: RunSettings) -> dict[str, Any]:
+    """What the run's data is read from, each with its identity (lightbert.data.local_files.file_identity): the
+    fine-tuning files, or the pre-training corpus's files (its fingerprint for the hub's or the demo)."""
+    task = settings.task
+    if task.fine_tuning:
+        given = {split: Path(path).expanduser() for split, path in task.data_files.items()}
+        if not given:
+            return {"task.datamodule.hub_dataset": task.hub_dataset}
+        return {f"task.data_files.{s}": file_identity(p) if p.is_file() else str(p) for s, p in given.items()}
+    if settings.corpus is None:
+        return {}
+    corpus = instantiate_config(settings.corpus)
+    if isinstance(corpus, TextCorpus):
+        return {str(path): file_identity(path) for path in corpus.paths}
+    return {"corpus": corpus.fingerprint}
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -37,41 +80,14 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): node}
 
 
-# Where lightbert's classes lived before the package took its present layout (the Trainer's plug-ins in run/ and
-# checkpoints/, each task folder at the top), so that a run recorded then resumes now: a recorded `_target_` under an
-# old module path names the class the new path names.
-PLUGINS_MOVED = {
-    "run.callbacks": "plugins.callbacks",
-    "run.agreement": "plugins.agreement",
-    "run.loggers": "plugins.loggers",
-    "run.strategies": "plugins.strategies",
-    "checkpoints.saving": "plugins.checkpointing",
-}
-
-
-def _moved_to_today(value: Any) -> Any:
-    import pkgutil
-
-    import lightbert.tasks
-
-    moved = {f"lightbert.{old}.": f"lightbert.{new}." for old, new in PLUGINS_MOVED.items()}
-    moved |= {
-        f"lightbert.{p.name}.": f"lightbert.tasks.{p.name}." for p in pkgutil.iter_modules(lightbert.tasks.__path__)
-    }
-    if isinstance(value, str):
-        for old, new in moved.items():
-            if value.startswith(old):
-                return new + value[len(old) :]
-    return value
-
-
 def _override_key(override: str) -> str:
     """The key of a command-line override: `speed.fp8` for `speed.fp8=true`, `+callbacks.x=...`, `~logger`."""
     return override.split("=", 1)[0].lstrip("+~")
 
 
-# What a resume may change when the checkpoint says the global batch stays the same (`preflight._resized`): the devices
-# and nodes a requeued job gets, and the accumulation that keeps the global batch.
+# What a resume may change when the checkpoint says the global batch stays the same
+# (`machine_checks.check_job_shape`): the devices and nodes a requeued job gets, and the accumulation that keeps the
+# global batch.
 RESIZABLE_ON_RESUME = ("trainer.devices", "trainer.num_nodes", "trainer.accumulate_grad_batches")
 
 
@@ -115,7 +131,6 @@ def record_run(
     data_record = output_dir / DATA_RECORD
     if settings_recorded:
         recorded = _flat(OmegaConf.to_container(OmegaConf.load(record / "config.yaml"), resolve=False))
-        recorded = {key: _moved_to_today(v) if key.endswith("_target_") else v for key, v in recorded.items()}
         now = _flat(config)
         # A setting that an earlier lightbert did not have (e.g. speed.fp8) is not in that run's record: at its
         # default, it changes nothing, so the run resumes; set on this command line, it is a change like any other.

@@ -1,5 +1,5 @@
 """The run line: the one console line that says what a run trains, on what data, where, how long, and in which
-batches (`preflight.prepare` says it once the run's record is written)."""
+batches (`train` and `evaluate` say it once the run's record is written)."""
 
 from __future__ import annotations
 

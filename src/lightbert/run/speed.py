@@ -1,6 +1,6 @@
-"""The `speed.*` switches of a run (conf/train.yaml): checked before anything is written, applied to the module
-once it is built (the batch shapes CUDA graphs need are the DataModule's: `run.building.fix_batch_shapes`). Each is
-measured by bench/pretrain_step.py (bench/RESULTS.md)."""
+"""The `speed.*` switches of a run (conf/train.yaml): checked before anything is written, fp32's matmuls set before
+the model is built, the rest applied to the module once it is built (the batch shapes CUDA graphs need are the
+DataModule's: `run.building.fix_batch_shapes`). Each is measured by bench/pretrain_step.py (bench/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,19 @@ import torch
 
 from lightbert.model.fp8 import convert_to_fp8
 from lightbert.model.varlen import flash_varlen_device
-from lightbert.run.settings import UNPAD_SETTINGS, SpeedSettings, TrainerSettings
+from lightbert.run.settings import MATMUL_PRECISIONS, UNPAD_SETTINGS, RunSettings, SpeedSettings, TrainerSettings
 
 log = logging.getLogger(__name__)
+
+
+def set_fp32_matmuls(settings: RunSettings) -> str | None:
+    """On CUDA, fp32 matrix multiplications on TF32 tensor cores by default (`speed.matmul_precision: high`, the
+    advice torch and Lightning give for Ampere and later GPUs; bf16-mixed runs most matmuls in bf16 anyway, TF32
+    covers what stays fp32). Returns what the run line says, or None where no CUDA device runs the job."""
+    if not settings.trainer.on_cuda:
+        return None
+    torch.set_float32_matmul_precision(settings.speed.matmul_precision)
+    return MATMUL_PRECISIONS[settings.speed.matmul_precision]
 
 
 def unpadding_for(

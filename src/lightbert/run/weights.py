@@ -1,16 +1,16 @@
 """The model a run trains: its sizes checked before any data work (init_from's checkpoint decides them), its name,
-and init_from's weights loaded into it, with the fine-tuned head where that head means what the task's does."""
+its vocabulary (the tokenizer's, fitting init_from's embeddings), and init_from's weights loaded into it, with the
+fine-tuned head where that head means what the task's does."""
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
 import lightning as L
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from lightbert.checkpoints.reading import Pretrained, load_into
 from lightbert.data.tokenizer import load_tokenizer
@@ -30,16 +30,21 @@ class RunModel(NamedTuple):
 
     pretrained: Pretrained | None  # init_from, with the tokenizer words are added to (`check_vocabulary`)
     config: BertConfig  # the architecture; its vocabulary is the tokenizer's (`with_vocabulary`)
-    recorded: DictConfig  # the run's config as recorded and logged, naming the model that runs
+    name: str | None  # init_from's conf/model/ size (`size_name`), for the record; None: the model= the config names
     left_to_right: str | None  # why the model attends left to right, for the run line; None: both ways
 
 
 def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None) -> RunModel:
-    """The architecture, its name and the config naming it, each checked once: a bad size, a tokenizer that does not
-    fit init_from, sequences longer than the position embeddings, too few segment embeddings fail here, before
-    anything is written."""
+    """The architecture and its name, checked once: a bad size, an init_from without a tokenizer or with one that
+    does not fit its embeddings, sequences longer than the position embeddings, too few segment embeddings fail
+    here, before anything is written."""
+    if pretrained is not None and pretrained.tokenizer is None and not settings.task.tokenizer_path:
+        raise UserError(
+            f"init_from={settings.init_from} comes without its tokenizer (tokenizer.json or vocab.txt beside the "
+            "weights); copy the tokenizer it was trained with there, or give it with task.datamodule.tokenizer_path=..."
+        )
     config = model_sizes(settings, pretrained)
-    recorded = recorded_config(settings, config, size_name(config)) if pretrained else settings.config
+    name = size_name(config) if pretrained is not None else None
     left_to_right = left_to_right_because(settings, pretrained)
     pretrained = check_vocabulary(settings, start, pretrained)
     lengths = {"task.max_seq_length": settings.task.max_seq_length}
@@ -62,7 +67,7 @@ def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None
             f"segments (a sentence pair); fine-tune it on a task of single sentences, or start from a model with "
             f"type_vocab_size {segments}"
         )
-    return RunModel(pretrained, config, recorded, left_to_right)
+    return RunModel(pretrained, config, name, left_to_right)
 
 
 def model_sizes(settings: RunSettings, pretrained: Pretrained | None) -> BertConfig:
@@ -86,22 +91,6 @@ def model_sizes(settings: RunSettings, pretrained: Pretrained | None) -> BertCon
     regularisation = {f: getattr(asked, f) for f in REGULARISATION_FIELDS} if explicit else {}
     # The checkpoint's architecture (its fields, checked as it was read), with the dropout asked for.
     return replace(asked, **{**pretrained.config, **regularisation, "vocab_size": None})
-
-
-def recorded_config(settings: RunSettings, model: BertConfig, name: str) -> DictConfig:
-    """The config as recorded and given to the loggers: under init_from the checkpoint decides the model, and the
-    record, the run's name and its W&B tags say the model that runs (`name`, e.g. bert_tiny), not the `model=`
-    default (a fine-tune of a bert_tiny checkpoint is not "sst2-bert_mini"). The settings stay as they were built."""
-    config = copy.copy(settings.config)  # the record's copy (DictConfig.copy); the settings stay as they were
-    default_name = f"{settings.task.name}-{settings.model_option}"
-    with open_dict(config):
-        config.model = {k: v for k, v in model.to_dict().items() if k != "vocab_size"}
-        if config.get("run_name") == default_name:
-            config.run_name = f"{settings.task.name}-{name}"
-        wandb = (config.get("logger") or {}).get("wandb")
-        if wandb is not None and settings.model_option in (wandb.get("tags") or []):
-            wandb.tags = [name if tag == settings.model_option else tag for tag in wandb.tags]
-    return config
 
 
 def left_to_right_because(settings: RunSettings, pretrained: Pretrained | None) -> str | None:
@@ -132,13 +121,18 @@ def with_vocabulary(config: BertConfig, tokenizer, pretrained: Pretrained | None
     `with_added_words`)."""
     if pretrained is None:
         return replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id).to_dict()
+    check_tokenizer_fits(tokenizer, pretrained)  # checked before the record (`check_vocabulary`); a resumed run's own
+    return replace(config, vocab_size=pretrained.config["vocab_size"]).to_dict()
+
+
+def check_tokenizer_fits(tokenizer, pretrained: Pretrained) -> None:
+    """Refuses a tokenizer with more tokens than init_from has embedding rows."""
     rows = pretrained.config["vocab_size"]
     if tokenizer.vocab_size > rows:
         raise UserError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but init_from={pretrained.source} embeds only "
-            f"{rows}; use the tokenizer that came with the checkpoint"
+            f"the tokenizer has {tokenizer.vocab_size} tokens but init_from={pretrained.source} embeds only {rows}; "
+            "use the tokenizer that came with the checkpoint"
         )
-    return replace(config, vocab_size=rows).to_dict()
 
 
 def check_vocabulary(settings: RunSettings, start: Start, pretrained: Pretrained | None) -> Pretrained | None:
@@ -163,12 +157,7 @@ def check_vocabulary(settings: RunSettings, start: Start, pretrained: Pretrained
         pretrained = replace(pretrained, tokenizer=tokenizer)
     if tokenizer is None:
         return pretrained
-    rows = pretrained.config["vocab_size"]
-    if tokenizer.vocab_size > rows:
-        raise UserError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but init_from={pretrained.source} embeds only {rows}; "
-            "use the tokenizer that came with the checkpoint"
-        )
+    check_tokenizer_fits(tokenizer, pretrained)
     if add:
         check_added_words_fit(pretrained, tokenizer, key)
         if isinstance(add, str):

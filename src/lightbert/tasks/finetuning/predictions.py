@@ -1,7 +1,7 @@
 """What a fine-tuning family's prediction files are written from: `Predictions` (split -> example -> prediction) and the
 `PredictionWriter` protocol.
 
-After training, the best checkpoint predicts the task's prediction splits (`lightbert.run.flows`), and its
+After training, the best checkpoint predicts the task's prediction splits (`lightbert.run.train`), and its
 `PredictionWriter` (which the task's DataModule declares) turns those predictions into the files a run leaves in
 `predictions/`. The writers and
 the metrics live in each family's folder: GLUE's submission TSVs in `glue/metrics.py`, SQuAD's official JSON files in

@@ -1,0 +1,89 @@
+"""The checks that refuse a command on this machine, before anything is written: the devices the trainer asks for, the
+cache every run writes, fp8's tensor cores, and a resume on a job of another shape than the checkpoint's."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from lightbert.errors import ConfigError, UserError
+from lightbert.files import cannot_be_made
+from lightbert.model.fp8 import MIN_CAPABILITY, import_torchao
+from lightbert.plugins.checkpointing import saved_job_shape
+from lightbert.run.settings import RunSettings, Start
+
+log = logging.getLogger(__name__)
+
+
+def check_devices(settings: RunSettings) -> None:
+    """Refuses a trainer that cannot run on this machine's devices, and a global batch they cannot make."""
+    trainer = settings.trainer
+    if trainer.wants_cuda and not torch.cuda.is_available():
+        raise UserError(
+            f"trainer={trainer.option or trainer.accelerator} needs a CUDA GPU and none is visible here; use "
+            "trainer=cpu, or check the command on CPU first with trainer.accelerator=cpu trainer.devices=2 "
+            "trainer.max_steps=3"
+        )
+    settings.batches  # noqa: B018  (the devices resolved: a global batch they cannot make is refused here)
+
+
+def check_cache_dir(settings: RunSettings) -> None:
+    """Refuses a cache every run writes (tokenizers, encoded examples, datasets' own files) that cannot be written: a
+    read-only mount, a file in its place, a directory of another user's. Found later, it was a traceback from
+    `datasets` after the run's record was written."""
+    given = settings.task.cache_dir
+    if not given:
+        return
+    path = Path(given).expanduser()
+    problem = cannot_be_made(path)
+    if problem is not None:
+        raise UserError(
+            f"the cache paths.cache_dir={path} cannot be written: {problem}; every run writes its tokenizer and "
+            "encoded data there. Point it at a writable directory with paths.cache_dir=... (or the LIGHTBERT_CACHE "
+            "environment variable)"
+        )
+
+
+def check_fp8_device(settings: RunSettings) -> None:
+    """Refuses speed.fp8=true without torchao, or on a CUDA GPU without float8 tensor cores (on a CPU torchao
+    emulates the kernels: the tests' path)."""
+    import_torchao()
+    if settings.trainer.on_cuda:
+        capability = torch.cuda.get_device_capability()
+        if capability < MIN_CAPABILITY:
+            raise ConfigError(
+                f"speed.fp8=true needs a GPU with float8 tensor cores (H100, Ada: compute capability 8.9 or later); "
+                f"{torch.cuda.get_device_name()} is {capability[0]}.{capability[1]}. Leave speed.fp8=false here"
+            )
+
+
+def check_job_shape(settings: RunSettings, start: Start) -> bool:
+    """Whether a resume runs on another number of devices with the checkpoint's global batch: the data continues
+    exactly (its position is the step, each step the same examples), said once; the record then lets the devices,
+    nodes and accumulation differ. Another global batch would re-train or skip examples: refused with the key that
+    keeps it. A checkpoint from before lightbert recorded its job's shape resumes only as it was recorded."""
+    if not start.resuming:
+        return False
+    resume_from = start.resume_from
+    shape = saved_job_shape(resume_from)
+    if not shape or shape.get("global_batch") is None:
+        return False
+    batches = settings.batches
+    world = batches.devices * batches.nodes
+    then = f"{shape['batch_size']} per device x {shape['world_size']} device(s) x {shape['accumulate']} accumulated"
+    now = f"{batches.per_device} per device x {world} device(s) x {batches.accumulate} accumulated"
+    if batches.global_batch != shape["global_batch"]:
+        raise ConfigError(
+            f"{resume_from} was trained with {shape['global_batch']} sequences per step ({then}), and this job makes "
+            f"{batches.global_batch} ({now}): resumed so, it would train some examples twice or skip some. Keep the "
+            f"global batch with task.global_batch_size={shape['global_batch']} (the accumulation adapts), or start a "
+            "new run from its weights with init_from=..."
+        )
+    if world != shape["world_size"]:
+        log.info(
+            f"resuming on {world} device(s), the checkpoint's job had {shape['world_size']}: the global batch stays "
+            f"{batches.global_batch} ({now}), and the data continues at step {start.step}"
+        )
+    return world != shape["world_size"] or batches.accumulate != shape["accumulate"]
