@@ -65,20 +65,20 @@ def test_fp32_matmuls_use_tf32_on_cuda_and_the_run_line_says_so(tmp_path):
     from lightbert.run.speed import set_fp32_matmuls
 
     settings = run_settings(compose_config(["trainer=gpu"], tmp_path))
+    model = BertConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4)
     was = torch.get_float32_matmul_precision()
     try:
         with mock.patch("torch.cuda.is_available", return_value=False):
-            assert set_fp32_matmuls(settings) is None  # no CUDA: nothing changes
+            set_fp32_matmuls(settings.speed, settings.trainer)  # no CUDA: nothing changes
+            assert "matmuls" not in describe_run(settings, model)
         assert torch.get_float32_matmul_precision() == was
         settings = run_settings(compose_config(["trainer=gpu"], tmp_path))  # on_cuda is worked out once
         with (
             mock.patch("torch.cuda.is_available", return_value=True),
             mock.patch("torch.cuda.device_count", return_value=1),
         ):
-            matmuls = set_fp32_matmuls(settings)
-            line = describe_run(
-                settings, BertConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4), matmuls=matmuls
-            )
+            set_fp32_matmuls(settings.speed, settings.trainer)
+            line = describe_run(settings, model)
         assert torch.get_float32_matmul_precision() == "high"
         assert "bf16-mixed (TF32 matmuls)" in line
     finally:

@@ -47,16 +47,13 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         from lightbert.run.outputs import write_results, write_test_predictions
         from lightbert.run.record import data_sources, record_run, recorded_config
         from lightbert.run.run_line import describe_run
-        from lightbert.run.speed import set_fp32_matmuls
         from lightbert.run.weights import check_head, run_model
 
         started = time.time()
-        log.info(f"run directory: {output_dir}")  # first on the console (train.log holds it until the checks pass)
         quiet_console()
         # The checks on this machine (no fp8's: evaluation trains nothing).
         machine_checks.check_devices(settings)
         machine_checks.check_cache_dir(settings)
-        matmuls = set_fp32_matmuls(settings)
         sources = data_sources(settings)
         # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -71,13 +68,11 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         config = recorded_config(settings, model.config, model.name)
         record_run(config, settings.overrides, output_dir, start.resuming, False, sources)
         RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
-        log.info(describe_run(settings, model.config, True, matmuls, model.left_to_right, start))
+        log.info(describe_run(settings, model.config, True, model.left_to_right, start))
 
         try:
             # The DataModule (fine-tuning data: no training split needed) and the LightningModule with the weights.
-            kwargs = {"tokenizer": model.pretrained.tokenizer} if model.pretrained.tokenizer else {}
-            if task.fine_tuning:
-                kwargs["fit"] = False
+            kwargs = {**model.tokenizer, **({"fit": False} if task.fine_tuning else {})}
             datamodule, module, fresh = building.data_and_module(
                 settings, model.pretrained, model.config, kwargs, training=False
             )

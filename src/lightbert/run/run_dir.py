@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 from collections.abc import Iterator
@@ -27,6 +28,8 @@ LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 RECORD_DIR = ".hydra"  # where Hydra would write it; lightbert writes it once the run's checks have passed
 DATA_RECORD = Path(RECORD_DIR) / "data.json"
 SLURM_RECORD = Path(RECORD_DIR) / "slurm.json"
+
+log = logging.getLogger(__name__)
 
 
 def requeued(output_dir: Path) -> bool:
@@ -166,13 +169,34 @@ def held(settings: RunSettings, evaluation: bool = False) -> Iterator[Start]:
     """The run directory held for this run (`locked`), what a refused command wrote there taken back
     (`refused_leaves_nothing`), and the job's DDP processes ended with it. Yields how the run starts (`Start`),
     decided here once, under the lock: from the beginning, or from the checkpoint that resume=true
-    (or a requeued SLURM job) continues. An evaluation starts a new directory."""
+    (or a requeued SLURM job) continues, and said. An evaluation starts a new directory."""
     output_dir = settings.output_dir
     with locked(output_dir), refused_leaves_nothing(output_dir), processes.ddp_children_of_this_job():
         again = not evaluation and requeued(output_dir)
         resume_from = check_output_dir(output_dir, (settings.resume and not evaluation) or again)
         step = checkpoint_step(resume_from, settings) if resume_from is not None else 0
-        yield Start(resume_from, step, again)
+        start = Start(resume_from, step, again)
+        log.info(f"run directory: {output_dir}")  # first on the console (train.log holds it until the checks pass)
+        _say_how_it_starts(settings, start)
+        yield start
+
+
+def _say_how_it_starts(settings: RunSettings, start: Start) -> None:
+    output_dir = settings.output_dir
+    if start.requeued:
+        job, restarts = os.environ["SLURM_JOB_ID"], os.environ["SLURM_RESTART_COUNT"]
+        log.info(f"SLURM job {job} was requeued ({restarts} restart(s)): continuing its run")
+    if (settings.resume or start.requeued) and not start.resuming:
+        kept = _metric_rows(output_dir / "metrics.csv")
+        also = f"; metrics.csv keeps the {kept} row(s) of the earlier attempt and continues after them" if kept else ""
+        log.info(f"resume=true and no {output_dir / LAST_CHECKPOINT} yet: starting from the beginning{also}")
+
+
+def _metric_rows(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    with path.open(newline="") as file:
+        return max(0, sum(1 for _ in file) - 1)
 
 
 @contextmanager

@@ -4,14 +4,13 @@ batches (`train` and `evaluate` say it once the run's record is written)."""
 from __future__ import annotations
 
 from lightbert.model_config import BertConfig
-from lightbert.run.settings import RunSettings, Start
+from lightbert.run.settings import MATMUL_PRECISIONS, RunSettings, Start
 
 
 def describe_run(
     settings: RunSettings,
     model: BertConfig,
     evaluation: bool = False,
-    matmuls: str | None = None,
     left_to_right: str | None = None,
     start: Start | None = None,
 ) -> str:
@@ -35,6 +34,8 @@ def describe_run(
     length = " or ".join([f"{epochs} epochs"] * (epochs is not None) + [f"{steps} steps"] * (steps is not None))
     if evaluation:  # src/evaluate.py trains nothing
         length = "evaluation only"
+    # fp32's matmuls on a CUDA GPU (`speed.set_fp32_matmuls`); None where no CUDA device runs the job.
+    matmuls = MATMUL_PRECISIONS[settings.speed.matmul_precision] if trainer.on_cuda else None
     precision = trainer.precision + (f" ({matmuls})" if matmuls else "")
     if trainer.precision in ("bf16-true", "16-true") and not evaluation:
         precision += " (fp32 master weights)"  # lightbert.optim.MasterWeights

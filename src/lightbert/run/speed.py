@@ -1,5 +1,5 @@
-"""The `speed.*` switches of a run (conf/train.yaml): checked before anything is written, fp32's matmuls set before
-the model is built, the rest applied to the module once it is built (the batch shapes CUDA graphs need are the
+"""The `speed.*` switches of a run (conf/train.yaml): checked before anything is written, applied to the module once
+it is built, with fp32's matmuls (the batch shapes CUDA graphs need are the
 DataModule's: `run.building.fix_batch_shapes`). Each is measured by bench/pretrain_step.py (bench/RESULTS.md)."""
 
 from __future__ import annotations
@@ -11,19 +11,18 @@ import torch
 
 from lightbert.model.fp8 import convert_to_fp8
 from lightbert.model.varlen import flash_varlen_device
-from lightbert.run.settings import MATMUL_PRECISIONS, UNPAD_SETTINGS, RunSettings, SpeedSettings, TrainerSettings
+from lightbert.run.settings import UNPAD_SETTINGS, SpeedSettings, TrainerSettings
 
 log = logging.getLogger(__name__)
 
 
-def set_fp32_matmuls(settings: RunSettings) -> str | None:
+def set_fp32_matmuls(speed: SpeedSettings, trainer: TrainerSettings) -> None:
     """On CUDA, fp32 matrix multiplications on TF32 tensor cores by default (`speed.matmul_precision: high`, the
     advice torch and Lightning give for Ampere and later GPUs; bf16-mixed runs most matmuls in bf16 anyway, TF32
-    covers what stays fp32). Returns what the run line says, or None where no CUDA device runs the job."""
-    if not settings.trainer.on_cuda:
-        return None
-    torch.set_float32_matmul_precision(settings.speed.matmul_precision)
-    return MATMUL_PRECISIONS[settings.speed.matmul_precision]
+    covers what stays fp32); the run line says it (`run_line.describe_run`). Nothing changes where no CUDA device
+    runs the job."""
+    if trainer.on_cuda:
+        torch.set_float32_matmul_precision(speed.matmul_precision)
 
 
 def unpadding_for(
@@ -62,7 +61,9 @@ def unpadding_for(
 def apply_speed_switches(
     module: L.LightningModule, speed: SpeedSettings, trainer: TrainerSettings, packing: bool, training: bool = True
 ) -> None:
-    """The switches on a built module, before Lightning moves it: unpadding (said on the console), fp8, compile."""
+    """The switches on a built module, before Lightning moves it: fp32's matmuls, unpadding (said on the console),
+    fp8, compile."""
+    set_fp32_matmuls(speed, trainer)
     on_cuda = trainer.on_cuda
     flash = on_cuda and flash_varlen_device(torch.cuda.current_device())
     how, line = unpadding_for(speed.unpad, on_cuda, trainer.precision, packing, flash, trainer.strategy == "fsdp")

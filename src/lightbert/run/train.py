@@ -16,7 +16,6 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -26,7 +25,7 @@ from lightbert.cluster.environment import adopt_submitit_local_ranks, is_global_
 from lightbert.run.config_checks import checked_config
 from lightbert.run.console import RunLogFile, logging_like_the_command, quiet_console
 from lightbert.run.run_dir import LAST_CHECKPOINT, held
-from lightbert.run.settings import RunSettings, Start
+from lightbert.run.settings import RunSettings
 
 log = logging.getLogger(__name__)
 
@@ -49,25 +48,20 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         from lightbert.checkpoints.reading import load_pretrained
-        from lightbert.data.tokenizer import load_tokenizer
         from lightbert.plugins import checkpointing
         from lightbert.plugins.loggers import finish_wandb, summarise_in_wandb
         from lightbert.run import building, machine_checks
         from lightbert.run.outputs import results, write_results, write_test_predictions
         from lightbert.run.record import data_sources, record_run, recorded_config
         from lightbert.run.run_line import describe_run
-        from lightbert.run.speed import set_fp32_matmuls
         from lightbert.run.weights import run_model
 
         started = time.time()
-        log.info(f"run directory: {output_dir}")  # first on the console (train.log holds it until the checks pass)
-        _say_how_it_starts(settings, start)
         quiet_console()
         try:
             # The checks on this machine: a command refused here leaves its run directory as it found it.
             machine_checks.check_devices(settings)
             machine_checks.check_cache_dir(settings)
-            matmuls = set_fp32_matmuls(settings)
             # A resume that changes a setting is refused by the record (the devices and nodes may change where the
             # global batch stays), or its data.
             resized = machine_checks.check_job_shape(settings, start)
@@ -86,31 +80,27 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             config = recorded_config(settings, model.config, model.name)
             record_run(config, settings.overrides, output_dir, start.resuming, resized, sources)
             RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
-            log.info(describe_run(settings, model.config, False, matmuls, model.left_to_right, start))
+            log.info(describe_run(settings, model.config, False, model.left_to_right, start))
 
             try:
                 # The DataModule and the LightningModule, with init_from's weights.
-                pretrained = model.pretrained  # with the tokenizer given by task.datamodule.tokenizer_path, if any
-                tokenizer = {"tokenizer": pretrained.tokenizer} if pretrained and pretrained.tokenizer else {}
-                if start.resuming and (output_dir / "tokenizer.json").is_file():
-                    # The run's own tokenizer: the ids its checkpoint was trained on, whatever the corpus now holds.
-                    tokenizer = {"tokenizer": load_tokenizer(output_dir / "tokenizer.json")}
-                    if settings.task.add_words is not None:
-                        tokenizer["add_words"] = None  # the words added when the run began are in it already
-                datamodule, module, _ = building.data_and_module(settings, pretrained, model.config, tokenizer)
+                datamodule, module, _ = building.data_and_module(
+                    settings, model.pretrained, model.config, model.tokenizer
+                )
                 if not start.resuming and is_global_zero():
                     # Next to the checkpoints, so a run directory is enough to load the model again.
                     datamodule.tokenizer.save(output_dir / "tokenizer.json")
 
-                # The loggers: metrics.csv continues from the checkpoint's step, or after every row of an attempt
-                # that left no checkpoint.
-                keep_rows = start.step if start.resuming else (math.inf if settings.resume or start.requeued else None)
-                loggers = building.loggers(config, keep_rows)
-
-                # Fit, phase by phase. From the first collective to the last (the end's barrier): a process of the
-                # job that dies is named here.
-                resume_from, phases = start.resume_from, settings.phases
+                # From the first collective to the last (the end's barrier): a process of the job that dies is
+                # named here.
                 with processes.naming_lost_processes(output_dir):
+                    # The loggers: metrics.csv continues from the checkpoint's step, or after every row of an attempt
+                    # that left no checkpoint.
+                    again = settings.resume or start.requeued
+                    loggers = building.loggers(config, start.step if start.resuming else math.inf if again else None)
+
+                    # Fit, phase by phase.
+                    resume_from, phases = start.resume_from, settings.phases
                     for number, phase in enumerate(phases, start=1):
                         if len(phases) > 1:
                             if phase.end_step <= start.step and number < len(phases):
@@ -152,21 +142,3 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 file=sys.stderr,
             )
             sys.exit(128 + stopped_by)
-
-
-def _say_how_it_starts(settings: RunSettings, start: Start) -> None:
-    output_dir = settings.output_dir
-    if start.requeued:
-        job, restarts = os.environ["SLURM_JOB_ID"], os.environ["SLURM_RESTART_COUNT"]
-        log.info(f"SLURM job {job} was requeued ({restarts} restart(s)): continuing its run")
-    if (settings.resume or start.requeued) and not start.resuming:
-        kept = _metric_rows(output_dir / "metrics.csv")
-        also = f"; metrics.csv keeps the {kept} row(s) of the earlier attempt and continues after them" if kept else ""
-        log.info(f"resume=true and no {output_dir / LAST_CHECKPOINT} yet: starting from the beginning{also}")
-
-
-def _metric_rows(path: Path) -> int:
-    if not path.is_file():
-        return 0
-    with path.open(newline="") as file:
-        return max(0, sum(1 for _ in file) - 1)

@@ -28,16 +28,17 @@ log = logging.getLogger(__name__)
 class RunModel(NamedTuple):
     """The model a run trains, decided before any data work."""
 
-    pretrained: Pretrained | None  # init_from, with the tokenizer words are added to (`check_vocabulary`)
+    pretrained: Pretrained | None  # init_from, with the tokenizer words are added to (`vocabulary`)
     config: BertConfig  # the architecture; its vocabulary is the tokenizer's (`with_vocabulary`)
+    tokenizer: dict  # what the DataModule is given of the tokenizer (`vocabulary`)
     name: str | None  # init_from's conf/model/ size (`size_name`), for the record; None: the model= the config names
     left_to_right: str | None  # why the model attends left to right, for the run line; None: both ways
 
 
 def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None) -> RunModel:
-    """The architecture and its name, checked once: a bad size, an init_from without a tokenizer or with one that
-    does not fit its embeddings, sequences longer than the position embeddings, too few segment embeddings fail
-    here, before anything is written."""
+    """The architecture, its name and its tokenizer, checked once: a bad size, an init_from without a tokenizer or
+    with one that does not fit its embeddings, sequences longer than the position embeddings, too few segment
+    embeddings fail here, before anything is written."""
     if pretrained is not None and pretrained.tokenizer is None and not settings.task.tokenizer_path:
         raise UserError(
             f"init_from={settings.init_from} comes without its tokenizer (tokenizer.json or vocab.txt beside the "
@@ -46,7 +47,7 @@ def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None
     config = model_sizes(settings, pretrained)
     name = size_name(config) if pretrained is not None else None
     left_to_right = left_to_right_because(settings, pretrained)
-    pretrained = check_vocabulary(settings, start, pretrained)
+    pretrained, tokenizer = vocabulary(settings, start, pretrained)
     lengths = {"task.max_seq_length": settings.task.max_seq_length}
     for number, phase in enumerate(settings.phases):
         if phase.max_seq_length is not None:
@@ -67,7 +68,7 @@ def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None
             f"segments (a sentence pair); fine-tune it on a task of single sentences, or start from a model with "
             f"type_vocab_size {segments}"
         )
-    return RunModel(pretrained, config, name, left_to_right)
+    return RunModel(pretrained, config, tokenizer, name, left_to_right)
 
 
 def model_sizes(settings: RunSettings, pretrained: Pretrained | None) -> BertConfig:
@@ -118,51 +119,49 @@ def size_name(model: BertConfig, conf_dir: Path = CONF_DIR) -> str:
 def with_vocabulary(config: BertConfig, tokenizer, pretrained: Pretrained | None) -> dict:
     """The architecture as the LightningModule takes it, with its vocabulary: the size files leave it to the
     tokenizer; a checkpoint brings its own embedding size (grown by the words `task.datamodule.add_words` added:
-    `with_added_words`)."""
+    `with_added_words`), which its tokenizer fits (`vocabulary`)."""
     if pretrained is None:
         return replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id).to_dict()
-    check_tokenizer_fits(tokenizer, pretrained)  # checked before the record (`check_vocabulary`); a resumed run's own
     return replace(config, vocab_size=pretrained.config["vocab_size"]).to_dict()
 
 
-def check_tokenizer_fits(tokenizer, pretrained: Pretrained) -> None:
-    """Refuses a tokenizer with more tokens than init_from has embedding rows."""
-    rows = pretrained.config["vocab_size"]
-    if tokenizer.vocab_size > rows:
-        raise UserError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but init_from={pretrained.source} embeds only {rows}; "
-            "use the tokenizer that came with the checkpoint"
-        )
-
-
-def check_vocabulary(settings: RunSettings, start: Start, pretrained: Pretrained | None) -> Pretrained | None:
-    """Refuses, before anything is written, a tokenizer that does not fit init_from's embeddings, and what
-    `task.datamodule.add_words` cannot do: add words without a checkpoint, to one whose MLM decoder is not tied to
-    its embeddings, from a file that does not exist (or holds a line that is not one word). Returns the checkpoint
-    with the tokenizer that words are added to (`task.datamodule.tokenizer_path`'s, when it came without one)."""
+def vocabulary(settings: RunSettings, start: Start, pretrained: Pretrained | None) -> tuple[Pretrained | None, dict]:
+    """The tokenizer the run reads, where it is known before the data: a resumed run's own (its tokenizer.json, whose
+    ids its checkpoint was trained on, whatever the corpus now holds, with the words it added), else init_from's, or
+    `task.datamodule.tokenizer_path`'s when init_from came without one. Refuses, before anything is written, a
+    tokenizer with more tokens than init_from has embedding rows, and what `task.datamodule.add_words` cannot do: add
+    words without a checkpoint, to one whose MLM decoder is not tied to its embeddings, from a file that does not
+    exist (or holds a line that is not one word). Returns the checkpoint with the tokenizer words are added to, and
+    what the DataModule is given of the tokenizer (nothing where it loads or trains its own)."""
     key, add = "task.datamodule.add_words", settings.task.add_words
-    if pretrained is None or start.resuming:  # a resumed run's tokenizer.json holds its words already
-        if add and pretrained is None:
-            raise ConfigError(
-                f"{key}={add} adds words to init_from's vocabulary; without init_from the vocabulary is trained on "
-                "the corpus (task.datamodule.vocab_size): set init_from=<checkpoint> or drop add_words"
-            )
-        return pretrained
-    tokenizer = pretrained.tokenizer
-    if tokenizer is None and settings.task.tokenizer_path:  # the tokenizer the run reads, as its DataModule loads it
+    if add and pretrained is None:
+        raise ConfigError(
+            f"{key}={add} adds words to init_from's vocabulary; without init_from the vocabulary is trained on the "
+            "corpus (task.datamodule.vocab_size): set init_from=<checkpoint> or drop add_words"
+        )
+    tokenizer = pretrained.tokenizer if pretrained is not None else None
+    if pretrained is not None and tokenizer is None and settings.task.tokenizer_path:  # as its DataModule loads it
         try:
             tokenizer = load_tokenizer(settings.task.tokenizer_path, lowercase=settings.task.lowercase)
         except UserError as error:
             raise ConfigError(f"task.datamodule.tokenizer_path: {error}") from None
         pretrained = replace(pretrained, tokenizer=tokenizer)
-    if tokenizer is None:
-        return pretrained
-    check_tokenizer_fits(tokenizer, pretrained)
-    if add:
-        check_added_words_fit(pretrained, tokenizer, key)
-        if isinstance(add, str):
-            read_word_file(add, tokenizer)  # a missing file, a line of two words: said now, not after the record
-    return pretrained
+    own = settings.output_dir / "tokenizer.json"
+    resumed = load_tokenizer(own) if start.resuming and own.is_file() else None
+    if pretrained is not None and tokenizer is not None:
+        rows = pretrained.config["vocab_size"]
+        if tokenizer.vocab_size > rows:
+            raise UserError(
+                f"the tokenizer has {tokenizer.vocab_size} tokens but init_from={pretrained.source} embeds only "
+                f"{rows}; use the tokenizer that came with the checkpoint"
+            )
+        if add and not start.resuming:  # a resumed run's tokenizer.json holds its words already
+            check_added_words_fit(pretrained, tokenizer, key)
+            if isinstance(add, str):
+                read_word_file(add, tokenizer)  # a missing file, a line of two words: said now, not after the record
+    if resumed is not None:  # its words are the ones added when the run began: none are added again
+        return pretrained, {"tokenizer": resumed} | ({"add_words": None} if add is not None else {})
+    return pretrained, {"tokenizer": tokenizer} if tokenizer is not None else {}
 
 
 def wanted_head(settings: RunSettings) -> tuple[Head, HeadArguments] | None:
