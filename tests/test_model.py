@@ -8,6 +8,7 @@ from helpers.models import TINY, random_batch
 
 from lightbert.errors import ConfigError
 from lightbert.model import BertConfig, BertForPreTraining, BertModel
+from lightbert.model.bert import split_qkv
 
 
 def hf_twin(config: BertConfig, ours: torch.nn.Module) -> transformers.BertForPreTraining:
@@ -43,6 +44,34 @@ def test_logits_and_hidden_states_equal_transformers():
     assert len(hidden) == len(reference.hidden_states) == TINY.num_hidden_layers + 1
     for ours_h, hf_h in zip(hidden, reference.hidden_states, strict=True):
         torch.testing.assert_close(ours_h[real], hf_h[real], atol=1e-5, rtol=1e-5)
+
+
+def test_the_fused_qkv_projection_loads_and_trains_as_transformers_three():
+    """One Linear (3H outputs) for query, key and value: transformers' state dict loads into it (joined), ours
+    names them apart (split), and a training step's loss and every gradient equal transformers' (the fused
+    gradient, split, equals its three)."""
+    config = BertConfig(**{**TINY.to_dict(), "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
+    hf = transformers.BertForPreTraining(transformers.BertConfig(**config.to_dict(), attn_implementation="sdpa"))
+    ours = BertForPreTraining(config)
+    ours.load_state_dict({k: v for k, v in hf.state_dict().items() if k != "cls.predictions.decoder.bias"})
+    attention = ours.bert.encoder.layer[1].attention.self
+    assert [n for n, _ in attention.named_parameters()] == ["qkv.weight", "qkv.bias"]
+    theirs = hf.bert.encoder.layer[1].attention.self
+    assert torch.equal(attention.qkv.weight, torch.cat([theirs.query.weight, theirs.key.weight, theirs.value.weight]))
+    input_ids, token_type_ids, attention_mask = random_batch()
+    labels = torch.where(attention_mask.bool(), input_ids, -100)
+    mlm, nsp = ours(input_ids, token_type_ids, attention_mask)
+    loss = F.cross_entropy(mlm.flatten(0, 1), labels.flatten()) + nsp.logsumexp(-1).mean()
+    loss.backward()
+    reference = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+    hf_loss = F.cross_entropy(reference.prediction_logits.flatten(0, 1), labels.flatten())
+    (hf_loss + reference.seq_relationship_logits.logsumexp(-1).mean()).backward()
+    torch.testing.assert_close(loss, hf_loss + reference.seq_relationship_logits.logsumexp(-1).mean())
+    grads = split_qkv({n: p.grad for n, p in ours.named_parameters()})
+    hf_grads = {n: p.grad for n, p in hf.named_parameters() if p.grad is not None}
+    assert set(grads) == set(hf_grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, hf_grads[name], atol=1e-6, rtol=1e-4, msg=name)
 
 
 def test_sparse_mlm_head_equals_dense_rows():

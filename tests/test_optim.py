@@ -73,6 +73,39 @@ def test_lamb_follows_the_papers_update_rule():
     )
 
 
+def test_lamb_on_a_fused_weight_takes_one_trust_ratio_per_block():
+    """BERT's fused query/key/value weight (3H, H), a group with `blocks=3`, steps as LAMB steps transformers'
+    three (H, H) weights: one trust ratio each, not one for the whole."""
+    torch.manual_seed(0)
+    parts = [torch.randn(4, 3) * scale for scale in (0.1, 1.0, 10.0)]
+    grads = [[torch.randn(4, 3) * scale for scale in (1.0, 0.01, 3.0)] for _ in range(5)]
+    apart = [torch.nn.Parameter(p.clone()) for p in parts]
+    fused = torch.nn.Parameter(torch.cat(parts))
+    optimizers = [
+        Lamb([{"params": apart, "adapt": True}], lr=0.05, weight_decay=0.01),
+        Lamb([{"params": [fused], "adapt": True, "blocks": 3}], lr=0.05, weight_decay=0.01),
+    ]
+    whole = Lamb([{"params": [torch.nn.Parameter(fused.detach().clone())], "adapt": True}], lr=0.05, weight_decay=0.01)
+    for step_grads in grads:
+        for p, g in zip(apart, step_grads, strict=True):
+            p.grad = g
+        fused.grad = torch.cat(step_grads)
+        whole.param_groups[0]["params"][0].grad = torch.cat(step_grads)
+        for optimizer in (*optimizers, whole):
+            optimizer.step()
+    torch.testing.assert_close(fused.detach(), torch.cat([p.detach() for p in apart]), atol=1e-7, rtol=1e-6)
+    assert not torch.allclose(whole.param_groups[0]["params"][0], fused, atol=1e-4)  # one ratio for all: other steps
+
+
+def test_lamb_groups_the_fused_projections_by_their_blocks():
+    model = BertForPreTraining(TINY)
+    optimizer = build_optimizer(model, OptimConfig(name="lamb"), total_steps=10)["optimizer"]
+    fused = [g for g in optimizer.param_groups if g["blocks"] == 3]
+    assert len(fused) == 1 and len(fused[0]["params"]) == TINY.num_hidden_layers and fused[0]["adapt"]
+    assert all(p.shape == (3 * TINY.hidden_size, TINY.hidden_size) for p in fused[0]["params"])
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
+
+
 def test_nvidia_polynomial_schedule():
     factor = poly_warmup_decay(warmup_steps=10, total_steps=100, power=0.5)
     assert [factor(s) for s in (0, 5, 10)] == [0.0, 0.5, 0.9**0.5]

@@ -143,8 +143,8 @@ class BertSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
         """x is (B, T, H), or (N, H) where `layout` runs the layers on fewer tokens; the output has x's shape."""
-        q, k, v = self.qkv(x).chunk(3, dim=-1)  # views of one (..., 3H) output, each (..., H)
-        return layout.attention(q, k, v, self.num_heads, self.dropout_p if self.training else 0.0)
+        qkv = self.qkv(x)  # (..., 3H): query, key and value side by side; the layout splits them (views)
+        return layout.attention(qkv, self.num_heads, self.dropout_p if self.training else 0.0)
 
     def probabilities(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         """softmax(QK^T / sqrt(D)) (B, A, T, T): what the fused kernel computes inside, for looking at heads."""

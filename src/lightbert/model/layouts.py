@@ -1,7 +1,8 @@
 """Where a batch's tokens sit while the encoder's layers run on them, and how attention runs over them there.
 
 `layout_for` picks one layout per forward pass from the padding mask, packed rows and `BertModel.unpad`; every
-layer then calls its `unpad`, `pad` and `attention`:
+layer then calls its `unpad`, `pad` and `attention` (which takes the fused projection's output, query, key and value
+side by side, (..., 3H)):
 
 - `Padded`: the (B, T) rows as they are, attention under a mask (the padding's, or packed rows' (T, T) one).
 - `RealTokensRepadded`, `RealTokensInGroups`, `RealTokensVarlen`: the layers run on the real tokens only, (N, H)
@@ -129,8 +130,8 @@ class Padded:
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, dropout_p: float):
-        return padded_attention(q, k, v, heads, self.mask, dropout_p, self.is_causal)
+    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float):
+        return padded_attention(*qkv.chunk(3, -1), heads, self.mask, dropout_p, self.is_causal)
 
 
 class RealTokens:
@@ -158,8 +159,8 @@ class RealTokensRepadded(RealTokens):
         super().__init__(attention_mask)
         self.mask, self.is_causal = mask, is_causal
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, dropout_p: float):
-        out = padded_attention(self.pad(q), self.pad(k), self.pad(v), heads, self.mask, dropout_p, self.is_causal)
+    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float):
+        out = padded_attention(*self.pad(qkv).chunk(3, -1), heads, self.mask, dropout_p, self.is_causal)
         return self.unpad(out)
 
 
@@ -212,8 +213,8 @@ class RealTokensInGroups(RealTokens):
         super().__init__(attention_mask)
         self.groups, self.is_causal = groups, is_causal
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, dropout_p: float):
-        """Attention of the real tokens q, k, v (N, H) -> (N, H), each length group padded to its own longest.
+    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float):
+        """Attention of the real tokens' qkv (N, 3H) -> (N, H), each length group padded to its own longest.
 
         The same result as attention over the (B, T) batch with the padding mask: every query attends to the real
         keys of its own sequence (left to right, `is_causal`: those at or before it; a group's padding is at the
@@ -221,8 +222,8 @@ class RealTokensInGroups(RealTokens):
         square of the padded length, so a batch of mixed lengths (fine-tuning: SST-2's sentences are a third of
         their batch's longest) does a fraction of it.
         """
-        hidden = q.shape[-1]
-        qkv = torch.cat([torch.cat([q, k, v], dim=1), q.new_zeros(1, 3 * hidden)])  # (N + 1, 3H); row N pads
+        hidden = qkv.shape[-1] // 3
+        qkv = torch.cat([qkv, qkv.new_zeros(1, 3 * hidden)])  # (N + 1, 3H); row N pads
         outputs = []
         for group in self.groups.parts:
             b, t = group.mask.shape[0], group.mask.shape[-1]
@@ -243,8 +244,8 @@ class RealTokensVarlen(RealTokens):
         super().__init__(attention_mask)
         self.segments, self.is_causal = Segments.of_padded(attention_mask), is_causal
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, dropout_p: float):
-        return varlen_attention(q, k, v, self.segments, heads, dropout_p, self.is_causal)
+    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float):
+        return varlen_attention(*qkv.chunk(3, -1), self.segments, heads, dropout_p, self.is_causal)
 
 
 class PackedRowsVarlen:
@@ -262,8 +263,8 @@ class PackedRowsVarlen:
     def pad(self, x: torch.Tensor) -> torch.Tensor:  # (B·T, H) -> (B, T, H)
         return x.view(self.batch, self.seq_len, -1)
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, dropout_p: float):
-        return varlen_attention(q, k, v, self.segments, heads, dropout_p)
+    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float):
+        return varlen_attention(*qkv.chunk(3, -1), self.segments, heads, dropout_p)
 
 
 Layout = Padded | RealTokensRepadded | RealTokensInGroups | RealTokensVarlen | PackedRowsVarlen
