@@ -19,6 +19,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from helpers import runtime
+from lightbert.run import console
 from lightbert.run.configs import compose_config as lightbert_compose_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,11 +36,10 @@ city year state world school people part music team river war album film series 
 """.split()
 
 
-# What libraries print that a user cannot act on (seen on CPU and on an H100), kept off lightbert's console.
-CONSOLE_NOISE = (
-    "GPU available:", "TPU available:", "litmodels", "litlogger", "does not have many workers",
-    "set_float32_matmul_precision", "AccumulateGrad", "not resumable", "v_num", "PossibleUserWarning",
-)  # fmt: skip
+# What libraries print that a user cannot act on: what lightbert filters (lightbert.run.console.CONSOLE_NOISE), and
+# what it never lets them print (Lightning's TF32 advice: the run sets it; the progress bar's version number; any
+# warning Lightning thinks may be the user's).
+CONSOLE_NOISE = (*console.CONSOLE_NOISE, "set_float32_matmul_precision", "v_num", "PossibleUserWarning")
 
 
 def console_noise(result: subprocess.CompletedProcess) -> list[str]:

@@ -222,7 +222,7 @@ def launched_by_another() -> bool:
 
 
 def record_members(members: list[dict]) -> None:
-    """Every process of the job ({"rank", "host", "pid"}), gathered once at start-up (`run.agreement`)."""
+    """Every process of the job ({"rank", "host", "pid"}), gathered once at start-up (`plugins.agreement`)."""
     global _world_size
     _members[:] = members
     _world_size = len(members)

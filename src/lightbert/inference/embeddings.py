@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from lightbert.checkpoints.reading import load_encoder, load_pretrained
 from lightbert.data.batches import pad_batch
@@ -25,6 +25,7 @@ from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
 from lightbert.files import open_atomically, read_input_text
 from lightbert.model import BertModel
+from lightbert.run.settings import FeatureSettings
 
 PAIR_SEPARATOR = " ||| "
 
@@ -105,24 +106,24 @@ def pick_device(name: str) -> torch.device:
 
 
 def extract_to_file(cfg: DictConfig) -> tuple[Path, int]:
-    """What `src/extract_features.py` runs: returns the output file and the number of lines written."""
-    output_file = Path(cfg.output_file).expanduser()
-    if output_file.exists() and not cfg.overwrite:
+    """What `src/extract_features.py` runs: its config typed once (`FeatureSettings`), then every line's features
+    written. Returns the output file and the number of lines written."""
+    settings = FeatureSettings.from_config(cfg)
+    output_file = settings.output_file
+    if output_file.exists() and not settings.overwrite:
         raise UserError(f"output_file={output_file} exists; choose another name or pass overwrite=true")
-    lines = read_lines(Path(cfg.input_file).expanduser())
-    pretrained = load_pretrained(str(cfg.init_from))
+    lines = read_lines(settings.input_file)
+    pretrained = load_pretrained(settings.init_from)
     if pretrained.tokenizer is None:
-        raise UserError(f"init_from={cfg.init_from} comes without a tokenizer (tokenizer.json or vocab.txt)")
-    if cfg.max_seq_length > pretrained.config["max_position_embeddings"]:
-        raise UserError(
-            f"max_seq_length={cfg.max_seq_length} exceeds the model's {pretrained.config['max_position_embeddings']} "
-            "positions"
-        )
-    layers = OmegaConf.to_container(cfg.layers) if OmegaConf.is_list(cfg.layers) else [cfg.layers]
-    model = load_encoder(pretrained).to(pick_device(str(cfg.device)))
+        raise UserError(f"init_from={settings.init_from} comes without a tokenizer (tokenizer.json or vocab.txt)")
+    positions, max_seq_length = pretrained.config["max_position_embeddings"], settings.max_seq_length
+    if max_seq_length > positions:
+        raise UserError(f"max_seq_length={max_seq_length} exceeds the model's {positions} positions")
+    model = load_encoder(pretrained).to(pick_device(settings.device))
     count = 0
     with open_atomically(output_file) as f:  # renamed into place when complete
-        for record in extract(model, pretrained.tokenizer, lines, layers, cfg.max_seq_length, cfg.batch_size):
+        tokenizer, layers, batch_size = pretrained.tokenizer, settings.layers, settings.batch_size
+        for record in extract(model, tokenizer, lines, layers, max_seq_length, batch_size):
             f.write(json.dumps(record) + "\n")
             count += 1
     return output_file, count

@@ -38,6 +38,7 @@ from lightbert.data.batches import GPU_EVAL_BATCH_SIZE, pad_batch
 from lightbert.data.encoding import check_max_seq_length
 from lightbert.errors import UserError
 from lightbert.files import open_atomically, read_input_text
+from lightbert.run.settings import PredictSettings
 from lightbert.tasks.finetuned import FineTuned, load_finetuned
 from lightbert.tasks.finetuning.predictor import Predictor, Record, Unit
 from lightbert.tasks.heads import HEADS
@@ -202,36 +203,38 @@ def _ids(fields: dict) -> dict:
 
 
 def predict_to_file(cfg: DictConfig) -> Predicted:
-    """What `src/predict.py` runs."""
+    """What `src/predict.py` runs: its config typed once (`PredictSettings`), then the records read, predicted and
+    written."""
     from lightbert.inference.embeddings import pick_device
 
-    output_file = str(cfg.output_file)
+    settings = PredictSettings.from_config(cfg)
+    output_file = settings.output_file
     if output_file != "-" and Path(output_file).expanduser().is_dir():
         raise UserError(
             f"output_file={output_file} is a directory; give a file name, e.g. {output_file}/predictions.jsonl"
         )
-    if output_file != "-" and Path(output_file).expanduser().exists() and not cfg.overwrite:
+    if output_file != "-" and Path(output_file).expanduser().exists() and not settings.overwrite:
         raise UserError(f"output_file={output_file} exists; choose another name or pass overwrite=true")
     if output_file == "-" and sys.stdout is None:
         raise UserError("output_file=- writes to standard output, which is closed; give a file name instead")
-    device = pick_device(str(cfg.device))
-    batch_size, dtype = batch_size_for(cfg.batch_size, device), dtype_for(str(cfg.get("dtype", "auto")), device)
-    records, input_format = read_records(str(cfg.input_file), str(cfg.input_format))
-    finetuned = load_finetuned(str(cfg.init_from))
+    device = pick_device(settings.device)
+    batch_size, dtype = batch_size_for(settings.batch_size, device), dtype_for(settings.dtype, device)
+    records, input_format = read_records(settings.input_file, settings.input_format)
+    finetuned = load_finetuned(settings.init_from)
     head_class = HEADS[finetuned.head].predictor
     if input_format == "text" and not head_class.plain_text:
         raise UserError(
-            f"input_file={cfg.input_file} holds plain text lines, and init_from is {finetuned.describe()}, which "
-            f"reads JSON lines: {head_class.reads}"
+            f"input_file={settings.input_file} holds plain text lines, and init_from is {finetuned.describe()}, "
+            f"which reads JSON lines: {head_class.reads}"
         )
     say(f"predicting {len(records)} record(s) with {finetuned.describe()} from {finetuned.source}")
     predicted, head = predict_records(
         finetuned,
         records,
         batch_size=batch_size,
-        max_seq_length=cfg.max_seq_length,
+        max_seq_length=settings.max_seq_length,
         device=device,
-        options={key: cfg.get(key) for key in head_class.options},
+        options={key: settings.options.get(key) for key in head_class.options},
         progress=True,
         dtype=dtype,
     )

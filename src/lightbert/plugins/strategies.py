@@ -147,10 +147,3 @@ def fsdp_strategy(
             f"{', '.join(RESHARD_AFTER_FORWARD)}" + (f"; for it use {instead}" if instead else "")
         )
     return FullyShardedStrategy(RESHARD_AFTER_FORWARD[sharding_strategy], activation_checkpointing)
-
-
-def is_fsdp(trainer_config) -> bool:
-    """Whether a trainer config (`cfg.trainer`) runs `fsdp_strategy`."""
-    strategy = trainer_config.get("strategy")
-    target = strategy.get("_target_", "") if hasattr(strategy, "get") else ""
-    return str(target).endswith("fsdp_strategy")

@@ -48,7 +48,7 @@ CONSOLE_NOISE = {
     "is smaller than the logging interval": "nothing left for the user to do",
     # A fine-tuning run resumed within an epoch: plugins.callbacks.FineTuningResume says what that epoch trains
     # instead (pre-training's loaders resume by step and never raise it).
-    "dataloader is not resumable": "said by lightbert, with what it means",
+    "not resumable": "said by lightbert, with what it means",
     # The feature-based tasks keep their frozen encoder in eval mode on purpose (no dropout in the features).
     "in eval mode at the start of training": "on purpose",
 }

@@ -255,10 +255,6 @@ class StoredDocuments:
         documents, sentences, _ = self.chunks[chunk]
         return sentences[documents[row] : documents[row + 1] + 1].tolist()
 
-    def table_row(self, index: int) -> int:
-        """The row of the table under the view that holds the dataset's row `index`."""
-        return int(index) if self.rows is None else self.rows[index].item()
-
     def tokens(self, row: int, start: int, length: int) -> np.ndarray:
         """`length` tokens from token `start` of the document in table row `row` (its sentences end to end)."""
         chunk = bisect_right(self.chunk_starts, row) - 1
