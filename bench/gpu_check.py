@@ -4,6 +4,11 @@ markdown table and one JSON file.
     python bench/gpu_check.py --out gpu-check                # one GPU, no network, at most --budget s (480)
     python bench/gpu_check.py --device cpu --out gpu-check   # the same parts at tiny sizes (the test suite's run)
 
+It writes gpu-check.md (the tables), gpu-check.json, and the same JSON as gpu-check-<date>-<device>.json, the name
+under which a GPU run's results are committed to bench/results/ (bench/results/README.md). The JSON holds the device,
+torch's version, the commit, every case's figures (a pre-training case's `"profile"` too) and `"targets"`: the six
+figures issue 60 sets targets for, null where not run (all null with --device cpu, whose sizes are not theirs).
+
 Parts, in order, each in a process of its own with its own time budget (a part that fails or runs past its budget is
 reported as "not run: <why>" and the next part starts; the overall --budget caps them all):
 
@@ -11,16 +16,25 @@ reported as "not run: <why>" and the next part starts; the overall --budget caps
 2. bert_base, 128 tokens, batch 256, pre-training: lightbert eager against transformers eager, then lightbert
    compiled against transformers eager and compiled (MFU, ratios, graph breaks and recompilations).
 3. bert_large at 512 tokens (batch 32): tokens/s.
-4. bert_large at 128 tokens, the paper's per-device batch of 32: MFU.
+4. bert_large at 128 tokens, the paper's per-device batch of 32: MFU; and the headline command itself,
+   `src/train.py model=bert_large task=pretrain trainer=ddp8 trainer.devices=1` for 100 steps through Lightning, its
+   steady tokens/s (`train/tokens_per_s` in metrics.csv) over the bare step's: the loop's overhead.
 5. The fine-tuning step (bert_base, 32 sentences) against transformers.
 6. Inference: `predict` against `transformers.pipeline` (`bench/predict_vs_pipeline.py`).
 7. Each speed switch of docs/speed.md toggled from the defaults on part 2's step; a switch whose package or device
    is missing (fp8 without torchao) is reported as not run, with the reason.
 
 Every case is `bench/pretrain_step.py`'s or `bench/predict_vs_pipeline.py`'s own code, imported, and read with
-`bench/switch_table.py`'s parsing, so the figures mean what those scripts print. With `--device cpu` the sizes are
-tiny (bert_tiny, 64 tokens, batch 4, one repeat, graphs compiled with aot_eager): every path runs, the numbers mean
-nothing.
+`bench/switch_table.py`'s parsing, so the figures mean what those scripts print. Each pre-training case also runs
+one steady step of lightbert's under torch's profiler (`bench/step_profile.py`): milliseconds and share by kind of
+work (GEMM, attention, normalization, element-wise, loss, optimizer, copies, host gaps) and the kernel launches,
+in a second table. With `--device cpu` the sizes are tiny (bert_tiny, 64 tokens, batch 4, one repeat, graphs
+compiled with aot_eager, the headline command 12 steps): every path runs, the numbers mean nothing; the profile then
+counts the CPU's aten ops.
+
+The arguments are checked before anything is written (one line, exit 1). Ctrl-C or SIGTERM stops the running part
+with every process it started (each part and `pytest` run in a process group of their own), skips the parts after
+it, and still writes the tables and JSON of what finished (exit 130 or 143).
 """
 
 from __future__ import annotations
@@ -32,15 +46,20 @@ os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 import argparse
 import contextlib
+import csv
+import datetime
 import importlib.util
 import io
 import json
 import multiprocessing
 import re
+import signal
+import statistics
 import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +71,7 @@ sys.path.insert(0, str(BENCH))
 
 import predict_vs_pipeline  # noqa: E402
 import pretrain_step  # noqa: E402
+import step_profile  # noqa: E402
 import switch_table  # noqa: E402
 
 # A side's line of pretrain_step.py's report: ms/step, tokens/s and the share of the peak.
@@ -63,6 +83,32 @@ RATE = re.compile(r"^ +(lightbert predict|pipeline, batch \d+) +([\d.]+) example
 PREDICT_RATIO = re.compile(r"predict speedup vs transformers\.pipeline: ([\d.]+)x")
 PYTEST_LINE = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", re.MULTILINE)
 PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
+PROFILE = re.compile(r"^profile json: (\{.*\})$", re.MULTILINE)
+HEADLINE = "headline command (src/train.py)"
+# The figures issue 60 sets targets for, in the JSON's "targets" (null where not run, always with --device cpu).
+TARGETS = [
+    "headline_bert_large_s128_b32_mfu",
+    "bert_base_s128_b256_mfu",
+    "bert_base_s128_b256_vs_transformers_compiled",
+    "bert_large_s512_b32_real_tokens_per_s",
+    "finetune_step_vs_transformers",
+    "inference_vs_pipeline",
+]
+SIGNALS = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
+
+
+class StopSignal(BaseException):
+    """Ctrl-C or SIGTERM reached the check: what finished is still reported. A BaseException, as KeyboardInterrupt
+    is, so that no `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(SIGNALS.get(signum, f"signal {signum}"))
+        self.signum = signum
+        self.results: dict | None = None  # the interrupted part's results so far
+
+
+def raise_interrupted(signum, frame) -> None:
+    raise StopSignal(signum)
 
 
 @dataclass
@@ -77,7 +123,7 @@ class Part:
 def parts(args: argparse.Namespace) -> list[Part]:
     """The check's parts at this device's sizes."""
     gpu = args.device == "cuda"
-    common = ["--device", args.device, "--warmup", "2" if gpu else "0", "--repeats", "5" if gpu else "1"]
+    common = ["--device", args.device, "--warmup", "2" if gpu else "0", "--repeats", "5" if gpu else "1", "--profile"]
     if not gpu:
         common += ["--compile-backend", "aot_eager", "--threads", str(torch.get_num_threads())]
     base = [*common, "--model", args.model, "--seq-len", "128" if gpu else "64", "--batch-size", "256" if gpu else "4"]
@@ -108,7 +154,11 @@ def parts(args: argparse.Namespace) -> list[Part]:
         Part("pytest -m gpu", 150, kind="pytest"),
         Part(f"pre-training {args.model}", 180, {"eager": base, "compiled": [*base, "--compile", "--hf-compile"]}),
         Part(f"{args.large_model} at {large_len} tokens", 45, {"eager": [*large, "--seq-len", large_len]}),
-        Part(f"{args.large_model} at 128 tokens, batch 32", 40, {"eager": [*large, "--seq-len", "128"]}),
+        Part(
+            f"{args.large_model} at 128 tokens, batch 32",
+            190 if gpu else 120,  # the headline command: start-up, data, 100 steps (compile, where it is the default)
+            {"eager": [*large, "--seq-len", "128"], HEADLINE: headline_overrides(args)},
+        ),
         Part(
             "fine-tuning step",
             40,
@@ -118,6 +168,21 @@ def parts(args: argparse.Namespace) -> list[Part]:
         Part("inference", 50, {"predict vs pipeline": inference_flags(args)}, kind="inference"),
         Part("speed switches", 150, switches, not_run=not_run),
     ]
+
+
+def headline_overrides(args: argparse.Namespace) -> list[str]:
+    """`src/train.py`'s overrides for the headline command's per-device work (what `trainer=ddp8` runs on each GPU) on
+    this one device; on a CPU at the bare step's tiny sizes, in fp32, for 12 steps."""
+    gpu = args.device == "cuda"
+    steps = 100 if gpu else 12
+    overrides = [
+        f"model={args.large_model}", "task=pretrain", "trainer=ddp8", "trainer.devices=1",
+        f"task.batch_size={32 if gpu else 4}", "task.max_seq_length=128", f"trainer.max_steps={steps}",
+        f"trainer.val_check_interval={steps + 1}", f"task.checkpoint_every_n_steps={steps + 1}", "logger=csv",
+    ]  # fmt: skip
+    if not gpu:
+        overrides += ["trainer.accelerator=cpu", "trainer.precision=32-true", "trainer.log_every_n_steps=2"]
+    return overrides
 
 
 def inference_flags(args: argparse.Namespace) -> list[str]:
@@ -142,12 +207,46 @@ def figures(name: str, output: str) -> dict:
             found[match[1]] = {"examples_per_s": float(match[2])}
         elif match := PREDICT_RATIO.search(line):
             found["vs eager"] = match[1] + "x"
+    if match := PROFILE.search(output):
+        found["profile"] = json.loads(match[1])
     return found
+
+
+def headline_case(overrides: list[str], run_dir: Path) -> dict:
+    """The headline command through Lightning in a child process (this part's process group): its steady tokens/s,
+    the median of `train/tokens_per_s` over the logged steps of its second half (compiling and warm-up left out)."""
+    command = [sys.executable, str(REPO / "src" / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    log = run_dir.with_suffix(".log")
+    started = time.perf_counter()
+    with log.open("w") as f:
+        code = subprocess.run(command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT).returncode
+    seconds = time.perf_counter() - started
+    if code != 0:
+        last = [line for line in log.read_text().splitlines() if line.strip()][-1:] or ["no output"]
+        raise RuntimeError(f"src/train.py ended with exit code {code}: {last[0][:200]} (see {log.name})")
+    steps = int(next(o for o in overrides if o.startswith("trainer.max_steps=")).split("=")[1])
+    return {**steady_rate(run_dir / "metrics.csv", steps), "command_s": round(seconds, 1)}
+
+
+def steady_rate(metrics: Path, steps: int) -> dict:
+    """A run's steady `train/tokens_per_s` (and `train/mfu` on a GPU) from its metrics.csv: the median of the logged
+    steps of its second half, or of every logged step where the second half logged none."""
+    with metrics.open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/tokens_per_s")]
+    if not rows:
+        raise RuntimeError(f"src/train.py logged no train/tokens_per_s in {metrics}")
+    steady = [r for r in rows if int(r["step"]) >= steps // 2] or rows
+    found = {"steady_tokens_per_s": round(statistics.median(float(r["train/tokens_per_s"]) for r in steady))}
+    if mfu := [float(r["train/mfu"]) for r in steady if r.get("train/mfu")]:
+        found["mfu"] = round(statistics.median(mfu), 4)
+    return {**found, "steps": steps, "logged_steps": len(steady)}
 
 
 def run_case(part: Part, flags: list[str], datamodules: dict) -> str:
     """The case's printed report."""
     out = io.StringIO()
+    if flags and "=" in flags[0]:  # src/train.py's overrides: the headline command
+        return json.dumps(headline_case(flags, datamodules["out"] / "headline-run"))
     if part.kind == "inference":
         argv = sys.argv
         sys.argv = ["predict_vs_pipeline.py", *flags]
@@ -178,14 +277,23 @@ def run_case(part: Part, flags: list[str], datamodules: dict) -> str:
 
 
 def part_process(part: Part, path: Path) -> None:
-    """Runs the part's cases in order, writing `path` after each: what finished survives a kill."""
+    """Runs the part's cases in order, writing `path` after each: what finished survives a kill. Its own process
+    group, so that stopping the part stops what it started too; a Ctrl-C that reaches it stops the part."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # not the check's handlers, inherited by a fork
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     results: dict[str, dict] = {}
-    datamodules: dict = {}
+    datamodules: dict = {"out": path.parent.parent}
     for case, flags in part.cases.items():
         started = time.perf_counter()
         try:
             output = run_case(part, flags, datamodules)
-            results[case] = figures(case, output)
+            results[case] = json.loads(output) if case == HEADLINE else figures(case, output)
+        except KeyboardInterrupt:
+            results[case] = {"not run": "interrupted by SIGINT (Ctrl-C)"}
+            path.write_text(json.dumps(results))
+            raise SystemExit(130) from None
         except BaseException as error:  # SystemExit included: a script's sys.exit is its error message
             lines = traceback.format_exception_only(type(error), error)
             results[case] = {"error": lines[-1].strip()[:300]}
@@ -195,28 +303,52 @@ def part_process(part: Part, path: Path) -> None:
         path.write_text(json.dumps(results))
 
 
+def stop_group(pid: int, alive: Callable[[], bool]) -> None:
+    """Ends process `pid`'s process group (the child and whatever it started): SIGTERM, SIGKILL 5 s later if the
+    child is still `alive()`, and SIGKILL to what is left of the group once it is not."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + 5
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)  # the leader is gone: what it started goes too
+            return
+
+
 def run_pytest(part: Part, args: argparse.Namespace, budget: float) -> dict[str, dict]:
-    """`pytest -m gpu` in a subprocess; its counts, from the summary line or, cut short, from the lines so far."""
+    """`pytest -m gpu` in a subprocess of its own process group; its counts, from the summary line or, cut short,
+    from the lines so far."""
     log = args.out / "pytest-gpu.log"
     command = [sys.executable, "-m", "pytest", "-m", "gpu", "-n", "0", "-v", "-p", "no:cacheprovider",
                "--continue-on-collection-errors", *args.pytest_paths]  # fmt: skip
     started = time.perf_counter()
+    interrupted = None
     with log.open("w") as f:
-        process = subprocess.Popen(command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, process_group=0)
         try:
             process.wait(timeout=budget)
             cut = None
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
             cut = f"ran past its budget of {budget:.0f} s"
+        except StopSignal as error:
+            interrupted = error
+            cut = f"interrupted by {error}"
+        finally:
+            if process.poll() is None:
+                stop_group(process.pid, lambda: process.poll() is None)
+                process.wait()
     text = log.read_text()
     tests = dict(PYTEST_LINE.findall(text))
     counts = {outcome.lower(): sum(1 for o in tests.values() if o == outcome) for outcome in set(tests.values())}
     summary = [
         line for line in text.splitlines() if re.match(r"^=+ .*\b(passed|failed|skipped|error|deselected)", line)
     ]
-    if summary:
+    if summary and not cut:
         counts = {
             ("error" if word.startswith("error") else word): int(n) for n, word in PYTEST_COUNT.findall(summary[-1])
         }
@@ -232,31 +364,50 @@ def run_pytest(part: Part, args: argparse.Namespace, budget: float) -> dict[str,
         result["error"] = f"not run to the end: {cut} (counts so far)"
     elif not summary:
         result["error"] = f"pytest ended with exit code {process.returncode} and no summary; see {log.name}"
+    if interrupted:
+        interrupted.results = {"gpu tests": result}
+        raise interrupted
     return {"gpu tests": result}
 
 
 def run_part(part: Part, args: argparse.Namespace, budget: float) -> dict[str, dict]:
-    """The part's results by case: figures, an error, or why it was not run."""
+    """The part's results by case: figures, an error, or why it was not run. Interrupted, it stops the part's
+    process group and raises `StopSignal` holding what finished."""
     if part.kind == "pytest":
         return run_pytest(part, args, budget)
     path = args.out / "parts" / (re.sub(r"\W+", "_", part.name) + ".json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     process = multiprocessing.get_context(args.start_method).Process(target=part_process, args=(part, path))
-    process.start()
-    process.join(timeout=budget)
-    why = None
-    if process.is_alive():
-        process.kill()
-        process.join()
-        why = f"the part ran past its budget of {budget:.0f} s"
-    elif process.exitcode != 0:
-        why = f"the part's process ended with exit code {process.exitcode}"
+    why = interrupted = None
+    try:
+        process.start()
+        with contextlib.suppress(OSError):  # the child does it too; whichever comes first (a spawned one has exec'd)
+            os.setpgid(process.pid, process.pid)
+        process.join(timeout=budget)
+        if process.is_alive():
+            why = f"the part ran past its budget of {budget:.0f} s"
+        elif process.exitcode != 0:
+            why = f"the part's process ended with exit code {process.exitcode}"
+    except StopSignal as error:
+        interrupted = error
+        why = f"interrupted by {error}"
+    finally:
+        if process.is_alive():
+            stop_group(process.pid, process.is_alive)
+            process.join()
     results = json.loads(path.read_text()) if path.is_file() else {}
     for case in part.cases:
         if case not in results:
             results[case] = {"not run": why or "the part ended before it"}
+    if HEADLINE in results and "steady_tokens_per_s" in results[HEADLINE]:
+        bare = results.get("eager", {}).get("lightbert", {}).get("tokens_per_s")
+        if bare:  # the loop's overhead: 1.00 means none
+            results[HEADLINE]["vs bare step"] = round(results[HEADLINE]["steady_tokens_per_s"] / bare, 3)
     results.update({case: {"not run": reason} for case, reason in part.not_run.items()})
+    if interrupted:
+        interrupted.results = results
+        raise interrupted
     return results
 
 
@@ -278,6 +429,11 @@ def table_rows(part: str, results: dict[str, dict]) -> list[list[str]]:
                                                                              else "")])  # fmt: skip
         elif "error" in found:
             rows.append([part, case, "", "", "", "", "", "", f"not run: {found['error']}"])
+        elif case == HEADLINE:
+            ratio = f"{found['vs bare step']:.2f}x the bare step's tokens/s" if "vs bare step" in found else ""
+            mfu = f"{100 * found['mfu']:.1f}%" if "mfu" in found else ""
+            notes = f"{found['steps']} steps through Lightning in {found['command_s']:.0f} s; {ratio}"
+            rows.append([part, case, "", f"{found['steady_tokens_per_s']} tokens/s", mfu, "", "", "", notes])
         else:
             ours = found.get("lightbert", {})
             hf = found.get("transformers compiled") or found.get("transformers") or {}
@@ -292,17 +448,142 @@ def table_rows(part: str, results: dict[str, dict]) -> list[list[str]]:
     return rows
 
 
+def profile_rows(report: dict) -> list[list[str]]:
+    """A row per profiled case: the step's ms, its launches, and each kind's ms and share."""
+    rows = []
+    for part, results in report["parts"].items():
+        for case, found in results.items():
+            if profile := found.get("profile"):
+                kinds = [f"{k['ms']:.1f} ({100 * k['share']:.0f}%)" for k in profile["kinds"].values()]
+                rows.append([part, case, f"{profile['step_ms']:.1f}", str(profile["launches"]), *kinds])
+    return rows
+
+
 def markdown(report: dict, peak_name: str) -> str:
     header = [h.format(peak=peak_name) for h in HEADER]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for part, results in report["parts"].items():
         for row in table_rows(part, results):
             lines.append("| " + " | ".join(cell.replace("|", "/") for cell in row) + " |")
+    if profiled := profile_rows(report):
+        what = "kernels' device time" if report["device"] != "cpu" else "aten ops' CPU time"
+        header = ["part", "case", "step ms", "launches", *(f"{kind} ms (share)" for kind in step_profile.KINDS)]
+        lines += ["", f"Where one steady step's time goes (torch.profiler, {what}):", ""]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in profiled]
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def number(text: str | None) -> float | None:
+    return float(text.rstrip("x")) if text else None
+
+
+def targets(report: dict, args: argparse.Namespace) -> dict[str, float | None]:
+    """Issue 60's six figures from this run's results, null where not run or not at their sizes (any CPU run)."""
+    found = dict.fromkeys(TARGETS)
+    if args.device != "cuda":
+        return found
+
+    def case(part: str, name: str) -> dict:
+        result = report["parts"].get(part, {}).get(name, {})
+        return {} if "not run" in result or "error" in result else result
+
+    if args.large_model == "bert_large":
+        if peak := case("bert_large at 128 tokens, batch 32", "eager").get("lightbert", {}).get("peak_percent"):
+            found["headline_bert_large_s128_b32_mfu"] = round(peak / 100, 4)
+        found["bert_large_s512_b32_real_tokens_per_s"] = (
+            case("bert_large at 512 tokens", "eager").get("lightbert", {}).get("tokens_per_s")
+        )
+    if args.model == "bert_base":
+        if peak := case("pre-training bert_base", "eager").get("lightbert", {}).get("peak_percent"):
+            found["bert_base_s128_b256_mfu"] = round(peak / 100, 4)
+        found["bert_base_s128_b256_vs_transformers_compiled"] = number(
+            case("pre-training bert_base", "compiled").get("vs compiled")
+        )
+        found["finetune_step_vs_transformers"] = number(case("fine-tuning step", "eager").get("vs eager"))
+        found["inference_vs_pipeline"] = number(case("inference", "predict vs pipeline").get("vs eager"))
+    return found
+
+
+def commit() -> str | None:
+    """The checkout's commit, with "-dirty" when files differ from it; None without git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=30).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def results_name(device: str) -> str:
+    """gpu-check-<date>-<device>.json, the name a GPU run's JSON is committed under in bench/results/."""
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+    return f"gpu-check-{datetime.datetime.now(datetime.UTC):%Y-%m-%d}-{slug}.json"
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        sys.exit(f"gpu_check.py: {message} (--help lists the arguments)")
+
+
+def refuse(message: str):
+    sys.exit(f"gpu_check.py: {message}")
+
+
+def check_out(out: Path) -> None:
+    """--out is a directory this process can create or write into: checked before anything is written."""
+    if out.exists() and not out.is_dir():
+        refuse(f"--out {out} is a file, not a directory; give a directory (new or existing)")
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        refuse(f"--out {out}: {existing} is a file, not a directory; give a directory (new or existing)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        refuse(f"--out {out}: {existing} is read-only; give a directory you can write to")
+
+
+def check_arguments(args: argparse.Namespace, all_parts: list[Part]) -> dict[str, float]:
+    """Every argument checked before anything is written (one line each); the part budgets by name."""
+    names = [part.name for part in all_parts]
+    listed = "; parts: " + ", ".join(names)
+    if not args.budget > 0:
+        refuse(f"--budget {args.budget:g}: give a positive number of seconds")
+    for given in args.parts or []:
+        if not any(name.startswith(given) for name in names):
+            refuse(f"--parts {given}: no part's name starts so{listed}")
+    budgets = {}
+    for given in args.part_budget:
+        name, _, seconds = given.rpartition("=")
+        if not name:
+            refuse(f"--part-budget {given}: give PART=SECONDS, e.g. inference=60")
+        if not any(part.startswith(name) for part in names):
+            refuse(f"--part-budget {given}: no part's name starts with {name!r}{listed}")
+        try:
+            budgets[name] = float(seconds)
+        except ValueError:
+            refuse(f"--part-budget {given}: {seconds!r} is not a number of seconds; give PART=SECONDS, e.g. {name}=60")
+        if not budgets[name] > 0:
+            refuse(f"--part-budget {given}: a part's budget must be a positive number of seconds")
+    check_out(args.out)
+    return budgets
+
+
+def write_report(report: dict, args: argparse.Namespace, name: str) -> str:
+    """gpu-check.json, its dated copy and gpu-check.md; the tables."""
+    table = markdown(report, "MFU" if args.device == "cuda" else "% of matmul peak")
+    text = json.dumps(report, indent=1)
+    (args.out / "gpu-check.json").write_text(text)
+    (args.out / results_name(report["device"])).write_text(text)
+    (args.out / "gpu-check.md").write_text(f"{name}, torch {torch.__version__}, {report['seconds']} s\n\n{table}\n")
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=Path("gpu-check"), help="directory for gpu-check.md/.json")
     parser.add_argument("--budget", type=float, default=480, help="seconds for everything; each part has its own too")
@@ -317,46 +598,69 @@ def main() -> None:
         "--start-method", choices=["spawn", "fork"], default=None,
         help="how each part's process starts: default spawn on CUDA (a fork cannot use CUDA), fork on a CPU (faster)",
     )  # fmt: skip
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     gpu = args.device == "cuda"
     args.start_method = args.start_method or ("spawn" if gpu else "fork")
     args.model = args.model or ("bert_base" if gpu else "bert_tiny")
     args.large_model = args.large_model or ("bert_large" if gpu else "bert_tiny")
+    all_parts = parts(args)
+    budgets = check_arguments(args, all_parts)
     args.out.mkdir(parents=True, exist_ok=True)
-    budgets = {}
-    for given in args.part_budget:
-        name, _, seconds = given.rpartition("=")
-        if not name:
-            sys.exit(f"gpu_check.py: --part-budget takes PART=SECONDS, got {given!r}")
-        budgets[name] = float(seconds)
 
     started = time.perf_counter()
     name = torch.cuda.get_device_name(0) if gpu else f"CPU, {torch.get_num_threads()} threads"
-    report = {"device": name, "torch": torch.__version__, "budget_s": args.budget, "parts": {}}
-    for part in parts(args):
-        if args.parts and not any(part.name.startswith(p) for p in args.parts):
-            continue
-        left = args.budget - (time.perf_counter() - started)
-        budget = min(next((s for n, s in budgets.items() if part.name.startswith(n)), part.budget), left)
-        if budget < 1:
-            report["parts"][part.name] = {
-                case: {"not run": f"the overall budget of {args.budget:.0f} s (--budget) was spent"}
-                for case in [*(part.cases or ["gpu tests"]), *part.not_run]
-            }
-        else:
-            print(f"[{time.perf_counter() - started:5.0f} s] {part.name} (budget {budget:.0f} s)", flush=True)
-            report["parts"][part.name] = run_part(part, args, budget)
-        (args.out / "gpu-check.json").write_text(json.dumps(report, indent=1))
+    report = {
+        "device": name if gpu else "cpu", "device_detail": name, "torch": torch.__version__, "commit": commit(),
+        "budget_s": args.budget, "targets": dict.fromkeys(TARGETS), "parts": {},
+    }  # fmt: skip
+    interrupted = None
+    handlers = {sig: signal.signal(sig, raise_interrupted) for sig in SIGNALS}
+    try:
+        for part in all_parts:
+            if args.parts and not any(part.name.startswith(p) for p in args.parts):
+                continue
+            cases = [*(part.cases or ["gpu tests"]), *part.not_run]
+            if interrupted:
+                report["parts"][part.name] = {
+                    c: {"not run": f"the run was interrupted by {interrupted}"} for c in cases
+                }
+                continue
+            left = args.budget - (time.perf_counter() - started)
+            budget = min(next((s for n, s in budgets.items() if part.name.startswith(n)), part.budget), left)
+            if budget < 1:
+                report["parts"][part.name] = {
+                    case: {"not run": f"the overall budget of {args.budget:.0f} s (--budget) was spent"}
+                    for case in cases
+                }
+            else:
+                print(f"[{time.perf_counter() - started:5.0f} s] {part.name} (budget {budget:.0f} s)", flush=True)
+                try:
+                    report["parts"][part.name] = run_part(part, args, budget)
+                except StopSignal as error:
+                    interrupted = error
+                    report["parts"][part.name] = error.results or {
+                        c: {"not run": f"interrupted by {error}"} for c in cases
+                    }
+            report["targets"] = targets(report, args)
+            (args.out / "gpu-check.json").write_text(json.dumps(report, indent=1))
+    except StopSignal as error:  # between parts
+        interrupted = error
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     report["seconds"] = round(time.perf_counter() - started, 1)
-    table = markdown(report, "MFU" if gpu else "% of matmul peak")
-    (args.out / "gpu-check.json").write_text(json.dumps(report, indent=1))
-    (args.out / "gpu-check.md").write_text(f"{name}, torch {torch.__version__}, {report['seconds']} s\n\n{table}\n")
+    if interrupted:
+        report["interrupted"] = str(interrupted)
+    report["targets"] = targets(report, args)
+    table = write_report(report, args, name)
     print(table)
     missing = sum(
         "not run" in found or "error" in found for results in report["parts"].values() for found in results.values()
     )
-    print(f"gpu_check: {report['seconds']:.0f} s; {missing} case(s) not run; {args.out / 'gpu-check.md'}")
+    said = f"; interrupted by {interrupted}" if interrupted else ""
+    print(f"gpu_check: {report['seconds']:.0f} s; {missing} case(s) not run{said}; {args.out / 'gpu-check.md'}")
+    return 128 + interrupted.signum if interrupted else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

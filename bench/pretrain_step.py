@@ -55,6 +55,9 @@ from lightbert.tasks.pretraining.module import PreTrainingModule
 from lightbert.tasks.pretraining.packing import PackingCollator, pack_batch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import step_profile  # noqa: E402
+
 VOCAB_SIZE = 30522  # bert-base-uncased's: the sizes are BERT's even where the demo corpus yields fewer pieces
 
 
@@ -219,6 +222,8 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
     if args.hf_compile:
         steps["transformers compiled"] = compiled_step(hf, hf_inputs, device, args)
     seconds = time_interleaved(steps, device, args.warmup, args.repeats)
+    if args.profile:  # one more step of lightbert's, warm now, under torch's profiler (bench/step_profile.py)
+        print("\n".join(step_profile.lines(step_profile.profile_step(steps["lightbert"], device))))
     lengths = plain["attention_mask"].sum(1).cpu()  # the useful work is each example's, packed or not
     num_predictions = int((plain["labels"] != -100).sum())
     shape = tuple(batch["input_ids"].shape)
@@ -477,6 +482,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--foreach", action="store_true", help="AdamW's foreach implementation (optim.fused=false)")
     parser.add_argument("--dense-mlm-head", action="store_true", help="MLM head on every position")
+    parser.add_argument(
+        "--profile", action="store_true", help="pre-training: one more step under torch's profiler, by kind of work"
+    )
     parser.add_argument(
         "--bf16-weights", action="store_true",
         help="lightbert's model in bf16 with fp32 master weights, no autocast (trainer.precision=bf16-true); bf16",
