@@ -174,7 +174,7 @@ def headline_overrides(args: argparse.Namespace) -> list[str]:
     """`src/train.py`'s overrides for the headline command's per-device work (what `trainer=ddp8` runs on each GPU) on
     this one device; on a CPU at the bare step's tiny sizes, in fp32, for 12 steps."""
     gpu = args.device == "cuda"
-    steps = 100 if gpu else 12
+    steps = 100 if gpu else 8
     overrides = [
         f"model={args.large_model}", "task=pretrain", "trainer=ddp8", "trainer.devices=1",
         f"task.batch_size={32 if gpu else 4}", "task.max_seq_length=128", f"trainer.max_steps={steps}",
@@ -257,6 +257,7 @@ def run_case(part: Part, flags: list[str], datamodules: dict) -> str:
             sys.argv = argv
         return out.getvalue()
     args = pretrain_step.parse_args(flags)
+    pretrain_step.model_config(args.model)  # an unknown size is refused before the data is prepared
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     torch.backends.cuda.matmul.allow_tf32 = False  # as pretrain_step.py: fp32 means fp32 on both sides
@@ -546,6 +547,11 @@ def check_out(out: Path) -> None:
         refuse(f"--out {out}: {existing} is read-only; give a directory you can write to")
 
 
+def named(given: str, names: list[str]) -> list[str]:
+    """The parts `given` names: the one so named, else those whose names start so."""
+    return [name for name in names if name == given] or [name for name in names if name.startswith(given)]
+
+
 def check_arguments(args: argparse.Namespace, all_parts: list[Part]) -> dict[str, float]:
     """Every argument checked before anything is written (one line each); the part budgets by name."""
     names = [part.name for part in all_parts]
@@ -553,14 +559,14 @@ def check_arguments(args: argparse.Namespace, all_parts: list[Part]) -> dict[str
     if not args.budget > 0:
         refuse(f"--budget {args.budget:g}: give a positive number of seconds")
     for given in args.parts or []:
-        if not any(name.startswith(given) for name in names):
+        if not named(given, names):
             refuse(f"--parts {given}: no part's name starts so{listed}")
     budgets = {}
     for given in args.part_budget:
         name, _, seconds = given.rpartition("=")
         if not name:
             refuse(f"--part-budget {given}: give PART=SECONDS, e.g. inference=60")
-        if not any(part.startswith(name) for part in names):
+        if not named(name, names):
             refuse(f"--part-budget {given}: no part's name starts with {name!r}{listed}")
         try:
             budgets[name] = float(seconds)
@@ -590,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="default bert_base on a GPU, bert_tiny on a CPU")
     parser.add_argument("--large-model", default=None, help="default bert_large on a GPU, bert_tiny on a CPU")
     parser.add_argument("--parts", nargs="+", default=None, metavar="PART",
-                        help="only the parts whose names start so (pytest, pre-training, speed, ...)")  # fmt: skip
+                        help="only these parts: a name, or its start (pytest, pre-training, speed, ...)")  # fmt: skip
     parser.add_argument("--pytest-paths", nargs="+", default=["tests"], help="what `pytest -m gpu` collects")
     parser.add_argument("--part-budget", action="append", default=[], metavar="PART=SECONDS",
                         help="a part's budget (its name's start, e.g. inference=60)")  # fmt: skip
@@ -604,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     args.model = args.model or ("bert_base" if gpu else "bert_tiny")
     args.large_model = args.large_model or ("bert_large" if gpu else "bert_tiny")
     all_parts = parts(args)
+    names = [part.name for part in all_parts]
     budgets = check_arguments(args, all_parts)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -617,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {sig: signal.signal(sig, raise_interrupted) for sig in SIGNALS}
     try:
         for part in all_parts:
-            if args.parts and not any(part.name.startswith(p) for p in args.parts):
+            if args.parts and not any(part.name in named(given, names) for given in args.parts):
                 continue
             cases = [*(part.cases or ["gpu tests"]), *part.not_run]
             if interrupted:
@@ -626,7 +633,8 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 continue
             left = args.budget - (time.perf_counter() - started)
-            budget = min(next((s for n, s in budgets.items() if part.name.startswith(n)), part.budget), left)
+            given = next((s for n, s in budgets.items() if part.name in named(n, names)), part.budget)
+            budget = min(given, left)
             if budget < 1:
                 report["parts"][part.name] = {
                     case: {"not run": f"the overall budget of {args.budget:.0f} s (--budget) was spent"}
