@@ -1,5 +1,6 @@
 """Masking statistics over thousands of sequences: 15% chosen, 80/10/10, never special tokens or padding."""
 
+import itertools
 import random
 
 import pytest
@@ -168,3 +169,47 @@ def test_whole_word_masking_takes_all_pieces_of_a_word():
         real += (~special).sum().item()
     assert whole_words > 0
     assert 0.12 < total / real <= 0.15  # words are taken while they fit, so a little under 15%
+
+
+@pytest.mark.parametrize(
+    ("max_seq_length", "slots", "pairs"),
+    [(8, None, True), (64, 1, True), (128, 20, False)],
+    ids=["8-tokens", "one-slot-at-64", "single-sentences-20-slots"],
+)
+def test_every_row_predicts_at_least_one_token_under_whole_word_masking(tmp_path, max_seq_length, slots, pairs):
+    """Whole-word masking with a budget smaller than a row's first word in random order once left the row with no
+    prediction (70% of rows at 8 tokens, 57% with one slot at 64), and a batch of such rows made the loss NaN. The
+    real collator, a vocabulary that splits the corpus's words into pieces, and rows as the examples make them."""
+    from helpers.runs import write_bert_corpus
+
+    from lightbert.data.tokenizer import train_wordpiece
+    from lightbert.tasks.pretraining.corpus import TextCorpus, read_bert_format
+    from lightbert.tasks.pretraining.datamodule import PretrainDataModule
+
+    path = write_bert_corpus(tmp_path / "corpus.txt", num_documents=30)
+    sentences = [s for document in read_bert_format(path) for s in document]
+    tokenizer = train_wordpiece(sentences, vocab_size=120)  # few whole words: most split into ## pieces
+    datamodule = PretrainDataModule(
+        TextCorpus([str(path)]), cache_dir=str(tmp_path / "cache"), tokenizer=tokenizer, whole_word_masking=True,
+        max_seq_length=max_seq_length, max_predictions_per_seq=slots, num_workers=0,
+    )  # fmt: skip
+    collate = datamodule.collator(torch.Generator().manual_seed(0))
+    room = max_seq_length - (3 if pairs else 2)
+    rows = []
+    for a, b in itertools.pairwise(sentences):
+        ids_a, ids_b = tokenizer.encode_batch([a, b])
+        if pairs:
+            ids_a, ids_b = ids_a[: max(1, room // 2)], ids_b[: room - min(len(ids_a), max(1, room // 2))]
+            ids = [tokenizer.cls_id, *ids_a, tokenizer.sep_id, *ids_b, tokenizer.sep_id]
+        else:
+            ids = [tokenizer.cls_id, *ids_a[:room], tokenizer.sep_id]
+        rows.append({"input_ids": ids, "token_type_ids": [0] * len(ids), "next_sentence_label": 0})
+    assert sum(len(set(row["input_ids"]) & set(tokenizer.subword_ids)) for row in rows) > len(rows)  # many pieces
+    without = total = 0
+    for start in range(0, len(rows), 32):
+        batch = collate(rows[start : start + 32])
+        predicted = (batch["labels"] != IGNORE_INDEX).sum(1)
+        without += int((predicted == 0).sum())
+        total += len(predicted)
+        assert (predicted <= datamodule.max_predictions_per_seq).all()
+    assert total > 100 and without == 0, f"{without} of {total} rows predict nothing"

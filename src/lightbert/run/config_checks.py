@@ -5,9 +5,11 @@ written. Torch-free, as the settings are."""
 
 from __future__ import annotations
 
+import copy
+import re
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError
 
 from lightbert.errors import ConfigError, as_number, checked_number
@@ -50,19 +52,111 @@ ABSENT = object()
 
 
 def checked_numbers(cfg: DictConfig) -> dict[str, Any]:
-    """Each number of NUMBERS the config holds, as its kind, or one message naming its key; and add_words, a count
-    of words or a file of them."""
+    """Each number of NUMBERS the config holds, as its kind, or one message naming its key; add_words as a count of
+    words or a file of them (`checked_add_words`); and the values each of `task.phases` sets (`checked_phases`)."""
     checked = {}
     for key, allowed in NUMBERS.items():
         value = OmegaConf.select(cfg, key, default=ABSENT)
         if value is not ABSENT or key in REQUIRED_NUMBERS:
             checked[key] = checked_number(key, None if value is ABSENT else value, **allowed)
-    add = OmegaConf.select(cfg, "task.datamodule.add_words")
-    if add is not None and not isinstance(add, str) and (as_number(add, int) is None or add < 0):
-        raise ConfigError(
-            f"task.datamodule.add_words must be a count of words (0 or more) or a file of words, got {add!r}"
-        )
+    add = OmegaConf.select(cfg, ADD_WORDS, default=ABSENT)
+    if add is not ABSENT:
+        checked[ADD_WORDS] = checked_add_words(ADD_WORDS, add)
+    checked |= checked_phases(cfg)
     return checked
+
+
+ADD_WORDS = "task.datamodule.add_words"
+
+
+def checked_add_words(key: str, value: Any) -> int | str | None:
+    """add_words as the run uses it: None, a count (an int: `1e3`, `10.0` and `'40'` are counts too, as anything
+    that reads as a whole number is), or the path of a file of words (any other text; a file named like a number is
+    given as ./40). A count that is not whole, or below 0, is one message naming `key`."""
+    if value is None:
+        return None
+    text = value.strip() if isinstance(value, str) else None
+    if text is not None and as_number(text, float) is None:
+        if not text:
+            raise ConfigError(f"{key} is empty: give a count of words (e.g. {key}=2000) or a file of words, one a line")
+        return text
+    count = as_number(value, int)
+    if count is None or count < 0:
+        raise ConfigError(f"{key} must be a count of words (0 or more) or a file of words, got {value!r}")
+    return int(count)
+
+
+# task.datamodule keys a phase cannot change: the vocabulary is made once, before the first phase, and every phase
+# reads the run's tokenizer (a phase's own would be ignored).
+ONCE_PER_RUN = {
+    "add_words": "the words are added once, before the first phase: set task.datamodule.add_words",
+    "tokenizer_path": "every phase reads the run's tokenizer: set task.datamodule.tokenizer_path",
+    "vocab_size": "the vocabulary is trained once, before the first phase: set task.datamodule.vocab_size",
+    "lowercase": "every phase reads the run's tokenizer: set task.datamodule.lowercase",
+}
+
+
+def checked_phases(cfg: DictConfig) -> dict[str, Any]:
+    """The values each of `task.phases` sets, checked as the same keys of task.datamodule are (NUMBERS, by the key
+    itself or the key it interpolates: a phase's max_seq_length is task.max_seq_length's kind), before anything is
+    written, and not when the phase starts after the ones before it trained: `task.phases[1].datamodule.<key>` ->
+    its value as its kind. A key task.datamodule does not have, or one a phase cannot change, is one message."""
+    phases = OmegaConf.select(cfg, "task.phases", default=None)
+    datamodule = OmegaConf.select(cfg, "task.datamodule", default=None)
+    if not phases or not OmegaConf.is_list(phases) or not OmegaConf.is_dict(datamodule):
+        return {}  # not a list of phases: run.phases.phases_of says what a phase must be
+    valid = sorted(str(k) for k in datamodule if k != "_target_")
+    checked = {}
+    for number, phase in enumerate(phases):
+        changes = phase.get("datamodule") if OmegaConf.is_dict(phase) else None
+        if not OmegaConf.is_dict(changes):
+            continue
+        for name in changes:
+            key = f"task.phases[{number}].datamodule.{name}"
+            if name in ONCE_PER_RUN:
+                raise ConfigError(f"{key}: a phase cannot change it; {ONCE_PER_RUN[name]} (for the whole run)")
+            if name not in valid:
+                raise ConfigError(
+                    f"{key}: {name} is not a key of task.datamodule, so no phase can change it; valid: "
+                    f"{', '.join(valid)}"
+                )
+            rule = NUMBERS.get(_configured_key(datamodule, str(name)))
+            if rule is not None:
+                checked[key] = checked_number(key, changes[name], **rule)
+    return checked
+
+
+def _configured_key(datamodule: DictConfig, name: str) -> str:
+    """The key a user sets for task.datamodule's `name`: the one it interpolates (`max_seq_length:
+    ${task.max_seq_length}`), else its own."""
+    raw = OmegaConf.to_container(datamodule, resolve=False).get(name)
+    match = re.fullmatch(r"\$\{([\w.]+)\}", raw) if isinstance(raw, str) else None
+    return match.group(1) if match else f"task.datamodule.{name}"
+
+
+def with_checked_values(cfg: DictConfig, checked: dict[str, Any]) -> DictConfig:
+    """A copy of `cfg` holding each checked value as checked (`1e3` as 1000, `'20'` as 20), so that what the run
+    builds from the config (the DataModule, the Trainer, a phase's data) is the value that passed the check; a value
+    already of its kind is left as it is (an interpolation stays one), and so is an int where a number is asked for.
+    `cfg` itself is not changed."""
+    converted = copy.deepcopy(cfg)
+    for key, value in checked.items():
+        phase = re.fullmatch(r"task\.phases\[(\d+)\]\.datamodule\.(\w+)", key)
+        if phase:
+            node, name = converted.task.phases[int(phase.group(1))].datamodule, phase.group(2)
+        else:
+            path, _, name = key.rpartition(".")
+            node = OmegaConf.select(converted, path) if path else converted
+        if node is None or name not in node:
+            continue  # a key the config does not hold keeps its part's default
+        given = node[name]
+        # An int stays one where a number is asked for: Lightning reads trainer.val_check_interval=4 as batches, 4.0 as
+        # a share of the epoch.
+        whole = isinstance(given, int) and not isinstance(given, bool) and isinstance(value, float)
+        if not whole and (type(given) is not type(value) or given != value):
+            with open_dict(node):
+                node[name] = value
+    return converted
 
 
 # The parts every run reads, each with a key it cannot be without: removing one (`~trainer`) leaves nothing to run.

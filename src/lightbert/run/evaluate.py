@@ -35,6 +35,11 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     settings = RunSettings.from_config(cfg, checked_config(cfg))
     if not settings.init_from:
         raise UserError("src/evaluate.py scores a fine-tuned model: set init_from=<run directory | .ckpt | HF dir>")
+    if settings.task.add_words is not None:  # copied from a continued run's command: scored with fresh rows
+        raise UserError(
+            f"task.datamodule.add_words={settings.task.add_words} belongs to training (src/train.py adds words to "
+            "init_from's vocabulary); src/evaluate.py scores init_from with the words it was trained with: drop it"
+        )
     output_dir, task = settings.output_dir, settings.task
     processes.install()  # its DataLoader workers and data-preparation pool die with it, and hold no lock
     with logging_like_the_command(output_dir), held(settings, evaluation=True) as start:

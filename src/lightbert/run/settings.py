@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightbert.errors import ConfigError, ParameterError
 from lightbert.model_config import BertConfig
 from lightbert.optim_config import OptimConfig
+from lightbert.run.config_checks import with_checked_values
 from lightbert.run.phases import Phase, phases_of
 from lightbert.tasks.pretraining.objectives import OBJECTIVES, MaskingShares
 
@@ -229,7 +230,8 @@ class TaskSettings:
 
     @property
     def add_words(self) -> int | str | None:
-        """task.datamodule.add_words (checked by `run.config_checks`): a count of words, a file of them, or None."""
+        """task.datamodule.add_words as checked (`run.config_checks.checked_add_words`): a count of words (an int), the
+        path of a file of them, or None."""
         return self.datamodule.get("add_words")
 
     @property
@@ -411,7 +413,9 @@ class RunSettings:
 
     @classmethod
     def from_config(cls, cfg: DictConfig, numbers: dict[str, Any]) -> RunSettings:
-        """`numbers`: the config's numbers, checked with the config as a whole (`run.config_checks.checked_config`)."""
+        """`numbers`: the config's numbers, checked with the config as a whole (`run.config_checks.checked_config`).
+        What the run builds is a copy of `cfg` that holds them as checked (`1e3` as 1000): one value, checked once."""
+        cfg = with_checked_values(cfg, numbers)
         trainer = TrainerSettings.from_config(cfg.trainer, numbers)
         task = TaskSettings.from_config(cfg.task, numbers)
         overrides = tuple(str(o) for o in cfg.get("overrides") or [])

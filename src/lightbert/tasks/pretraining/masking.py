@@ -10,7 +10,10 @@ graph break under torch.compile, a host sync every step on a GPU). Differences:
 - The 15% is of the real tokens, not counting [CLS]/[SEP] (the reference counts them).
 - Random replacements are drawn from the non-special vocabulary (the reference may draw [CLS] or [PAD]).
 - Whole-word masking takes whole words in random order while they fit the budget and stops at the
-  first that does not (the reference skips it and tries the next). This keeps the draw vectorised.
+  first that does not (the reference skips it and tries the next). This keeps the draw vectorised. A row whose
+  first word does not fit takes the first that does (as the reference would), and where none does (every word
+  longer than the budget) the first word's first pieces: every row predicts at least one token, as in the
+  reference, whatever the masking and the slots.
 """
 
 from __future__ import annotations
@@ -130,8 +133,31 @@ class MaskingCollator:
         unit_total = torch.zeros((input_ids.shape[0], seq_len + 1), dtype=torch.long).scatter_reduce(
             1, unit_id.gather(1, order), taken, reduce="amax"
         )
-        chosen = unit_total.gather(1, unit_id) <= budget[:, None]
-        return chosen & candidates
+        chosen = (unit_total.gather(1, unit_id) <= budget[:, None]) & candidates
+        return self._at_least_one(chosen, candidates, unit_id, unit_keys, budget)
+
+    @staticmethod
+    def _at_least_one(
+        chosen: torch.Tensor,
+        candidates: torch.Tensor,
+        unit_id: torch.Tensor,
+        unit_keys: torch.Tensor,
+        budget: torch.Tensor,
+    ) -> torch.Tensor:
+        """`chosen` (B, T) with a prediction in every row that has a candidate: a row whose first unit in random order
+        did not fit its budget (a whole word of more pieces than the budget, e.g. 1 at 8 tokens or with one slot)
+        takes the first unit in that order that fits, as the reference skips to the next word; where none fits, the
+        first unit's first `budget` pieces. A batch of rows with nothing to predict would make the MLM loss NaN."""
+        empty = ~chosen.any(1) & candidates.any(1)  # (B,)
+        if not bool(empty.any()):
+            return chosen
+        sizes = torch.zeros(unit_keys.shape, dtype=torch.long).scatter_add(1, unit_id, candidates.long())  # (B, U)
+        # Keys in [0, 1): the units that fit first, then the others, each in their random order; none, last.
+        order = unit_keys + (sizes > budget[:, None]).float()
+        pick = order.masked_fill(sizes == 0, 3.0).argmin(1)  # (B,)
+        in_unit = (unit_id == pick[:, None]) & candidates
+        first_pieces = in_unit & (in_unit.long().cumsum(1) <= budget[:, None])  # a word that fits: all of it
+        return torch.where(empty[:, None], first_pieces, chosen)
 
     def mask(
         self, input_ids: torch.Tensor, randoms: tuple[torch.Tensor, ...] | None = None
