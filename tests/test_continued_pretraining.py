@@ -172,13 +172,57 @@ def test_old_words_give_the_logits_they_gave_before_the_words_were_added(release
     torch.testing.assert_close(nsp_after, nsp_before, atol=1e-6, rtol=0)
 
 
+def test_the_growth_line_counts_the_checkpoints_padding_rows(released):
+    """Words added to a checkpoint whose embeddings were padded already (a lightbert run's) take its padding rows
+    first: once "grow from 2048 to 2048 rows: 5 added words and -5 padding rows"."""
+    pretrained = load_pretrained(str(released))
+    old, rows = pretrained.tokenizer, pretrained.config["vocab_size"]
+    assert rows == old.vocab_size and rows % PAD_MULTIPLE  # not a multiple of 64 yet
+    grown, growth = with_added_words(pretrained, with_words(old, ["riverfilm"]))
+    assert str(growth) == (
+        f"the word embeddings grow from {rows} to {grown.config['vocab_size']} rows: {rows} tokens of init_from, 1 "
+        f"added words and {grown.config['vocab_size'] - rows - 1} padding rows (a multiple of 64)"
+    )
+    padding = grown.config["vocab_size"] - rows - 1
+    _, again = with_added_words(grown, with_words(old, ["riverfilm", "citywar", "albumhouse"]))  # rows padded now
+    assert str(again) == (
+        f"the word embeddings keep their {grown.config['vocab_size']} rows: {rows} tokens of init_from, 3 added words "
+        f"and {padding - 2} padding rows (a multiple of 64)"
+    )
+
+
+def test_a_word_file_leaves_out_words_wordpiece_cannot_read_and_is_refused_empty(released, tmp_path, caplog):
+    from lightbert.errors import UserError
+    from lightbert.tasks.pretraining.domain_words import add_words
+
+    tokenizer = load_pretrained(str(released)).tokenizer
+    words = tmp_path / "words.txt"
+    words.write_text("riverfilm\n\n" + "x" * 101 + "\ncitywar\nthe\n" + "y" * 100 + "\n")
+    with caplog.at_level(logging.INFO, logger="lightbert"):
+        extended = add_words(tokenizer, str(words), [], 0)
+    added = [t for t, i in extended.backend.get_vocab().items() if i >= tokenizer.vocab_size]
+    assert sorted(added) == sorted(["riverfilm", "citywar", "y" * 100])  # 100 characters: WordPiece reads it
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("vocabulary:")]
+    assert len(said) == 1 and "3 words of" in said[0] and "1 of its words are one token already" in said[0]
+    assert "1 of its words are longer than WordPiece reads (max_input_chars_per_word=100 characters" in said[0]
+    assert extended.encode_batch(["y" * 100])[0] == [extended.backend.token_to_id("y" * 100)]
+    words.write_text("\n  \n")
+    with pytest.raises(UserError, match=r"add_words=.*words.txt holds no words \(2 blank line\(s\)\)"):
+        add_words(tokenizer, str(words), [], 0)
+    with pytest.raises(UserError, match=r"add_words=.* is a directory; give a file of words"):
+        add_words(tokenizer, str(tmp_path), [], 0)
+
+
 @pytest.fixture(scope="module")
 def extended_run(released, corpus, tmp_path_factory) -> dict:
     """A continued run that adds 20 words, stopped after step 2 as if cut short, then resumed to step 3: its
     directory and what each part said."""
     run_dir = tmp_path_factory.mktemp("extended") / "run"
-    base = [*CONTINUED, f"init_from={released}", f"corpus.paths=[{corpus}]", "task.datamodule.add_words=20",
-            "trainer.max_steps=3", "trainer.val_check_interval=1", "task.checkpoint_every_n_steps=1"]  # fmt: skip
+    # add_words and the prediction slots as a user may write them: a float count once opened as a file, and a
+    # quoted number, which reached the collator as text; 200 slots are more than a row of 64 tokens can use.
+    base = [*CONTINUED, f"init_from={released}", f"corpus.paths=[{corpus}]", "task.datamodule.add_words=2e1",
+            "task.datamodule.max_predictions_per_seq='200'", "trainer.max_steps=3", "trainer.val_check_interval=1",
+            "task.checkpoint_every_n_steps=1"]  # fmt: skip
     first = run_train_forked(
         *base, f"hydra.run.dir={run_dir}", "+callbacks.stop._target_=helpers.loss_recorder.StopAtStep",
         "+callbacks.stop.step=2", PYTHONPATH=str(Path(__file__).parent),
@@ -198,6 +242,8 @@ def test_a_continued_run_adds_the_words_and_says_so_once(extended_run, released)
     assert "20 words of the corpus added" in console and "pieces per word there" in console
     assert console.count(f"init_from={released}: carried its encoder") == 1
     assert "the word embeddings grow from" in console and "20 added words" in console
+    capped = "task.datamodule.max_predictions_per_seq=200 is more than a row of 64 tokens can use (at most 9 "
+    assert console.count(capped) == 1 and "12 prediction slots, as null gives" in console
 
 
 def test_resume_keeps_the_extended_vocabulary(extended_run):
@@ -246,6 +292,8 @@ def bad_inputs(released: Path, tmp_path: Path) -> dict[str, tuple[list[str], str
     bare.mkdir()
     for name in ("config.json", "model.safetensors"):
         (bare / name).write_bytes((released / name).read_bytes())
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
     rows = load_pretrained(str(released)).config["vocab_size"]
     words = (released / "vocab.txt").read_text().splitlines()
     (tmp_path / "big_vocab.txt").write_text("\n".join([*words, *(f"extra{i}" for i in range(rows + 8 - len(words)))]))
@@ -256,6 +304,22 @@ def bad_inputs(released: Path, tmp_path: Path) -> dict[str, tuple[list[str], str
                               "task.datamodule.add_words"),
         "count below 0": ([f"init_from={released}", "task.datamodule.add_words=-3"],
                           "task.datamodule.add_words must be a count of words (0 or more) or a file of words, got -3"),
+        "count not whole": ([f"init_from={released}", "task.datamodule.add_words=10.5"],
+                            "task.datamodule.add_words must be a count of words (0 or more) or a file of words, got "
+                            "10.5"),
+        "a directory as word file": ([f"init_from={released}", f"task.datamodule.add_words={released}"],
+                                     f"task.datamodule.add_words={released} is a directory; give a file of words"),
+        "an empty word file": ([f"init_from={released}", f"task.datamodule.add_words={empty}"],
+                               f"task.datamodule.add_words={empty} holds no words"),
+        "add_words in a phase": ([f"init_from={released}", "trainer.max_steps=4",
+                                  "task.phases=[{until:0.5,datamodule:{add_words:10}},{until:1.0,datamodule:{}}]"],
+                                 "task.phases[0].datamodule.add_words: a phase cannot change it; the words are added "
+                                 "once, before the first phase: set task.datamodule.add_words"),
+        "bad slots in the second phase": ([f"init_from={released}", "trainer.max_steps=4",
+                                           "task.phases=[{until:0.5,datamodule:{max_seq_length:32}},"
+                                           "{until:1.0,datamodule:{max_predictions_per_seq:'x'}}]"],
+                                          "task.phases[1].datamodule.max_predictions_per_seq must be an integer, got "
+                                          "'x'"),
         "tokenizer of another size": (
             [f"init_from={bare}", f"task.datamodule.tokenizer_path={tmp_path / 'big_vocab.txt'}",
              "task.datamodule.add_words=10"],
@@ -263,7 +327,13 @@ def bad_inputs(released: Path, tmp_path: Path) -> dict[str, tuple[list[str], str
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("case", ["untied decoder", "missing word file", "count below 0", "tokenizer of another size"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "untied decoder", "missing word file", "count below 0", "tokenizer of another size", "count not whole",
+        "a directory as word file", "an empty word file", "add_words in a phase", "bad slots in the second phase",
+    ],
+)  # fmt: skip
 def test_bad_input_is_one_line_and_writes_nothing(case, released, corpus, tmp_path):
     overrides, says = bad_inputs(released, tmp_path)[case]
     run_dir = tmp_path / "run"
@@ -274,3 +344,20 @@ def test_bad_input_is_one_line_and_writes_nothing(case, released, corpus, tmp_pa
     errors = [line for line in console.splitlines() if line.startswith("lightbert: error: ")]
     assert len(errors) == 1 and says in errors[0], console[-3000:]
     assert not run_dir.exists() or not any(run_dir.iterdir())  # nothing written: no .hydra/, no train.log
+
+
+def test_evaluate_refuses_add_words_copied_from_the_training_command(extended_run, tmp_path):
+    """`src/evaluate.py task=pretrain init_from=<a continued run> task.datamodule.add_words=40`, copied from the
+    training command, added 40 more words and scored the checkpoint with fresh rows (MLM accuracy 0.060 -> 0.018)."""
+    from helpers.runs import run_script_forked
+
+    run_dir = tmp_path / "eval"
+    done = run_script_forked(
+        "evaluate", *CONTINUED, "corpus.paths=[unused.txt]", f"init_from={extended_run['dir']}",
+        "task.datamodule.add_words=40", f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    console = done.stdout + done.stderr
+    errors = [line for line in console.splitlines() if line.startswith("lightbert: error: ")]
+    assert done.returncode == 2 and "Traceback" not in console, console[-3000:]
+    assert len(errors) == 1 and "task.datamodule.add_words=40 belongs to training" in errors[0], console[-3000:]
+    assert not run_dir.exists() or not any(run_dir.iterdir())

@@ -104,12 +104,32 @@ class ParameterError(ConfigError):
 
     def __init__(self, template: str, *parameters: str):
         self.template, self.parameters = template, parameters
-        super().__init__(template.format(*parameters))
+        try:
+            message = template.format(*parameters)
+        except (IndexError, KeyError, ValueError):  # made again from its message (torch's worker, a pickle): as it is
+            message = template
+        super().__init__(message)
 
     @classmethod
     def about(cls, parameter: str, error: Exception) -> ParameterError:
         """`error`'s message, said of `parameter` (e.g. a tokenizer file that does not exist)."""
         return cls("{0}: " + str(error).replace("{", "{{").replace("}", "}}"), parameter)
+
+
+def message_of(error: BaseException) -> str:
+    """`error`'s message. A `UserError` raised in a DataLoader worker reaches the main process as torch re-raises it
+    (`torch._utils.ExceptionWrapper.reraise`): of the same class, made from "Caught UserError in DataLoader worker
+    process 0.\nOriginal Traceback (most recent call last): ..." and the worker's formatted traceback, the only thing
+    the worker sends; the message is what that traceback's last exception line says after the class's name."""
+    text = str(error)
+    if not text.startswith("Caught ") or "\nOriginal Traceback" not in text:
+        return text
+    kind = type(error)
+    name = kind.__qualname__
+    if kind.__module__ not in ("__main__", "builtins"):  # as traceback.format_exception names it
+        name = f"{kind.__module__}.{name}"
+    at = text.rfind(f"\n{name}: ")
+    return text[at + len(name) + 3 :].rstrip("\n") if at >= 0 else text
 
 
 def exits_on_user_error(
@@ -126,7 +146,7 @@ def exits_on_user_error(
         except UserError as error:
             if on_refusal is not None and on_refusal(error):
                 return None  # type: ignore[return-value]
-            print(f"lightbert: error: {error}", file=sys.stderr)
+            print(f"lightbert: error: {message_of(error)}", file=sys.stderr)
             sys.exit(2)
 
     return entry

@@ -24,6 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from lightbert.analysis.benchmark_plan import PLAN_FILE
+from lightbert.errors import message_of
 from lightbert.files import RESULTS_FILE, open_atomically, write_atomically
 
 log = logging.getLogger(__name__)
@@ -214,7 +215,7 @@ def _feature_table(rows: list[dict]) -> list[str]:
 def record_failed_job(job_dir: Path, error: BaseException, overrides: list[str]) -> None:
     """Marks a multirun job as failed, with its error and its overrides: what summary.csv/.md show for it (a job
     refused before it started has no .hydra/ of its own yet)."""
-    write_atomically(job_dir / FAILED_FILE, f"{type(error).__name__}: {error}\n")
+    write_atomically(job_dir / FAILED_FILE, f"{type(error).__name__}: {message_of(error)}\n")
     if not (job_dir / ".hydra" / "overrides.yaml").is_file():
         write_atomically(job_dir / ".hydra" / "overrides.yaml", yaml.safe_dump(list(overrides)))
 

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from lightbert.cli.checks import check_command_line, check_run_directory
 from lightbert.cli.completion import answer_completion_query
-from lightbert.errors import UserError, exits_on_user_error
+from lightbert.errors import UserError, exits_on_user_error, message_of
 from lightbert.run.configs import CONF_DIR
 
 
@@ -31,7 +31,7 @@ def _record_in_sweep(error: UserError) -> bool:
         return False
     from lightbert.analysis.sweep import record_failed_job
 
-    print(f"lightbert: error: {error}", file=sys.stderr)
+    print(f"lightbert: error: {message_of(error)}", file=sys.stderr)
     hydra_config = HydraConfig.get()
     record_failed_job(Path(hydra_config.runtime.output_dir), error, list(hydra_config.overrides.task))
     return True

@@ -52,16 +52,24 @@ def untied(pretrained: Pretrained) -> bool:
 
 
 class Growth(NamedTuple):
-    """How the word embeddings grew for added words: the words, and the rows before and after (padded)."""
+    """How the word embeddings grew for added words: the checkpoint's tokens and rows, the words added after its
+    last token, and the rows after (padded)."""
 
+    tokens_before: int
     words: int
     rows_before: int
     rows_after: int
 
     def __str__(self) -> str:
-        padding = self.rows_after - self.rows_before - self.words
+        # The checkpoint's rows past its tokens (a padded lightbert checkpoint's) take added words first.
+        padding = self.rows_after - self.tokens_before - self.words
+        grow = (
+            f"grow from {self.rows_before} to {self.rows_after} rows"
+            if self.rows_after != self.rows_before
+            else f"keep their {self.rows_after} rows"
+        )
         return (
-            f"the word embeddings grow from {self.rows_before} to {self.rows_after} rows: {self.words} added words and "
+            f"the word embeddings {grow}: {self.tokens_before} tokens of init_from, {self.words} added words and "
             f"{padding} padding rows (a multiple of {PAD_MULTIPLE})"
         )
 
@@ -150,4 +158,4 @@ def with_added_words(pretrained: Pretrained, tokenizer: BertTokenizer) -> tuple[
     if new_bias is not None:
         state[DECODER_BIAS] = new_bias
     config = {**pretrained.config, "vocab_size": size}
-    return replace(pretrained, config=config, state_dict=state), Growth(len(words), rows, size)
+    return replace(pretrained, config=config, state_dict=state), Growth(old.vocab_size, len(words), rows, size)

@@ -409,11 +409,22 @@ class PretrainDataModule(L.LightningDataModule):
         self.vocab_size, self.lowercase = vocab_size, lowercase
         self.max_seq_length = max_seq_length
         # Each row's prediction slots and the cap on its masked tokens; null: from the length and rate (20 at 128).
+        enough = max_predictions_for(max_seq_length, masked_lm_prob)
         if max_predictions_per_seq is None:
-            max_predictions_per_seq = max_predictions_for(max_seq_length, masked_lm_prob)
+            max_predictions_per_seq = enough
         if max_predictions_per_seq < 1:
             raise ParameterError(f"{{0}} must be >= 1 (or null: from max_seq_length and masked_lm_prob), got "
                                  f"{max_predictions_per_seq}", "max_predictions_per_seq")  # fmt: skip
+        if max_predictions_per_seq > enough:
+            # Capped, not refused: the slots past a row's budget (round(p x its tokens) <= `enough`) are never filled,
+            # so the numbers are the same and the sparse MLM head computes only the rows it needs. A larger value is
+            # a natural "no cap", and a recipe's value for 512 tokens meets a phase at 128.
+            log.info(
+                f"task.datamodule.max_predictions_per_seq={max_predictions_per_seq} is more than a row of "
+                f"{max_seq_length} tokens can use (at most {max(1, round(masked_lm_prob * (max_seq_length - 2)))} "
+                f"predictions at masked_lm_prob={masked_lm_prob}): {enough} prediction slots, as null gives"
+            )
+            max_predictions_per_seq = enough
         self.max_predictions_per_seq, self.masked_lm_prob = max_predictions_per_seq, masked_lm_prob
         self.whole_word_masking = whole_word_masking
         self.masking = MaskingShares(**(masking or {}))

@@ -9,8 +9,9 @@ which costs sequence length, and SciBERT found an in-domain vocabulary worth hav
   the word were one token. A word the vocabulary holds whole saves nothing, and so does one it cannot read at all
   (one [UNK]); ties go by the word, so every process picks the same words.
 - a file: one word a line (blank lines skipped), normalised as the tokenizer normalises text (lower-cased for an
-  uncased vocabulary). A line the tokenizer would read as several words is refused, naming it; a word the vocabulary
-  already holds whole is skipped, and counted on the console.
+  uncased vocabulary). A line the tokenizer would read as several words is refused, naming it, and so is a file
+  without words; a word the vocabulary already holds whole is skipped, and counted on the console, and so is a word
+  longer than WordPiece reads (`max_input_chars_per_word`, 100 characters: it is [UNK] whatever the vocabulary).
 
 The words are appended to the WordPiece model's vocabulary after its last id (not as "added tokens", which
 `tokenizers` matches before splitting text into words): every BERT tokenizer, a `vocab.txt` included, then splits
@@ -98,15 +99,35 @@ def most_pieces(counted: WordCounts, n: int) -> list[str]:
     return [w for _, w in ranked[:n]]
 
 
-def read_word_file(path: str | Path, tokenizer: BertTokenizer) -> tuple[list[str], int]:
-    """The file's words, normalised as the tokenizer normalises text, in the file's order and each once; and how many
-    of them the vocabulary already holds whole (left out). A line that is not one word is refused, naming it."""
+@dataclass(frozen=True)
+class WordFile:
+    """A file of words as read for the vocabulary (`read_word_file`)."""
+
+    words: list[str]  # normalised, in the file's order, each once, none the vocabulary holds whole
+    whole: int  # words the vocabulary holds whole already, left out
+    too_long: int  # words longer than WordPiece reads (max_input_chars_per_word: [UNK] whatever), left out
+    longest: int  # WordPiece's max_input_chars_per_word
+
+
+def max_input_chars(tokenizer: BertTokenizer) -> int:
+    """The longest word WordPiece splits into pieces: a longer one is [UNK] whatever the vocabulary holds."""
+    model = json.loads(tokenizer.backend.to_str())["model"]
+    return int(model.get("max_input_chars_per_word") or 100)
+
+
+def read_word_file(path: str | Path, tokenizer: BertTokenizer) -> WordFile:
+    """The file's words, normalised as the tokenizer normalises text, in the file's order and each once, and what was
+    left out: the words the vocabulary already holds whole, and those longer than WordPiece reads (an added one would
+    still be [UNK]). A line that is not one word, a directory or a file without words is refused, naming it."""
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise UserError(f"{KEY}={path} is a directory; give a file of words, one a line (or a count of words)")
     if not path.is_file():
         raise UserError(f"{KEY}={path}: no such file; give a count of words or a file of words, one a line")
     backend = tokenizer.backend
     words: list[str] = []
-    whole = 0
+    whole = too_long = 0
+    longest = max_input_chars(tokenizer)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as error:
@@ -124,9 +145,13 @@ def read_word_file(path: str | Path, tokenizer: BertTokenizer) -> tuple[list[str
         word = split[0]
         if backend.token_to_id(word) is not None:
             whole += 1
+        elif len(word) > longest:
+            too_long += 1
         elif word not in words:
             words.append(word)
-    return words, whole
+    if not words and not whole and not too_long:
+        raise UserError(f"{KEY}={path} holds no words ({len(lines)} blank line(s)); give a file of words, one a line")
+    return WordFile(words, whole, too_long, longest)
 
 
 def with_words(tokenizer: BertTokenizer, words: list[str]) -> BertTokenizer:
@@ -164,12 +189,17 @@ def add_words(
             f"{before.pieces_per_word:.3f} -> {after.pieces_per_word:.3f}"
         )
         return extended
-    words, whole = read_word_file(add, tokenizer)
-    extended = with_words(tokenizer, words)
-    skipped = f"; {whole} of its words are one token already, left out" if whole else ""
+    read = read_word_file(add, tokenizer)
+    extended = with_words(tokenizer, read.words)
+    skipped = f"; {read.whole} of its words are one token already, left out" if read.whole else ""
+    if read.too_long:
+        skipped += (
+            f"; {read.too_long} of its words are longer than WordPiece reads (max_input_chars_per_word="
+            f"{read.longest} characters: [UNK] whatever the vocabulary holds), left out"
+        )
     log.info(
-        f"vocabulary: {len(words)} words of {KEY}={add} added to init_from's {tokenizer.vocab_size} tokens, "
-        f"{_first(words)}{skipped}"
+        f"vocabulary: {len(read.words)} words of {KEY}={add} added to init_from's {tokenizer.vocab_size} tokens, "
+        f"{_first(read.words)}{skipped}"
     )
     return extended
 
