@@ -1,46 +1,54 @@
-"""`python src/<script>.py ARGS` for the tests' many commands, without paying for the imports each time.
+"""A speed-up for the tests' commands: `python <script>.py ARGS`, forked from a server that has done the imports.
 
-A server process imports what the scripts import, once (torch, Lightning, Hydra, datasets: 7 s of a 2-core
-machine's time per process), then forks one child per command. The child is a process of its own, as a user's
-command is: it runs the script as `__main__` with the command's arguments, working directory, environment and
-standard input, its own stdout and stderr, SIGINT as in a terminal, and exits with the script's status. What it
-cannot show is a failure at import time: the tests that start `python src/train.py` itself (test_processes,
-test_packaging, test_readme, ...) do.
+A server process imports what the scripts import, once (torch, Lightning, Hydra, datasets: 4 to 7 s of a 2-core
+machine's time per fresh interpreter), then forks one child per command. The child runs the real script as `__main__`
+with the command's arguments, working directory, environment and standard input, its own stdout and stderr, SIGINT as
+in a terminal, optionally a session of its own, and exits with the script's status. Every process the script starts
+is a real one: the DDP ranks Lightning launches (`subprocess.Popen([sys.executable, script, ...])`) are fresh
+interpreters, as are DataLoader workers' parents' children and everything else.
 
-A DDP run's second process is forked too (`RankSpare`): Lightning starts ranks 1..N-1 with
-`subprocess.Popen([sys.executable, script, ...])`, a fresh interpreter that pays for the imports again (4 s of
-this machine's time, for each of about 40 DDP runs). The child forks a spare before the script runs, from the same
-clean state, and the first such `Popen` hands it the command line instead of executing a new interpreter. The
-spare is what the fresh process would be where lightbert can tell: a child of the first process (`adopt_launch`
-checks), with the command's arguments, environment, working directory, the first process's signal mask and ignored
-signals, and Python's start-up handlers. A run's third process and later ones, and every other `Popen`, start as
-they always do; the commands the tests start directly (run_train_script) launch their ranks as a user's do.
+What a forked command cannot show, and which tests start the real command for it:
+- a failure at import time, and what a module does when it is imported: the tests that start `python src/train.py`
+  or an installed `lightbert-*` command in a fresh interpreter (test_processes, test_packaging, test_readme,
+  test_one_path, test_cluster, test_config, test_train);
+- what a library reads from the environment once, when it loads: the child gets the command's environment, but
+  torch's C++ core (e.g. `TORCH_CPP_LOG_LEVEL`) and OpenMP were loaded by the server (`OMP_NUM_THREADS` is applied
+  again with `torch.set_num_threads`, which is all a forked child can do). The DDP ranks are fresh interpreters, so
+  what a first process sets for its ranks (`lightbert.cluster.processes.launching`) is read as in a user's run;
+- Python's start-up (site, the interpreter's signal dispositions): redone here by hand (`run_child`), as far as it
+  matters to the scripts. test_processes' signal and kill tests start `python src/train.py` itself.
 
-The benchmarks' scripts (bench/) have a server of their own, on the test session's Python, that also imports
+The tests of results (a metric, a file, a refusal's line) use it through `helpers.runs` (`run_train_forked`,
+`run_script_forked`, `run_train_recorded`), or call the library verb in the test process; the tests of processes start
+the real command (`helpers.runs.run_train_script`, `runtime.python()`), except the multi-task jobs below.
+
+A job of several tasks (a SLURM job's tasks as srun starts them, a job's nodes with Lightning's variables) is one
+request: its tasks are forked side by side, each in a session of its own, and jobs run side by side too, so that
+test_preemption can repeat a case ten times in a few seconds each. test_processes (signals and kill -9 to real
+`python src/train.py` commands and their DDP ranks) and test_multinode's torchrun jobs (torchrun's real workers)
+start the same code paths in fresh interpreters.
+
+The benchmarks' scripts (bench/) use a server of their own, on the test session's Python, that also imports
 transformers' BERT (`python fork_server.py MODULE ...`).
 
-Protocol: one JSON request per line on stdin ({"script", "args", "cwd", "env", "new_session", "file_size_limit",
-"stdin", "stdout", "stderr"}: the last three are file paths), one JSON line back on stdout ({"returncode"},
-negative for a signal, as subprocess reports it).
+Protocol: one JSON request per line on stdin, a job: {"job", "script", "args", "tasks": [{"env", "cwd", "stdin",
+"stdout", "stderr", "new_session", "file_size_limit"}]} ("env": the whole environment of the task; "stdin", "stdout",
+"stderr": file paths, "stdin" may be null). For each job the server replies with one JSON line of its tasks' pids as
+soon as they run ({"job", "pids"}), then one with their exit statuses once all have ended ({"job", "returncodes"},
+negative for a signal, as subprocess reports it). Each job is watched by a process of its own (forked from the server,
+the tasks' parent), so the replies of different jobs come in the order their events happen.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import faulthandler
 import gc
-import inspect
 import json
 import os
 import resource
 import signal
-import subprocess
 import sys
 import traceback
-
-from lightbert.cluster.processes import LAUNCHER_VARIABLE
-
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
 
 
 def serve(preload: list[str]) -> None:
@@ -59,6 +67,7 @@ def serve(preload: list[str]) -> None:
     for module in preload:
         importlib.import_module(module)
 
+    faulthandler.enable()  # SIGABRT to a task that hangs writes its threads' stacks to the task's stderr
     # The imported objects, out of the collector's reach: otherwise each child's collections, and the full one at its
     # exit, touch every object of the server's heap and copy its pages (copy-on-write) - measured, 2.4 s of a
     # refused command's 2.5 s in a child, 0.9 s with the freeze.
@@ -67,33 +76,56 @@ def serve(preload: list[str]) -> None:
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     for line in sys.stdin:
         request = json.loads(line)
+        if os.fork() == 0:  # the job's watcher: its tasks' parent, which reports them
+            watch(request, reply)
+        while True:  # reap the watchers of jobs that have ended
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+
+
+def watch(request: dict, reply) -> None:
+    pids = []
+    for task in request["tasks"]:
         pid = os.fork()
         if pid == 0:
-            run_child(request)  # never returns
+            run_child(request["script"], request["args"], task)  # never returns
+        pids.append(pid)
+    # One line per write, under the pipe's atomic size: the lines of jobs watched side by side never interleave.
+    reply.write(json.dumps({"job": request["job"], "pids": pids}) + "\n")
+    codes = []
+    for pid in pids:
         _, status = os.waitpid(pid, 0)
-        returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        reply.write(json.dumps({"returncode": returncode}) + "\n")
+        codes.append(-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+    reply.write(json.dumps({"job": request["job"], "returncodes": codes}) + "\n")
+    reply.flush()
+    os._exit(0)
 
 
-def run_child(request: dict) -> None:
+def run_child(script: str, args: list[str], task: dict) -> None:
     """In the forked child: the script as a fresh process would run it, then exit with its status."""
-    os.dup2(os.open(request["stdin"] or os.devnull, os.O_RDONLY), 0)
+    os.dup2(os.open(task["stdin"] or os.devnull, os.O_RDONLY), 0)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115  (the file descriptor, without the server's buffered lines)
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+    for fd, path in ((1, task["stdout"]), (2, task["stderr"])):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # as in a terminal's foreground
-    if request["new_session"]:  # its own process group: a test that kills the group kills this run alone
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal's foreground
+    if task["new_session"]:  # its own process group: a test that kills the group kills this run alone
         os.setsid()
-    if request["file_size_limit"]:  # what a full disk does to a write: Python ignores SIGXFSZ, so it fails (EFBIG)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (request["file_size_limit"],) * 2)
-    os.chdir(request["cwd"])
-    os.environ.update(request["env"])
+    if task["file_size_limit"]:  # what a full disk does to a write: Python ignores SIGXFSZ, so it fails (EFBIG)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (task["file_size_limit"],) * 2)
+    os.chdir(task["cwd"])
+    os.environ.clear()
+    os.environ.update(task["env"])
     # What PYTHONPATH would have put on a fresh interpreter's path (e.g. tests/, for the recorder callbacks).
-    sys.path[1:1] = [entry for entry in request["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
-    spare = RankSpare(request["script"])
-    code = run_script(request["script"], request["args"])
-    spare.discard()
-    sys.exit(code)
+    sys.path[1:1] = [entry for entry in task["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
+    if task["env"].get("OMP_NUM_THREADS", "").isdigit():  # read by OpenMP when torch loaded, in the server
+        import torch
+
+        torch.set_num_threads(int(task["env"]["OMP_NUM_THREADS"]))
+    sys.exit(run_script(script, args))
 
 
 def run_script(script: str, args: list[str]) -> int:
@@ -118,120 +150,6 @@ def run_script(script: str, args: list[str]) -> int:
     # The caller exits with it: interpreter shutdown as a process ending this way has it (atexit handlers, logging's
     # flush), then the status.
     return code
-
-
-class RankSpare:
-    """A child forked before the script runs, waiting to be the first DDP process the script launches (see the
-    module's docstring). Unused, it ends with its parent (or at `discard`)."""
-
-    def __init__(self, script: str) -> None:
-        self.script = script
-        read, self.write = os.pipe()
-        parent = os.getpid()
-        self.pid = os.fork()
-        if self.pid == 0:
-            os.close(self.write)
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent:  # the parent ended before the line above
-                os._exit(0)
-            with os.fdopen(read, "rb") as pipe:
-                launch = pipe.read()
-            if not launch:
-                os._exit(0)
-            libc.prctl(PR_SET_PDEATHSIG, 0)  # a fresh process outlives its launcher (lightbert's watch notices)
-            become_launched(json.loads(launch))  # never returns
-        os.close(read)
-        # The script's own forked children (DataLoader workers) must not hold the pipe open.
-        os.register_at_fork(after_in_child=self._close_in_child)
-        SparePopen.spare = self
-        subprocess.Popen = SparePopen
-
-    def takes(self, given: dict) -> bool:
-        """Whether this `Popen` is the launch of a DDP process of the script, as Lightning does it, and the spare
-        is still free."""
-        command = given["args"]
-        pipes = ("p2cread", "p2cwrite", "c2pread", "c2pwrite", "errread", "errwrite")
-        return (
-            self.write >= 0
-            and given["preexec_fn"] is None
-            and not (given["pass_fds"] or given["shell"] or given["start_new_session"])
-            and given["process_group"] in (None, -1)
-            and all(given[name] == -1 for name in pipes)
-            and isinstance(command, list | tuple)
-            and len(command) > 1
-            and os.fspath(command[0]) == sys.executable
-            and os.path.realpath(os.fspath(command[1])) == os.path.realpath(self.script)
-            and LAUNCHER_VARIABLE in (given["env"] if given["env"] is not None else os.environ)
-        )
-
-    def launch(self, given: dict) -> bool:
-        """Hands the spare this command line; False if it is gone (a signal to the process group killed it)."""
-        ignored = [int(s) for s in CATCHABLE if signal.getsignal(s) == signal.SIG_IGN]
-        launch = {
-            "args": [os.fspath(a) for a in given["args"][1:]],
-            "env": dict(given["env"] if given["env"] is not None else os.environ),
-            "cwd": os.fspath(given["cwd"]) if given["cwd"] is not None else None,
-            "mask": [int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])],
-            "ignored": ignored,
-        }
-        pipe, self.write = os.fdopen(self.write, "wb"), -1
-        try:
-            with pipe:
-                pipe.write(json.dumps(launch).encode())
-        except BrokenPipeError:
-            os.waitpid(self.pid, 0)
-            return False
-        return True
-
-    def _close_in_child(self) -> None:
-        if self.write >= 0:
-            os.close(self.write)
-            self.write = -1
-
-    def discard(self) -> None:
-        """Ends the spare if the script did not use it."""
-        if self.write >= 0:
-            os.close(self.write)
-            self.write = -1
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-
-
-class SparePopen(subprocess.Popen):
-    """`subprocess.Popen` in a forked command: the launch the spare takes becomes the spare (its pid), any other
-    starts as it always does."""
-
-    spare: RankSpare
-
-    def _execute_child(self, *args, **kwargs):
-        given = EXECUTE_CHILD.bind(self, *args, **kwargs).arguments
-        if self.spare.takes(given) and self.spare.launch(given):
-            self.pid, self._child_created = self.spare.pid, True
-        else:
-            super()._execute_child(*args, **kwargs)
-
-
-EXECUTE_CHILD = inspect.signature(subprocess.Popen._execute_child)
-CATCHABLE = sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP})
-
-
-def become_launched(launch: dict) -> None:
-    """In the spare: what `execve` and Python's start-up would leave, then the script."""
-    for number in CATCHABLE:  # execve resets each handler, and keeps what is ignored
-        with contextlib.suppress(OSError, ValueError):  # not the real-time signals the C library keeps
-            signal.signal(number, signal.SIG_IGN if number in launch["ignored"] else signal.SIG_DFL)
-    for number in (signal.SIGPIPE, signal.SIGXFSZ):  # Python's start-up ignores these two
-        signal.signal(number, signal.SIG_IGN)
-    if signal.SIGINT not in launch["ignored"]:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.pthread_sigmask(signal.SIG_SETMASK, launch["mask"])
-    if launch["cwd"] is not None:
-        os.chdir(launch["cwd"])
-    os.environ.clear()
-    os.environ.update(launch["env"])
-    args = launch["args"]
-    sys.exit(run_script(args[0], args[1:]))
 
 
 if __name__ == "__main__":

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
+import itertools
 import json
 import os
+import queue
 import random
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from omegaconf import DictConfig
 
 from helpers import runtime
@@ -125,18 +130,70 @@ def run_train_script(
     )
 
 
-class ForkedScripts:
-    """`python <folder>/<script>.py ARGS` as `subprocess.run` would run it, in a child forked from a server that has
-    done the scripts' imports once (`helpers.fork_server`): a second or two instead of seven or more on this machine.
-    `python`: the interpreter (asked when the server starts); `preload`: what the server imports besides lightbert."""
+class ForkServer:
+    """Commands forked from a server that has done the scripts' imports once (`helpers.fork_server`, whose docstring
+    says what a forked command cannot show and which tests start the real one instead): a second or two instead of
+    five or more on this machine. `python`: the interpreter (asked when the server starts); `folder`: where the
+    scripts are; `preload`: what the server imports besides lightbert. Each test's jobs may run side by side, from
+    threads of the test."""
 
     def __init__(
         self, python: Callable[[], str] = runtime.python, folder: Path = REPO / "src", preload: tuple[str, ...] = ()
     ) -> None:
         self.python, self.folder, self.preload = python, folder, preload
         self.server: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+        self.replies: dict[int, queue.Queue] = {}
+        self.jobs = itertools.count()
         self.files = Path(tempfile.mkdtemp(prefix="lightbert-forked-"))  # each command's stdin, stdout, stderr
         atexit.register(shutil.rmtree, self.files, ignore_errors=True)
+
+    def _serve(self) -> None:
+        if self.server is None or self.server.poll() is not None:
+            command = [self.python(), str(Path(__file__).with_name("fork_server.py")), *self.preload]
+            self.server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+            atexit.register(self.server.kill)
+            threading.Thread(target=self._read, args=(self.server,), daemon=True).start()
+
+    def _read(self, server: subprocess.Popen) -> None:
+        for line in server.stdout:  # each job's replies to the thread that started it
+            reply = json.loads(line)
+            self.replies[reply["job"]].put(reply)
+
+    def start(self, script: str, args: list[str], tasks: list[dict]) -> tuple[int, list[int]]:
+        """Starts a job's tasks, `python <folder>/<script>.py ARGS` each; a task: {"env" (the whole environment),
+        "cwd", "stdin", "stdout", "stderr" (file paths; stdin may be None), "new_session", "file_size_limit"}. Returns
+        the job's number (for `wait`) and the tasks' pids."""
+        with self.lock:
+            self._serve()
+            job = next(self.jobs)
+            self.replies[job] = queue.Queue()
+            request = {"job": job, "script": str(self.folder / f"{script}.py"), "args": list(args), "tasks": tasks}
+            self.server.stdin.write(json.dumps(request) + "\n")
+            self.server.stdin.flush()
+        return job, self.replies[job].get(timeout=TASKS_PATIENCE)["pids"]
+
+    def wait(self, job: int, pids: list[int], seconds: float) -> list[int]:
+        """The tasks' exit statuses; a task still running after `seconds` is a deadlock: every one is sent SIGABRT
+        (faulthandler writes every thread's stack to its stderr), then killed with its process group where it has one
+        of its own (the DDP processes it launched too), and the test fails."""
+        try:
+            return self._wait(job, seconds)
+        except queue.Empty:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGABRT)
+            time.sleep(3)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
+            self._wait(job, TASKS_PATIENCE)
+            pytest.fail(f"the job's tasks were still running {seconds} s after they started or were signalled")
+
+    def _wait(self, job: int, seconds: float) -> list[int]:
+        codes = self.replies[job].get(timeout=seconds)["returncodes"]
+        del self.replies[job]
+        return codes
 
     def run(
         self,
@@ -148,35 +205,32 @@ class ForkedScripts:
         stdin: str | None = None,
         **env: str,
     ) -> subprocess.CompletedProcess:
-        if self.server is None or self.server.poll() is not None:
-            server = [self.python(), str(Path(__file__).with_name("fork_server.py")), *self.preload]
-            self.server = subprocess.Popen(server, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
-            atexit.register(self.server.kill)
-        out, err, given = self.files / "stdout", self.files / "stderr", self.files / "stdin"
+        """`python <folder>/<script>.py ARGS` as `subprocess.run` would run it (the test's environment, `env` added),
+        forked; its output once it has ended."""
+        files = Path(tempfile.mkdtemp(dir=self.files))
         if stdin is not None:
-            given.write_text(stdin)
-        path = self.folder / f"{script}.py"
-        request = {"script": str(path), "args": list(args), "cwd": str(cwd), "env": env}
-        request |= {"new_session": start_new_session, "file_size_limit": file_size_limit}
-        request |= {"stdin": str(given) if stdin is not None else None, "stdout": str(out), "stderr": str(err)}
-        self.server.stdin.write(json.dumps(request) + "\n")
-        self.server.stdin.flush()
-        if not select.select([self.server.stdout], [], [], 600)[0]:
-            self.server.kill()
-            raise TimeoutError(f"python {path.relative_to(REPO)} {' '.join(args)} ran past 600 s")
-        returncode = json.loads(self.server.stdout.readline())["returncode"]
-        command = [str(path.relative_to(REPO)), *args]
-        return subprocess.CompletedProcess(command, returncode, out.read_text(), err.read_text())
+            (files / "stdin").write_text(stdin)
+        task = {"env": {**os.environ, **env}, "cwd": str(cwd), "stdin": str(files / "stdin") if stdin is not None
+                else None, "stdout": str(files / "stdout"), "stderr": str(files / "stderr"),
+                "new_session": start_new_session, "file_size_limit": file_size_limit}  # fmt: skip
+        job, pids = self.start(script, list(args), [task])
+        (returncode,) = self.wait(job, pids, 600)
+        command = [str((self.folder / f"{script}.py").relative_to(REPO)), *args]
+        out, err = (files / "stdout").read_text(), (files / "stderr").read_text()
+        shutil.rmtree(files, ignore_errors=True)
+        return subprocess.CompletedProcess(command, returncode, out, err)
 
 
-forked_scripts = ForkedScripts()
+TASKS_PATIENCE = 120  # seconds for a job's tasks to start
+
+forked = ForkServer()
 # The benchmarks compare with transformers: the test session's Python, which has it, and its BERT imported once.
-forked_benchmarks = ForkedScripts(lambda: sys.executable, REPO / "bench", ("transformers.models.bert.modeling_bert",))
+forked_benchmarks = ForkServer(lambda: sys.executable, REPO / "bench", ("transformers.models.bert.modeling_bert",))
 
 
 def run_train_forked(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    """`run_train_script`, in a forked child (`ForkedScripts`)."""
-    return forked_scripts.run("train", *args, **kwargs)
+    """`run_train_script`, forked (`ForkServer`): for a test whose subject is the command's result."""
+    return forked.run("train", *args, **kwargs)
 
 
 def pythonpath_with_tests() -> str:
@@ -191,8 +245,8 @@ def run_train_recorded(*args: str, new_session: bool = False, **kwargs) -> subpr
 
 
 def run_script_forked(script: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
-    """`python src/<script>.py ARGS` (evaluate, predict, ...), in a forked child (`ForkedScripts`)."""
-    return forked_scripts.run(script, *args, **kwargs)
+    """`python src/<script>.py ARGS` (evaluate, predict, ...), forked (`ForkServer`)."""
+    return forked.run(script, *args, **kwargs)
 
 
 def cpu_twin(trainer: str) -> list[str]:
