@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,41 @@ def share_the_cores() -> None:
         threads = max(1, len(os.sched_getaffinity(0)) // workers)  # the cores this process may run on
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # the processes the tests start: scripts, DDP ranks, kernels
+
+
+# The process state a test could leave to the next test of its worker, and whose handlers and settings are checked here.
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "lightbert")  # the root's are pytest's
+
+
+@pytest.fixture(autouse=True)
+def process_state():
+    """Each test starts from the state the worker had before it: the tests that call `lightbert.train` in this
+    process (as a notebook does) leave nothing to the next. Measured: two runs in a row leave the working directory,
+    torch's threads, the default dtype, the deterministic flags and the signal handlers as they were, but the first
+    leaves Lightning's variables (PL_GLOBAL_SEED, PL_SEED_WORKERS, read by the next seed and DataLoader) and its
+    loggers' handlers; a test may also change any of these itself. pytest restores the warning filters."""
+    cwd, env = os.getcwd(), dict(os.environ)
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    handlers = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    loggers = {name: (list(logging.getLogger(name).handlers), logging.getLogger(name).level) for name in LOGGERS}
+    yield
+    os.chdir(cwd)
+    if dict(os.environ) != env:
+        os.environ.clear()
+        os.environ.update(env)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    torch.set_default_dtype(dtype)
+    torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+    for signum, handler in handlers.items():
+        if signal.getsignal(signum) is not handler and handler is not None:
+            signal.signal(signum, handler)
+    for name, (kept, level) in loggers.items():
+        logger = logging.getLogger(name)
+        logger.handlers[:] = kept
+        logger.setLevel(level)
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ never hold its directory, so `resume=true` right after a kill -9 is accepted; SI
 prepared end in one line, with nothing left running.
 
 The runs that are killed or stopped are `python src/train.py` itself, fresh interpreters in a process group of their
-own; the resumes after them (and the run whose second process kills itself) are forked
+own, and so are the DDP processes they launch; the resumes after them, whose subject is the result, are forked
 (`helpers.runs.run_train_recorded`), as most of the suite's commands are."""
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ from pathlib import Path
 
 import pytest
 from helpers import runtime
-from helpers.runs import BASE, REPO, default_sigint, pythonpath_with_tests, run_train_recorded, write_bert_corpus
+from helpers.runs import (
+    BASE,
+    REPO,
+    default_sigint,
+    pythonpath_with_tests,
+    run_train_recorded,
+    run_train_script,
+    write_bert_corpus,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -225,7 +233,7 @@ def test_the_second_ddp_process_killed_at_the_last_step_leaves_the_newest_checkp
     run = tmp_path / "run"
     args = [*DDP, f"corpus.paths=[{corpus}]", f"hydra.run.dir={run}"]
     kill = ["+callbacks.kill._target_=helpers.loss_recorder.KillRankAtStep", "+callbacks.kill.step=10"]
-    killed = run_train_recorded(*args, *kill, new_session=True)
+    killed = run_train_script(*args, *kill, start_new_session=True, PYTHONPATH=pythonpath_with_tests())
     assert killed.returncode == 2, killed.stderr[-3000:]
     assert "Traceback" not in killed.stderr, killed.stderr[-3000:]
     said = [line for line in killed.stderr.splitlines() if line.startswith("lightbert:")]

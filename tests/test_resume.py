@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.loss_recorder import recorded
-from helpers.runs import TINY_PRETRAIN, WORDS, console_noise, run_train_recorded, write_bert_corpus
+from helpers.runs import (
+    TINY_PRETRAIN,
+    WORDS,
+    console_noise,
+    pythonpath_with_tests,
+    run_train_recorded,
+    run_train_script,
+    write_bert_corpus,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -138,13 +146,14 @@ def test_stop_signal_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp
     )
     assert whole.returncode == 0, whole.stderr[-3000:]
     stopped = tmp_path / "stopped"
-    terminated = run_train_recorded(
+    terminated = run_train_script(  # the signal's subject is the process: `python src/train.py` itself
         *args,
         f"+callbacks.record.path={tmp_path / 'before.txt'}",
         "+callbacks.term._target_=helpers.loss_recorder.SignalAtStep",
         "+callbacks.term.step=5",
         f"+callbacks.term.name={name}",
         f"hydra.run.dir={stopped}",
+        PYTHONPATH=pythonpath_with_tests(),
         **({"SUBMITIT_EXECUTOR": "slurm"} if name == "USR2" else {}),
     )
     stop = getattr(signal, f"SIG{name}")  # the exit status and the console name the signal that stopped it
