@@ -39,10 +39,11 @@ def node_env(node: int, root: Path) -> dict[str, str]:
 def run_nodes(
     args: list[str], nodes: int, devices: int, root: Path, cwds: list[Path] | None = None
 ) -> list[subprocess.CompletedProcess]:
-    """One `python src/train.py` per node with Lightning's documented variables, side by side: tasks forked from
-    `helpers.task_server` (a process of their own each, in a session of their own); `cwds`: each node's working
-    directory (a relative hydra.run.dir is then another directory on each node, as a run directory on a node's local
-    disk is). A node still running after PATIENCE seconds is a deadlock: all are killed, and the test fails."""
+    """One `python src/train.py` per node with Lightning's documented variables, side by side: tasks forked from the
+    tests' fork server (`helpers.tasks`: a process of their own each, in a session of their own; the DDP processes a
+    node launches are fresh interpreters); `cwds`: each node's working directory (a relative hydra.run.dir is then
+    another directory on each node, as a run directory on a node's local disk is). A node still running after
+    PATIENCE seconds is a deadlock: all are killed, and the test fails."""
     port = str(free_port())
     variables = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(nodes * devices)}
     envs = [{**node_env(node, root), **variables, "NODE_RANK": str(node)} for node in range(nodes)]
