@@ -154,7 +154,7 @@ def _from_hf_dir(path: Path, source: str) -> Pretrained:
         raise UserError(f"could not read weights {weights}: {error}") from None
     tokenizer_file = next((path / name for name in HF_TOKENIZER_FILES if (path / name).is_file()), None)
     tokenizer = load_tokenizer(tokenizer_file, lowercase=hf_lowercase(path)) if tokenizer_file else None
-    return Pretrained(config, hf_state_dict_to_lightbert(raw), tokenizer, source, hf_config=hf_config)
+    return Pretrained(config, hf_state_dict_to_lightbert(raw, hf_config), tokenizer, source, hf_config=hf_config)
 
 
 def _from_hub(repo_id: str) -> Pretrained:

@@ -21,6 +21,22 @@ How this differs from the reference implementations:
   BERT and the other ~85% of its rows are thrown away by the loss anyway.
 - No cross-attention, past key values or head pruning: BERT never uses them.
 
+The modern recipe (ModernBERT, Warner et al. 2024) is a set of options of this same encoder (`BertConfig`'s
+`norm_position`, `*_bias`, `mlp`, `position_embedding_type`, `global_attn_every_n_layers`, `local_attention`,
+`final_norm`, `pooler`; conf/model/modernbert_*.yaml). It keeps this file's names, and `checkpoints.hf_format` maps
+them onto transformers' `ModernBertForMaskedLM` (`model.layers.0.attn.Wqkv` <- this file's query/key/value, ...):
+- Pre-LN: each layer is x + f(LayerNorm(x)) (`attention_norm`, `mlp_norm`); with the embeddings normed, layer 0 has
+  no attention norm, as transformers' ModernBERT; a `final_norm` after the last layer.
+- Rotary positions (`RotaryEmbedding`) on queries and keys, with one base for the global layers and one for the
+  sliding-window ones; no position table. Sliding-window layers see |i - j| <= local_attention // 2
+  (`lightbert.model.layouts.band`; flash's window on the varlen path).
+- GeGLU: `intermediate.dense` is (H, 2I), its output split as (input, gate), GELU on the input half.
+- The MLM head is BERT's shape (dense -> GELU -> LayerNorm -> tied decoder with a bias), its biases per config; the
+  "head" pooler (ModernBertForSequenceClassification's) pools [CLS] or the mean, then dense -> GELU -> LayerNorm,
+  and the token-level heads run the same transform on every token (`TokenHead`), as transformers' do.
+- Dropout sits where BERT's does (after each projection back to H); transformers' ModernBERT drops inside the MLP and
+  after attention's output. Its recipe trains without dropout (all 0.0), where the two are the same.
+
 What has run on a GPU (one H100, bf16; bench/RESULTS.md, "GPU: the first measurements"): the padded path and
 length groups, in training, evaluation and prediction. The variable-length kernel ("varlen") is checked on CPU
 against CUDA's meta kernels only; `pytest -m gpu` holds it to the mask path on a GPU.
@@ -41,21 +57,38 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from lightbert.model.layouts import UNPADDING, Layout, PackedRows, Padded, explicit_attention_mask, layout_for
+from lightbert.model.layouts import (
+    UNPADDING,
+    Layout,
+    PackedRows,
+    Padded,
+    explicit_attention_mask,
+    layout_for,
+    with_window,
+)
 from lightbert.model_config import BertConfig
 
 
+def layer_norm(config: BertConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias)
+
+
 class BertEmbeddings(nn.Module):
-    """Token + segment + position embeddings, then LayerNorm and dropout (paper Fig. 2)."""
+    """Token + segment + position embeddings, then LayerNorm and dropout (paper Fig. 2). With rotary positions there
+    is no position table, and with `type_vocab_size` 0 no segment embeddings (ModernBERT)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
         if config.vocab_size is None:  # a run's settings leave it to the tokenizer (run.weights.with_vocabulary)
             raise ValueError("the model config's vocab_size is not set: give the tokenizer's vocabulary size")
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.position_embeddings = (
+            None if config.rotary else nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        )
+        self.token_type_embeddings = (
+            nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size else None
+        )
+        self.LayerNorm = layer_norm(config) if config.embedding_norm else nn.Identity()
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
@@ -66,12 +99,15 @@ class BertEmbeddings(nn.Module):
     ) -> torch.Tensor:
         """`position_ids` (B, T): each token's position in its own example (packed rows); else 0..T-1."""
         seq_len = input_ids.shape[1]
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
-        if position_ids is None:
-            position_ids = torch.arange(seq_len, device=input_ids.device)  # (T,), broadcast over the batch
-        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)  # (B, T, H)
-        x = x + self.position_embeddings(position_ids)
+        x = self.word_embeddings(input_ids)  # (B, T, H)
+        if self.token_type_embeddings is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(input_ids)
+            x = x + self.token_type_embeddings(token_type_ids)
+        if self.position_embeddings is not None:
+            if position_ids is None:
+                position_ids = torch.arange(seq_len, device=input_ids.device)  # (T,), broadcast over the batch
+            x = x + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(x))
 
 
@@ -119,6 +155,35 @@ def join_qkv(state: dict, prefix: str = "") -> dict:
     return state
 
 
+class RotaryEmbedding(nn.Module):
+    """Rotary position embeddings (RoPE, Su et al. 2021) as transformers' ModernBERT applies them: the head's
+    dimensions in two halves, (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), at frequencies base^(-2i/D). One base
+    for the global layers (`rope_theta`) and one for the sliding-window ones (`local_rope_theta`)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        exponents = torch.arange(0, config.head_size, 2, dtype=torch.float) / config.head_size
+        self.register_buffer("global_inv_freq", 1.0 / config.rope_theta**exponents, persistent=False)  # (D/2,)
+        self.register_buffer("local_inv_freq", 1.0 / config.local_rope_theta**exponents, persistent=False)
+
+    def forward(self, position_ids: torch.Tensor, local: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin), each (..., D) for positions (...) (float32)."""
+        inv_freq = self.local_inv_freq if local else self.global_inv_freq
+        freqs = position_ids[..., None].float() * inv_freq  # (..., D/2)
+        angles = torch.cat([freqs, freqs], dim=-1)  # (..., D)
+        return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    """x (..., H) rotated per head by (cos, sin) (..., D), computed in float32 as transformers does."""
+    shape = x.shape
+    dtype = x.dtype
+    x = x.view(*shape[:-1], heads, shape[-1] // heads).float()  # (..., A, D)
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x * cos[..., None, :] + rotated * sin[..., None, :]).to(dtype).reshape(shape)
+
+
 class BertSelfAttention(nn.Module):
     """Bidirectional multi-head self-attention: every token attends to every real token.
 
@@ -135,23 +200,38 @@ class BertSelfAttention(nn.Module):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_size = config.head_size
-        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)  # rows: query, key, value
+        # rows: query, key, value
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias)
         self.dropout_p = config.attention_probs_dropout_prob
         self.split_names = True  # state dicts name query, key and value apart (`fused_qkv_names` turns it off)
         self.register_state_dict_post_hook(_split_on_save)
         self.register_load_state_dict_pre_hook(_join_on_load)
 
-    def forward(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
-        """x is (B, T, H), or (N, H) where `layout` runs the layers on fewer tokens; the output has x's shape."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        layout: Layout,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        window: int | None = None,
+    ) -> torch.Tensor:
+        """x is (B, T, H), or (N, H) where `layout` runs the layers on fewer tokens; the output has x's shape.
+        `rotary`: (cos, sin) (x's leading shape, D) for the queries and keys; `window`: a sliding-window layer's
+        reach on each side."""
         qkv = self.qkv(x)  # (..., 3H): query, key and value side by side; the layout splits them (views)
-        return layout.attention(qkv, self.num_heads, self.dropout_p if self.training else 0.0)
+        if rotary is not None:  # the queries and keys rotated: one (..., 3H) tensor again, as the layouts take it
+            q, k, v = qkv.chunk(3, -1)
+            qkv = torch.cat([rotate(q, *rotary, self.num_heads), rotate(k, *rotary, self.num_heads), v], -1)
+        return layout.attention(qkv, self.num_heads, self.dropout_p if self.training else 0.0, window)
 
-    def probabilities(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def probabilities(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None, rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """softmax(QK^T / sqrt(D)) (B, A, T, T): what the fused kernel computes inside, for looking at heads."""
         batch, seq_len, _ = x.shape
-        q, k, _ = (
-            t.reshape(batch, seq_len, self.num_heads, self.head_size).transpose(1, 2) for t in self.qkv(x).chunk(3, -1)
-        )
+        q, k, _ = self.qkv(x).chunk(3, -1)
+        if rotary is not None:
+            q, k = rotate(q, *rotary, self.num_heads), rotate(k, *rotary, self.num_heads)
+        q, k = (t.reshape(batch, seq_len, self.num_heads, self.head_size).transpose(1, 2) for t in (q, k))
         scores = q @ k.transpose(-1, -2) / self.head_size**0.5
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, torch.finfo(scores.dtype).min)
@@ -183,16 +263,18 @@ def fused_qkv_names(model: nn.Module):
 
 
 class BertSelfOutput(nn.Module):
-    """Projection after attention, dropout, then the post-LN residual: LayerNorm(x + f(x))."""
+    """Projection after attention, dropout, then the post-LN residual: LayerNorm(x + f(x)); pre-LN, x + f(x) (the
+    norm came before, `BertLayer.attention_norm`)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
+        self.LayerNorm = None if config.pre_norm else layer_norm(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+        out = self.dropout(self.dense(hidden)) + residual
+        return out if self.LayerNorm is None else self.LayerNorm(out)
 
 
 class BertAttention(nn.Module):
@@ -206,62 +288,104 @@ class BertAttention(nn.Module):
 
 
 class BertIntermediate(nn.Module):
-    """First feed-forward layer with the exact (erf) GELU the reference uses, not the tanh approximation."""
+    """First feed-forward layer with the exact (erf) GELU the reference uses, not the tanh approximation; GeGLU
+    (`mlp: geglu`): one (H, 2I) projection split as (input, gate), GELU(input) * gate."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.gated = config.mlp == "geglu"
+        width = config.intermediate_size * (2 if self.gated else 1)
+        self.dense = nn.Linear(config.hidden_size, width, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            inputs, gate = self.dense(x).chunk(2, dim=-1)
+            return F.gelu(inputs) * gate  # (..., I)
         return F.gelu(self.dense(x))  # (..., I)
 
 
 class BertOutput(BertSelfOutput):
-    """Second feed-forward layer back to H, dropout, post-LN residual."""
+    """Second feed-forward layer back to H, dropout, post-LN residual (pre-LN: the residual alone)."""
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
 
 class BertLayer(nn.Module):
-    """One post-LN Transformer block; also the unit FSDP wraps."""
+    """One Transformer block, post-LN (BERT) or pre-LN (`norm_position: pre`); also the unit FSDP wraps.
 
-    def __init__(self, config: BertConfig):
+    Pre-LN: x + attention(attention_norm(x)), then x + mlp(mlp_norm(x)). Layer 0 of an encoder whose embeddings are
+    normed has no attention norm (transformers' ModernBERT: the embeddings' norm is its input's)."""
+
+    def __init__(self, config: BertConfig, index: int = 0):
         super().__init__()
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
+        pre = config.pre_norm
+        self.attention_norm = layer_norm(config) if pre and (index > 0 or not config.embedding_norm) else None
+        self.mlp_norm = layer_norm(config) if pre else None
+        self.window = None if config.is_global(index) else config.window
+        self.local = self.window is not None
 
-    def forward(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
-        x = self.attention(x, layout)
-        return self.output(self.intermediate(x), x)
+    def attention_input(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.attention_norm is None else self.attention_norm(x)
+
+    def forward(
+        self, x: torch.Tensor, layout: Layout, rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """x (B, T, H) or (N, H); `rotary`: this layer's (cos, sin) for x's tokens (`RotaryEmbedding`)."""
+        x = self.attention.output(self.attention.self(self.attention_input(x), layout, rotary, self.window), x)
+        mlp_input = x if self.mlp_norm is None else self.mlp_norm(x)
+        return self.output(self.intermediate(mlp_input), x)
 
 
 class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.layer = nn.ModuleList(BertLayer(config, index) for index in range(config.num_hidden_layers))
 
 
 class BertPooler(nn.Module):
-    """Dense + tanh on the [CLS] position: the sentence representation the NSP and GLUE heads read."""
+    """Dense + tanh on the [CLS] position: the sentence representation the NSP and GLUE heads read. With
+    `pooler: head` (ModernBERT's classifier head): [CLS] or the mean of the real tokens (`classifier_pooling`), then
+    dense -> GELU -> LayerNorm."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.head = config.pooler == "head"
+        self.mean = self.head and config.classifier_pooling == "mean"
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.head_bias if self.head else True)
+        self.LayerNorm = layer_norm(config) if self.head else None
 
-    def forward(self, sequence_output: torch.Tensor, last: torch.Tensor | None = None) -> torch.Tensor:
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        if self.LayerNorm is None:
+            return torch.tanh(self.dense(x))
+        return self.LayerNorm(F.gelu(self.dense(x)))
+
+    def forward(
+        self,
+        sequence_output: torch.Tensor,
+        last: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """From [CLS]; a left-to-right encoder's [CLS] sees only itself, so it reads each sequence's `last` real
-        token instead (B,), as OpenAI GPT classifies from its final token."""
+        token instead (B,), as OpenAI GPT classifies from its final token. Mean pooling reads `attention_mask`
+        (B, T) (None: every token)."""
+        if self.mean:
+            if attention_mask is None:
+                return self.transform(sequence_output.mean(1))
+            weights = attention_mask.to(sequence_output.dtype)[:, :, None]  # (B, T, 1)
+            return self.transform((sequence_output * weights).sum(1) / weights.sum(1))
         if last is None:
-            return torch.tanh(self.dense(sequence_output[:, 0]))  # (B, H)
-        return torch.tanh(self.dense(sequence_output[torch.arange(len(last), device=last.device), last]))
+            return self.transform(sequence_output[:, 0])  # (B, H)
+        return self.transform(sequence_output[torch.arange(len(last), device=last.device), last])
 
     def at(self, sequence_output: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """At several positions per row (B, K), e.g. each packed example's [CLS]: (B, K, H)."""
         index = positions[:, :, None].expand(-1, -1, sequence_output.shape[-1])
-        return torch.tanh(self.dense(sequence_output.gather(1, index)))
+        return self.transform(sequence_output.gather(1, index))
 
 
 class BertModel(nn.Module):
@@ -276,6 +400,8 @@ class BertModel(nn.Module):
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
+        self.final_norm = layer_norm(config) if config.final_norm else None
+        self.rotary = RotaryEmbedding(config) if config.rotary else None
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.set_unpadding("groups")
 
@@ -317,13 +443,19 @@ class BertModel(nn.Module):
         """
         causal = self.config.causal if causal is None else causal
         layout = layout_for(attention_mask, packed, self.unpad, causal)
-        x = self.embeddings(input_ids, token_type_ids, packed.position_ids if packed is not None else None)
+        position_ids = packed.position_ids if packed is not None else None
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
         hidden_states = [x] if output_hidden_states else None
+        rotary = self.rotations(input_ids, position_ids, layout)
         x = layout.unpad(x)  # (N, H) where the layers skip padding
         for layer in self.encoder.layer:
-            x = layer(x, layout)
+            x = layer(x, layout, rotary[layer.local] if rotary is not None else None)
             if hidden_states is not None:
                 hidden_states.append(layout.pad(x))
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if hidden_states is not None:  # the last hidden state is the output, as transformers' ModernBERT has it
+                hidden_states[-1] = layout.pad(x)
         x = layout.pad(x)  # (B, T, H)
         pooled = None
         if self.pooler is not None and packed is not None:  # every example's [CLS]; empty slots read position 0
@@ -332,10 +464,27 @@ class BertModel(nn.Module):
             pooled = self.pool(x, attention_mask, causal)
         return x, pooled, tuple(hidden_states) if hidden_states is not None else None
 
+    def rotations(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, layout: Layout | None = None
+    ) -> dict[bool, tuple[torch.Tensor, torch.Tensor]] | None:
+        """Rotary (cos, sin) for the global (False) and local (True) layers, each (N or B·T..., D) as the layers see
+        the tokens under `layout` (None: (B, T, D)); None without rotary positions."""
+        if self.rotary is None:
+            return None
+        batch, seq_len = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(seq_len, device=input_ids.device).expand(batch, seq_len)  # (B, T)
+        out = {}
+        for local in {layer.local for layer in self.encoder.layer}:
+            cos, sin = self.rotary(position_ids, local)  # (B, T, D)
+            out[local] = (cos, sin) if layout is None else (layout.unpad(cos), layout.unpad(sin))
+        return out
+
     def pool(self, x: torch.Tensor, attention_mask: torch.Tensor | None, causal: bool | None = None) -> torch.Tensor:
-        """The pooler on `x` (B, T, H): at [CLS], or, left to right, at each sequence's last real token."""
+        """The pooler on `x` (B, T, H): at [CLS] (or the mean of the real tokens), or, left to right, at each
+        sequence's last real token."""
         if not (self.config.causal if causal is None else causal):
-            return self.pooler(x)
+            return self.pooler(x, attention_mask=attention_mask)
         if attention_mask is None:
             return self.pooler(x, x.new_full((x.shape[0],), x.shape[1] - 1, dtype=torch.long))
         return self.pooler(x, attention_mask.sum(1) - 1)
@@ -355,18 +504,24 @@ class BertModel(nn.Module):
         attn_mask = explicit_attention_mask(attention_mask, input_ids.shape[1], self.config.causal, input_ids.device)
         layout = Padded(attn_mask)
         x = self.embeddings(input_ids, token_type_ids)
+        rotary = self.rotations(input_ids, None)
         maps = []
         for layer in self.encoder.layer:
-            maps.append(layer.attention.self.probabilities(x, attn_mask))
-            x = layer(x, layout)
+            turn = rotary[layer.local] if rotary is not None else None
+            mask = with_window(attn_mask, input_ids.shape[1], layer.window, input_ids.device)
+            maps.append(layer.attention.self.probabilities(layer.attention_input(x), mask, turn))
+            x = layer(x, layout, turn)
         return tuple(maps)
 
 
 class BertPredictionHeadTransform(nn.Module):
+    """Dense -> GELU -> LayerNorm: the MLM head's first half (BERT's and ModernBERT's alike, biases per config), and
+    the modern recipe's token-level heads' (`TokenHead`)."""
+
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.head_bias)
+        self.LayerNorm = layer_norm(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(F.gelu(self.dense(x)))
@@ -448,7 +603,8 @@ def init_weights(module: nn.Module, std: float) -> None:
                 module.weight[module.padding_idx].zero_()
     elif isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
 
 
 def run_packed(lstm: nn.LSTM, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

@@ -12,6 +12,12 @@ side by side, (..., 3H)):
 
 Real tokens come out the same in every layout; padded positions come out as zeros where the layers skipped them.
 
+Sliding-window (local) attention, the modern recipe's (`BertConfig.local_attention`): `attention(..., window=w)`
+lets a token see only the keys at most w positions away, |i - j| <= w. On the padded layouts and length groups that
+is one more (T, T) band in the mask, of fixed shape; through the variable-length kernel it is flash attention's own
+window (`window_size_left` and `_right`), no mask at all. Packed rows' examples sit whole and in order in their row,
+so the band over the row's positions is the band within each example.
+
 Shapes: B rows in the batch, T tokens per row (padding included), H hidden size, A attention heads, D head size
 (H / A), N tokens the layers run on (the batch's real tokens; B·T for packed rows), K example slots per packed row;
 a length group has b rows of t tokens and n_g real ones.
@@ -82,6 +88,22 @@ def explicit_attention_mask(
     return left if mask is None else mask & left
 
 
+def band(seq_len: int, window: int, device: torch.device) -> torch.Tensor:
+    """(T, T) boolean: query i may see key j when |i - j| <= window (a sliding-window layer's keys)."""
+    slots = torch.arange(seq_len, device=device)
+    return (slots[:, None] - slots[None, :]).abs() <= window
+
+
+def with_window(
+    mask: torch.Tensor | None, seq_len: int, window: int | None, device: torch.device
+) -> torch.Tensor | None:
+    """`mask` ((B, 1, 1 or T, T) or None) and, with a `window`, its band: (B or 1, 1, T, T)."""
+    if window is None:
+        return mask
+    near = band(seq_len, window, device)[None, None]  # (1, 1, T, T)
+    return near if mask is None else mask & near
+
+
 def padded_at_the_end(attention_mask: torch.Tensor) -> bool:
     """Whether each row of the (B, T) mask is its real tokens, then only padding."""
     slots = torch.arange(attention_mask.shape[1], device=attention_mask.device)
@@ -99,9 +121,14 @@ def padded_attention(
     mask: torch.Tensor | None,
     dropout_p: float,
     is_causal: bool,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Attention of q, k, v (B, T, H) over each row's keys under `mask` (None: every key) -> (B, T, H)."""
+    """Attention of q, k, v (B, T, H) over each row's keys under `mask` (None: every key) and, with `window`, only
+    those at most `window` positions away -> (B, T, H)."""
     batch, seq_len, hidden = q.shape
+    if window is not None and is_causal:  # the kernel takes a mask or is_causal, not both
+        mask, is_causal = explicit_attention_mask(None, seq_len, True, q.device) if mask is None else mask, False
+    mask = with_window(mask, seq_len, window, q.device)
 
     def split(t: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, A, T, D)
         return t.view(batch, seq_len, heads, hidden // heads).transpose(1, 2)
@@ -130,8 +157,8 @@ class Padded:
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
-    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float):
-        return padded_attention(*qkv.chunk(3, -1), heads, self.mask, dropout_p, self.is_causal)
+    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float, window: int | None = None):
+        return padded_attention(*qkv.chunk(3, -1), heads, self.mask, dropout_p, self.is_causal, window)
 
 
 class RealTokens:
@@ -159,8 +186,8 @@ class RealTokensRepadded(RealTokens):
         super().__init__(attention_mask)
         self.mask, self.is_causal = mask, is_causal
 
-    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float):
-        out = padded_attention(*self.pad(qkv).chunk(3, -1), heads, self.mask, dropout_p, self.is_causal)
+    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float, window: int | None = None):
+        out = padded_attention(*self.pad(qkv).chunk(3, -1), heads, self.mask, dropout_p, self.is_causal, window)
         return self.unpad(out)
 
 
@@ -213,7 +240,7 @@ class RealTokensInGroups(RealTokens):
         super().__init__(attention_mask)
         self.groups, self.is_causal = groups, is_causal
 
-    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float):
+    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float, window: int | None = None):
         """Attention of the real tokens' qkv (N, 3H) -> (N, H), each length group padded to its own longest.
 
         The same result as attention over the (B, T) batch with the padding mask: every query attends to the real
@@ -228,9 +255,14 @@ class RealTokensInGroups(RealTokens):
         for group in self.groups.parts:
             b, t = group.mask.shape[0], group.mask.shape[-1]
             rows = qkv.index_select(0, group.gather).view(b, t, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
-            mask = None if self.is_causal else group.mask
+            mask, causal = None if self.is_causal else group.mask, self.is_causal
+            if window is not None:  # the kernel takes a mask or is_causal, not both
+                mask = with_window(
+                    explicit_attention_mask(None, t, True, qkv.device) if causal else mask, t, window, qkv.device
+                )
+                causal = False
             out = F.scaled_dot_product_attention(
-                rows[0], rows[1], rows[2], attn_mask=mask, dropout_p=dropout_p, is_causal=self.is_causal
+                rows[0], rows[1], rows[2], attn_mask=mask, dropout_p=dropout_p, is_causal=causal
             )
             outputs.append(out.transpose(1, 2).reshape(b * t, hidden).index_select(0, group.keep))  # (n_g, H)
         return torch.cat(outputs).index_select(0, self.groups.order)  # back to the tokens' order
@@ -244,8 +276,8 @@ class RealTokensVarlen(RealTokens):
         super().__init__(attention_mask)
         self.segments, self.is_causal = Segments.of_padded(attention_mask), is_causal
 
-    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float):
-        return varlen_attention(*qkv.chunk(3, -1), self.segments, heads, dropout_p, self.is_causal)
+    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float, window: int | None = None):
+        return varlen_attention(*qkv.chunk(3, -1), self.segments, heads, dropout_p, self.is_causal, window)
 
 
 class PackedRowsVarlen:
@@ -263,8 +295,8 @@ class PackedRowsVarlen:
     def pad(self, x: torch.Tensor) -> torch.Tensor:  # (B·T, H) -> (B, T, H)
         return x.view(self.batch, self.seq_len, -1)
 
-    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float):
-        return varlen_attention(*qkv.chunk(3, -1), self.segments, heads, dropout_p)
+    def attention(self, qkv: torch.Tensor, heads: int, dropout_p: float, window: int | None = None):
+        return varlen_attention(*qkv.chunk(3, -1), self.segments, heads, dropout_p, window=window)
 
 
 Layout = Padded | RealTokensRepadded | RealTokensInGroups | RealTokensVarlen | PackedRowsVarlen

@@ -97,29 +97,45 @@ def varlen_attention(
     heads: int,
     dropout_p: float,
     is_causal: bool = False,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of the tokens q, k, v (N, H) within their own sequences -> (N, H); `is_causal`: each token attends
-    to those at or before it in its sequence (the order of the N)."""
+    to those at or before it in its sequence (the order of the N); `window`: only to those at most `window` positions
+    away (a sliding-window layer; flash's `window_size_left` and `_right`, both ends included)."""
     n, hidden = q.shape
     q, k, v = (t.view(n, heads, hidden // heads) for t in (q, k, v))  # views: the Linear outputs as they are
     if flash_varlen_supported(q):
         cu, longest = segments.cu_seqlens, segments.max_len
-        out = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, longest, longest, dropout_p, is_causal, False)[0]
+        sides = {} if window is None else {"window_size_left": window, "window_size_right": window}
+        out = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu, cu, longest, longest, dropout_p, is_causal, False, **sides
+        )[0]
     else:
-        out = segmentwise_attention(q, k, v, segments.cu_seqlens, dropout_p, is_causal)
+        out = segmentwise_attention(q, k, v, segments.cu_seqlens, dropout_p, is_causal, window)
     return out.reshape(n, hidden)
 
 
 def segmentwise_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, dropout_p: float, is_causal: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    dropout_p: float,
+    is_causal: bool,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """q, k, v (N, A, D) -> (N, A, D), one scaled_dot_product_attention call per non-empty sequence. Reads the
-    boundaries on the host."""
+    """q, k, v (N, A, D) -> (N, A, D), one scaled_dot_product_attention call per non-empty sequence (`window`: within
+    a band of that half-width). Reads the boundaries on the host."""
     bounds = cu_seqlens.tolist()
     outputs = []
     for start, end in itertools.pairwise(bounds):
         if end > start:
             parts = (t[start:end].transpose(0, 1) for t in (q, k, v))  # (A, n_s, D)
-            out = F.scaled_dot_product_attention(*parts, dropout_p=dropout_p, is_causal=is_causal)
+            mask, causal = None, is_causal
+            if window is not None:  # the kernel takes a mask or is_causal, not both
+                slots = torch.arange(end - start, device=q.device)
+                mask = (slots[:, None] - slots[None, :]).abs() <= window  # (n_s, n_s)
+                mask, causal = (mask.tril(), False) if is_causal else (mask, False)
+            out = F.scaled_dot_product_attention(*parts, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
             outputs.append(out.transpose(0, 1))
     return torch.cat(outputs)
