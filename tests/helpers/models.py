@@ -98,3 +98,62 @@ def extract_config(bert_dir, directory, layers) -> OmegaConf:
     )
     cfg.layers = layers
     return cfg
+
+
+MODERN_SPECIALS = ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")  # ModernBERT's names, in its BPE's own order
+
+
+def train_bpe(words: list[str] = WORDS, seed: int = 0, vocab_size: int = 200):
+    """A small byte-level BPE tokenizer with BERT's special-token names, as ModernBERT's tokenizer.json is (its [CLS]
+    not id 0, no ## pieces, no lowercasing)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    rng = random.Random(seed)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(MODERN_SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    texts = [" ".join(rng.choice(words) for _ in range(10)) for _ in range(200)]
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return tokenizer
+
+
+def write_hf_modernbert(directory, architecture: str = "ModernBertForMaskedLM", *, seed: int = 0, **config):
+    """A small random transformers ModernBERT of class `architecture` as save_pretrained writes it, with a BPE
+    tokenizer.json (`train_bpe`); global attention every third layer and a window of 8 tokens, so that sequences
+    of 20 tokens meet it. `config` sets ModernBertConfig entries. The weights are moved off their initial values
+    (LayerNorm weights 1, zero biases), so that a weight read into the wrong place shows."""
+    tokenizer = train_bpe(seed=seed)
+    torch.manual_seed(seed)
+    ids = {name: tokenizer.token_to_id(name) for name in MODERN_SPECIALS}
+    values = {
+        "vocab_size": tokenizer.get_vocab_size(),
+        "hidden_size": 32,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 48,
+        "max_position_embeddings": 128,
+        "local_attention": 8,
+        "pad_token_id": ids["[PAD]"],
+        "cls_token_id": ids["[CLS]"],
+        "bos_token_id": ids["[CLS]"],
+        "sep_token_id": ids["[SEP]"],
+        "eos_token_id": ids["[SEP]"],
+        **config,
+    }
+    model = getattr(transformers, architecture)(transformers.ModernBertConfig(**values))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    model.save_pretrained(directory)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return directory

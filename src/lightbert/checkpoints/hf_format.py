@@ -110,8 +110,22 @@ def lightbert_state_dict_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torc
     return {k: v.detach().contiguous().clone() for k, v in state.items() if k != "cls.predictions.decoder.weight"}
 
 
-def write_tokenizer_files(tokenizer: BertTokenizer, directory: Path, max_length: int) -> None:
+def write_tokenizer_files(tokenizer: BertTokenizer, directory: Path, max_length: int, modern: bool = False) -> None:
+    """tokenizer.json, and what transformers' AutoTokenizer reads beside it: BERT's vocab.txt and tokenizer_config;
+    for the modern encoder, whose tokenizer need not be WordPiece (ModernBERT's is BPE), tokenizer.json as the fast
+    tokenizer with BERT's special-token names."""
     tokenizer.save(directory / "tokenizer.json")
+    if modern:
+        tokenizer_config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": max_length,
+            "model_input_names": ["input_ids", "attention_mask"],
+            **dict(
+                zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS, strict=True)
+            ),
+        }
+        (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+        return
     tokenizer.save_vocab_txt(directory / "vocab.txt")
     normalizer = json.loads(tokenizer.backend.to_str()).get("normalizer") or {}
     tokenizer_config = {
@@ -252,10 +266,20 @@ def hf_modernbert_config_to_lightbert(hf_config: dict, where: Path | str = "conf
     return checked_config(values, Path(where))
 
 
-def lightbert_config_to_modernbert(config: dict) -> dict:
-    """lightbert's config of the modern encoder as transformers' ModernBertConfig (config.json)."""
+def lightbert_config_to_modernbert(config: dict, tokenizer: BertTokenizer | None = None) -> dict:
+    """lightbert's config of the modern encoder as transformers' ModernBertConfig (config.json), with the special
+    tokens' ids of its `tokenizer`."""
     c = BertConfig.from_dict(config)
+    specials = {}
+    if tokenizer is not None:
+        specials = {
+            "cls_token_id": tokenizer.cls_id,
+            "bos_token_id": tokenizer.cls_id,
+            "sep_token_id": tokenizer.sep_id,
+            "eos_token_id": tokenizer.sep_id,
+        }
     return {
+        **specials,
         "architectures": ["ModernBertForMaskedLM"],
         "model_type": "modernbert",
         "vocab_size": c.vocab_size,

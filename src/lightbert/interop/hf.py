@@ -8,7 +8,14 @@ from pathlib import Path
 
 import torch
 
-from lightbert.checkpoints.hf_format import lightbert_config_to_hf, lightbert_state_dict_to_hf, write_tokenizer_files
+from lightbert.checkpoints.hf_format import (
+    hf_family,
+    lightbert_config_to_hf,
+    lightbert_config_to_modernbert,
+    lightbert_state_dict_to_hf,
+    lightbert_state_dict_to_modernbert,
+    write_tokenizer_files,
+)
 from lightbert.checkpoints.reading import Pretrained, load_into
 from lightbert.errors import UserError
 from lightbert.files import publish_directory, readable_as_usual
@@ -31,22 +38,37 @@ def export_hf(
     state_dict: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write a Hugging Face directory that `transformers.BertForPreTraining.from_pretrained` loads or, with a
-    fine-tuned head's `head_config` (architectures, labels) and weights, the matching `AutoModelFor...`."""
+    fine-tuned head's `head_config` (architectures, labels) and weights, the matching `AutoModelFor...`. The modern
+    encoder (`hf_family`) is written as transformers' ModernBERT, its classes named in `head_config` as BERT's."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir).expanduser()
     if pretrained.tokenizer is None:
         raise UserError(f"{pretrained.source} has no tokenizer.json next to it; an exported model needs one")
+    modern = hf_family(pretrained.config, pretrained.source) == "modernbert"
     check_export_dir(out_dir)
 
     def write(tmp: Path) -> None:
         tmp.mkdir(parents=True)
-        config = {**lightbert_config_to_hf(pretrained.config), **(head_config or {})}
+        weights = pretrained.state_dict if state_dict is None else state_dict
+        if modern:
+            head = {**(head_config or {})}
+            head.pop("architectures", None)
+            bert_class = ((head_config or {}).get("architectures") or ["BertForMaskedLM"])[0]
+            architecture = "Modern" + bert_class
+            config = {
+                **lightbert_config_to_modernbert(pretrained.config, pretrained.tokenizer),
+                **head,
+                "architectures": [architecture],
+            }
+            state = lightbert_state_dict_to_modernbert(weights, architecture)
+        else:
+            config = {**lightbert_config_to_hf(pretrained.config), **(head_config or {})}
+            state = lightbert_state_dict_to_hf(weights)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        state = lightbert_state_dict_to_hf(pretrained.state_dict if state_dict is None else state_dict)
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         readable_as_usual(tmp / "model.safetensors")  # safetensors writes it 0600, unlike every other file here
-        write_tokenizer_files(pretrained.tokenizer, tmp, pretrained.config["max_position_embeddings"])
+        write_tokenizer_files(pretrained.tokenizer, tmp, pretrained.config["max_position_embeddings"], modern)
 
     publish_directory(out_dir, write)  # all or nothing: an interrupted export leaves no half directory
     return out_dir
@@ -65,7 +87,10 @@ def import_hf(pretrained: Pretrained, out_dir: str | Path) -> Path:
     def write(tmp: Path) -> None:
         tmp.mkdir(parents=True)
         # Through the real module, so the checkpoint holds exactly its keys (the tied decoder included).
-        model = BertForPreTraining(BertConfig.from_dict(pretrained.config))
+        config = BertConfig.from_dict(pretrained.config)
+        # The modern recipe has no NSP head (ModernBertForMaskedLM): none is made up for it.
+        next_sentence = config.pooler == "tanh" or "cls.seq_relationship.weight" in pretrained.state_dict
+        model = BertForPreTraining(config, next_sentence=next_sentence)
         load_into(model, pretrained)
         state = {"model." + k: v for k, v in model.state_dict().items()}
         checkpoint = {

@@ -630,6 +630,12 @@ class SequenceBiLSTM(nn.Module):
         return run_packed(self.lstm, x, attention_mask)
 
 
+def token_head(config: BertConfig) -> BertPredictionHeadTransform | None:
+    """The modern recipe's token-level heads (`pooler: head`) run dense -> GELU -> LayerNorm on every token before
+    their last layer, as transformers' ModernBertForTokenClassification and ...ForQuestionAnswering do; BERT's none."""
+    return BertPredictionHeadTransform(config) if config.pooler == "head" else None
+
+
 class BertForSequenceClassification(nn.Module):
     """Encoder + dropout + one linear layer on the pooled [CLS] vector (paper §4.1).
 
@@ -671,6 +677,7 @@ class BertForQuestionAnswering(nn.Module):
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=False)
         self.bilstm = SequenceBiLSTM(config) if bilstm else None
+        self.head = token_head(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.apply(lambda module: init_weights(module, config.initializer_range))
 
@@ -684,6 +691,8 @@ class BertForQuestionAnswering(nn.Module):
         sequence_output, _, _ = self.bert(input_ids, token_type_ids, attention_mask)
         if self.bilstm is not None:
             sequence_output = self.bilstm(sequence_output, attention_mask)
+        if self.head is not None:
+            sequence_output = self.head(sequence_output)
         start_logits, end_logits = self.qa_outputs(sequence_output).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
         return start_logits, end_logits
 
@@ -700,6 +709,7 @@ class BertForTokenClassification(nn.Module):
         self.config = config
         self.num_labels = num_labels
         self.bert = BertModel(config, add_pooling_layer=False)
+        self.head = token_head(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.apply(lambda module: init_weights(module, config.initializer_range))
@@ -711,6 +721,8 @@ class BertForTokenClassification(nn.Module):
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         sequence_output, _, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        if self.head is not None:
+            sequence_output = self.head(sequence_output)
         return self.classifier(self.dropout(sequence_output))  # (B, T, num_labels)
 
 

@@ -152,8 +152,10 @@ def head_of_module(module: type) -> Head | None:
 
 
 def head_of_hf_class(architecture: str) -> Head | None:
-    """The first registered head whose Hugging Face class is `architecture`."""
-    return next((h for h in HEADS.values() if h.hf_class == architecture), None)
+    """The first registered head whose Hugging Face class is `architecture` (or its ModernBERT twin: the modern
+    encoder's `ModernBertForSequenceClassification` is BERT's `BertForSequenceClassification` head)."""
+    bert = architecture.removeprefix("Modern")
+    return next((h for h in HEADS.values() if h.hf_class == bert), None)
 
 
 def recorded_defaults(task: Mapping[str, Any], defaults: dict) -> dict:

@@ -1,0 +1,182 @@
+"""The modern recipe (ModernBERT's blocks as options of the one encoder): parity with transformers' ModernBERT, both
+ways, its BPE tokenizer as it comes, and the one-line refusals of what the encoder does not have."""
+
+import json
+
+import pytest
+import torch
+import transformers
+from helpers.models import MODERN_SPECIALS, random_batch, write_hf_modernbert
+
+from lightbert.checkpoints.hf_format import hf_config_to_lightbert
+from lightbert.checkpoints.reading import load_into, load_pretrained
+from lightbert.data.encoding import IGNORE_INDEX
+from lightbert.errors import ConfigError, UserError
+from lightbert.interop.convert import main as convert
+from lightbert.model import (
+    BertConfig,
+    BertForMultipleChoice,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+from lightbert.model.layouts import UNPADDING
+from lightbert.tasks.pretraining.module import pretraining_losses
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return write_hf_modernbert(tmp_path_factory.mktemp("modern") / "hf")
+
+
+def ours_from(directory, model_class=None, **arguments):
+    pretrained = load_pretrained(str(directory))
+    config = BertConfig.from_dict(pretrained.config)
+    model = model_class(config, **arguments) if model_class else BertForPreTraining(config, next_sentence=False)
+    assert load_into(model, pretrained) == []  # every weight came from the checkpoint
+    return model.eval()
+
+
+def masked_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Every third real token predicted, the rest IGNORE_INDEX."""
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    chosen = (torch.arange(input_ids.shape[1]) % 3 == 1) & attention_mask.bool()
+    labels[chosen] = input_ids[chosen]
+    return labels
+
+
+@pytest.mark.parametrize("unpad", UNPADDING)
+def test_modernbert_directory_gives_transformers_logits_and_loss(hf_dir, unpad):
+    hf = transformers.ModernBertForMaskedLM.from_pretrained(hf_dir).eval()
+    ours = ours_from(hf_dir)
+    ours.bert.set_unpadding(unpad)
+    assert any(layer.window == 4 for layer in ours.bert.encoder.layer)  # local_attention 8: 4 each side, T=20
+    input_ids, _, attention_mask = random_batch(vocab=ours.config.vocab_size)
+    labels = masked_labels(input_ids, attention_mask)
+    with torch.no_grad():
+        logits, nsp = ours(input_ids, None, attention_mask)
+        sparse, _ = ours(input_ids, None, attention_mask, masked_positions=labels != IGNORE_INDEX)
+        ref = hf(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    real = attention_mask.bool()
+    assert nsp is None
+    torch.testing.assert_close(logits[real], ref.logits[real], atol=ATOL, rtol=0)
+    loss = pretraining_losses(sparse, labels[labels != IGNORE_INDEX])["loss"]
+    torch.testing.assert_close(loss, ref.loss, atol=ATOL, rtol=0)
+
+
+def test_the_window_matters(hf_dir):
+    """The parity above is not the sliding window's absence: with every layer global the logits differ."""
+    ours = ours_from(hf_dir)
+    global_everywhere = BertForPreTraining(
+        BertConfig.from_dict({**ours.config.to_dict(), "global_attn_every_n_layers": 1}), next_sentence=False
+    )
+    global_everywhere.load_state_dict(ours.state_dict())
+    input_ids = random_batch(vocab=ours.config.vocab_size)[0]
+    with torch.no_grad():
+        assert not torch.allclose(ours(input_ids)[0], global_everywhere.eval()(input_ids)[0], atol=1e-3)
+
+
+def test_bpe_tokenizer_comes_with_the_checkpoint_as_it_is(hf_dir):
+    from tokenizers import Tokenizer
+
+    pretrained = load_pretrained(str(hf_dir))
+    reference = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    text = "The film was GREAT, the river city team"
+    assert pretrained.tokenizer.encode_batch([text])[0] == reference.encode(text, add_special_tokens=False).ids
+    tokenizer = pretrained.tokenizer
+    ids = {name: reference.token_to_id(name) for name in MODERN_SPECIALS}
+    assert (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id, tokenizer.unk_id) == (
+        ids["[CLS]"], ids["[SEP]"], ids["[PAD]"], ids["[MASK]"], ids["[UNK]"],
+    )  # fmt: skip
+    assert tokenizer.cls_id != 2 or tokenizer.pad_id != 0  # not BERT's numbering: looked up by name
+    assert pretrained.config["pad_token_id"] == ids["[PAD]"]
+
+
+def test_to_hf_writes_a_modernbert_transformers_loads_with_the_same_logits(hf_dir, tmp_path):
+    assert convert(["from-hf", str(hf_dir), str(tmp_path / "lightbert")]) == 0
+    assert convert(["to-hf", str(tmp_path / "lightbert" / "model.ckpt"), str(tmp_path / "out")]) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["model_type"] == "modernbert" and config["architectures"] == ["ModernBertForMaskedLM"]
+    back, info = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert type(back).__name__ == "ModernBertForMaskedLM"
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    hf = transformers.ModernBertForMaskedLM.from_pretrained(hf_dir).eval()
+    input_ids, _, attention_mask = random_batch(vocab=hf.config.vocab_size)
+    with torch.no_grad():
+        expected = hf(input_ids=input_ids, attention_mask=attention_mask).logits
+        got = back.eval()(input_ids=input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert tokenizer.mask_token == "[MASK]" and tokenizer.cls_token_id == config["cls_token_id"]
+
+
+HEADS = [  # (transformers' class, lightbert's, its arguments, transformers' config; classifier_pooling)
+    ("ModernBertForSequenceClassification", BertForSequenceClassification, {"num_labels": 3}, {"num_labels": 3}, "cls"),
+    (
+        "ModernBertForSequenceClassification",
+        BertForSequenceClassification,
+        {"num_labels": 1},
+        {"num_labels": 1},
+        "mean",
+    ),
+    ("ModernBertForTokenClassification", BertForTokenClassification, {"num_labels": 5}, {"num_labels": 5}, "cls"),
+    ("ModernBertForQuestionAnswering", BertForQuestionAnswering, {}, {}, "cls"),
+    ("ModernBertForMultipleChoice", BertForMultipleChoice, {}, {}, "cls"),
+    ("ModernBertForMultipleChoice", BertForMultipleChoice, {}, {}, "mean"),
+]
+
+
+@pytest.mark.parametrize(("architecture", "model_class", "ours_arguments", "hf_config", "pooling"), HEADS)
+def test_fine_tuning_heads_match_transformers(tmp_path, architecture, model_class, ours_arguments, hf_config, pooling):
+    hf_dir = write_hf_modernbert(tmp_path / "hf", architecture, classifier_pooling=pooling, **hf_config)
+    hf = getattr(transformers, architecture).from_pretrained(hf_dir).eval()
+    ours = ours_from(hf_dir, model_class, **ours_arguments)
+    input_ids, _, attention_mask = random_batch(vocab=ours.config.vocab_size)
+    real = attention_mask.bool()
+    with torch.no_grad():
+        if model_class is BertForMultipleChoice:
+            input_ids, attention_mask = input_ids.view(1, 3, -1), attention_mask.view(1, 3, -1)
+            real = torch.ones(1, dtype=torch.bool)
+        got = ours(input_ids, None, attention_mask)
+        ref = hf(input_ids=input_ids, attention_mask=attention_mask)
+    if model_class is BertForQuestionAnswering:
+        torch.testing.assert_close(got[0][real], ref.start_logits[real], atol=ATOL, rtol=0)
+        torch.testing.assert_close(got[1][real], ref.end_logits[real], atol=ATOL, rtol=0)
+    elif model_class is BertForTokenClassification:
+        torch.testing.assert_close(got[real], ref.logits[real], atol=ATOL, rtol=0)
+    else:
+        torch.testing.assert_close(got, ref.logits, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ({"hidden_activation": "silu"}, "hidden_activation"),
+        ({"decoder_bias": False}, "decoder_bias"),
+        ({"layer_types": ["full_attention", "sliding_attention", "full_attention", "full_attention"]}, "layer_types"),
+        ({"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0}}}, "rope_type"),
+        ({"embedding_dropout": 0.1, "mlp_dropout": 0.0}, "embedding_dropout"),
+    ],
+)
+def test_a_modernbert_setting_the_encoder_lacks_is_one_line(hf_dir, setting, named):
+    config = {**json.loads((hf_dir / "config.json").read_text()), **setting}
+    with pytest.raises(UserError) as error:
+        hf_config_to_lightbert(config, "config.json")
+    assert named in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_window_larger_than_the_context_is_refused():
+    with pytest.raises(ConfigError, match="local_attention.*larger than the context"):
+        BertConfig(max_position_embeddings=64, global_attn_every_n_layers=3, local_attention=128)
+    BertConfig(max_position_embeddings=64, global_attn_every_n_layers=1, local_attention=128)  # no local layer
+
+
+def test_bert_default_has_none_of_the_modern_blocks():
+    """The paper's BERT stays the default: a config of BERT sizes builds exactly BERT's parameters."""
+    names = set(BertForPreTraining(BertConfig(vocab_size=100, num_hidden_layers=2)).state_dict())
+    assert "bert.embeddings.position_embeddings.weight" in names
+    assert not any("norm." in n.lower() and "LayerNorm" not in n for n in names)
+    assert not any(n.startswith("bert.final_norm") or ".attention_norm" in n or ".mlp_norm" in n for n in names)
