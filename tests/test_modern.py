@@ -180,3 +180,73 @@ def test_bert_default_has_none_of_the_modern_blocks():
     assert "bert.embeddings.position_embeddings.weight" in names
     assert not any("norm." in n.lower() and "LayerNorm" not in n for n in names)
     assert not any(n.startswith("bert.final_norm") or ".attention_norm" in n or ".mlp_norm" in n for n in names)
+
+
+# -- the modern recipe as a run: task=pretrain_modern on model=modernbert_tiny, then a fine-tune from it ------------
+
+SMALL_MODERN = [
+    "model=modernbert_tiny",
+    "task=pretrain_modern",
+    "trainer=cpu",
+    "logger=csv",
+    "task.batch_size=4",
+    "task.max_seq_length=64",
+    "task.datamodule.num_workers=0",
+    "task.datamodule.vocab_size=400",
+    "task.datamodule.dupe_factor=2",
+    "model.local_attention=16",
+]
+
+
+def test_modern_recipe_pretrains_in_phases_and_fine_tunes(tmp_path, corpus_file):
+    from helpers.glue_files import glue_data_files, glue_overrides
+    from helpers.runs import compose_config
+
+    from lightbert.run.jobs import train
+
+    phases = (
+        "[{until: 0.5, datamodule: {max_seq_length: 32}}, "
+        "{until: 1.0, datamodule: {max_seq_length: 64, batch_size: 2}}]"
+    )
+    cfg = compose_config(
+        [*SMALL_MODERN, "corpus=text", f"corpus.paths=[{corpus_file}]", "trainer.max_steps=4",
+         "trainer.val_check_interval=2", f"task.phases={phases}"],
+        tmp_path / "pretrain",
+    )  # fmt: skip
+    results = train(cfg)
+    assert results["global_step"] == 4
+    assert "val/mlm_accuracy" in results["metrics"] and "val/nsp_loss" not in results["metrics"]
+    checkpoint = torch.load(results["last_checkpoint"], weights_only=True, map_location="cpu")
+    model = checkpoint["hyper_parameters"]["model"]
+    assert (model["norm_position"], model["mlp"], model["position_embedding_type"]) == ("pre", "geglu", "rotary")
+    assert not any("seq_relationship" in key or "position_embeddings" in key for key in checkpoint["state_dict"])
+    assert checkpoint["hyper_parameters"]["objective"] == "mlm"
+
+    files = glue_data_files(tmp_path / "glue", "mrpc", num_rows=16)
+    cfg = compose_config(
+        [*glue_overrides("mrpc", files, tmp_path / "pretrain"), "trainer.max_epochs=1"], tmp_path / "mrpc"
+    )
+    results = train(cfg)
+    assert "val/f1" in results["metrics"]
+    finetuned = torch.load(results["last_checkpoint"], weights_only=True, map_location="cpu")["state_dict"]
+    assert "model.bert.pooler.LayerNorm.weight" in finetuned  # ModernBERT's classifier head: dense -> GELU -> norm
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["task.objective=mlm_nsp"], "task=pretrain_modern is masked LM alone"),
+        (["task=pretrain"], "no next sentence prediction"),  # the modern encoder with BERT's task: NSP asked of it
+        (["model.local_attention=16384"], "larger than the context"),
+    ],
+)
+def test_modern_recipe_refuses_in_one_line_before_writing(tmp_path, corpus_file, overrides, says):
+    from helpers.runs import compose_config
+
+    from lightbert.run.jobs import train
+
+    cfg = compose_config([*SMALL_MODERN, "corpus=text", f"corpus.paths=[{corpus_file}]", *overrides], tmp_path / "run")
+    with pytest.raises(ConfigError) as error:
+        train(cfg)
+    assert says in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())

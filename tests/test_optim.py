@@ -144,3 +144,19 @@ def test_the_settings_hold_the_optimisers_values_as_numbers(tmp_path):
     settings = run_settings(compose_config(["trainer=cpu", "optim.lr='2e-5'"], tmp_path / "run"))
     assert isinstance(settings.optim, OptimConfig) and settings.optim.lr == 2e-5
     assert settings.optim.hyperparameters()["betas"] == [0.9, 0.999]
+
+
+def test_warmup_stable_decay_holds_the_peak_then_decays_as_one_minus_sqrt():
+    from lightbert.optim import warmup_stable_decay
+
+    factor = warmup_stable_decay(warmup_steps=10, total_steps=100, decay_steps=20)
+    assert [factor(s) for s in (0, 5, 10, 50, 80)] == [0.0, 0.5, 1.0, 1.0, 1.0]
+    assert factor(85) == pytest.approx(1 - 0.25**0.5)
+    assert factor(100) == 0.0
+
+
+def test_decay_ratio_and_decay_power_are_two_schedules():
+    from lightbert.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="set one of them"):
+        OptimConfig(decay_ratio=0.1, decay_power=0.5)

@@ -7,10 +7,13 @@
   bias-corrected step plus weight decay, scaled per tensor by the trust ratio ||w|| / ||step||. As in the
   reference LAMB and NVIDIA's (`use_nvlamb=False`), biases and LayerNorm weights get neither weight decay nor the
   trust ratio. Its schedule is NVIDIA's `PolyWarmUpScheduler`: linear warmup, then (1 - step/total)^power.
+- `optim.decay_ratio`: warmup-stable-decay instead (the modern recipe's, task=pretrain_modern): the peak rate held
+  after warmup, then a 1-sqrt decay to 0 over that last share of the steps.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -127,6 +130,22 @@ def poly_warmup_decay(warmup_steps: int, total_steps: int, power: float):
         if step < warmup_steps:
             return step / warmup_steps
         return max(0.0, 1.0 - step / total_steps) ** power
+
+    return factor
+
+
+def warmup_stable_decay(warmup_steps: int, total_steps: int, decay_steps: int):
+    """LR multiplier of a warmup-stable-decay (trapezoidal) schedule: step/warmup, then 1 until the last
+    `decay_steps`, then 1 - sqrt(progress through them) down to 0 (the 1-sqrt cooldown of Hägele et al. 2024, which
+    ModernBERT uses)."""
+    decay_start = max(warmup_steps, total_steps - decay_steps)
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return step / warmup_steps
+        if step < decay_start:
+            return 1.0
+        return max(0.0, 1.0 - math.sqrt((step - decay_start) / max(1, total_steps - decay_start)))
 
     return factor
 
@@ -284,7 +303,9 @@ def build_optimizer(
     half = any(p.dtype in (torch.bfloat16, torch.float16) for group in groups for p in group["params"])
     optimizer = MasterWeights(groups, make, fp32_weights) if half else make(groups)
     warmup = config.warmup(total_steps)
-    if config.decay_power is None:
+    if config.decay_ratio is not None:
+        factor = warmup_stable_decay(warmup, total_steps, round(config.decay_ratio * total_steps))
+    elif config.decay_power is None:
         factor = linear_warmup_decay(warmup, total_steps)
     else:
         factor = poly_warmup_decay(warmup, total_steps, config.decay_power)

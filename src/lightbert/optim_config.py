@@ -22,6 +22,9 @@ class OptimConfig:
     warmup_steps: int | None = None  # when set, overrides warmup_ratio
     fused: bool | None = None  # None: the fused kernel where torch has one for the device (CPU, CUDA)
     decay_power: float | None = None  # None: linear decay from the end of warmup; else NVIDIA's (1 - step/total)^p
+    # Warmup-stable-decay: the rate held at its peak after warmup, then a 1-sqrt decay to 0 over this last share of
+    # the steps (ModernBERT's trapezoidal schedule); None: decay from the end of warmup (the paper's).
+    decay_ratio: float | None = None
     total_steps: int | None = None  # the schedule's length; None: the trainer's (a recipe spans several phases)
 
     def __post_init__(self) -> None:
@@ -35,9 +38,17 @@ class OptimConfig:
             "warmup_ratio": checked_number("optim.warmup_ratio", self.warmup_ratio, float, 0),
             "warmup_steps": checked_number("optim.warmup_steps", self.warmup_steps, int, 0, nullable=True),
             "decay_power": checked_number("optim.decay_power", self.decay_power, float, positive=True, nullable=True),
+            "decay_ratio": checked_number("optim.decay_ratio", self.decay_ratio, float, positive=True, nullable=True),
         }
         if checked["warmup_ratio"] >= 1:  # no step would be left to decay over
             raise ConfigError(f"optim.warmup_ratio must be >= 0 and < 1, got {self.warmup_ratio!r}")
+        if checked["decay_ratio"] is not None and checked["decay_ratio"] > 1:
+            raise ConfigError(f"optim.decay_ratio is a share of the steps, in (0, 1]; got {self.decay_ratio!r}")
+        if checked["decay_ratio"] is not None and checked["decay_power"] is not None:
+            raise ConfigError(
+                "optim.decay_ratio (warmup-stable-decay) and optim.decay_power (polynomial decay) are two schedules: "
+                "set one of them"
+            )
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # frozen: the checked value, e.g. 1e-4 from the string "1e-4"
 

@@ -329,6 +329,12 @@ class RunSettings:
                 "(a lightbert .ckpt or run directory, a Hugging Face directory, or a hub id); its tokenizer comes "
                 "with it"
             )
+        if self.task.name == "pretrain_modern" and self.task.objective != "mlm":
+            raise ConfigError(
+                f"task=pretrain_modern is masked LM alone (the modern recipe has no next sentence prediction), and "
+                f"task.objective={self.task.objective} asks for another objective; drop it, or use task=pretrain for "
+                "BERT's MLM + NSP"
+            )
         if self.trainer.precision == "16-mixed" and self.trainer.strategy == "fsdp":
             # Lightning's ModelParallelStrategy (FSDP2) refuses it: a loss scaler would judge each device's gradient
             # shard alone, and one device could skip a step that another takes.

@@ -60,8 +60,15 @@ def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None
             )
     # A model with fewer segment embeddings than the task's inputs use would fail at its first batch (an index out
     # of range in the token-type embedding): said before anything is written instead.
+    if settings.task.objective == "mlm_nsp" and config.pooler != "tanh":
+        has = f"init_from={settings.init_from} is" if pretrained is not None else "model.pooler=head makes"
+        raise ConfigError(
+            f"{has} the modern encoder, whose recipe has no next sentence prediction (its pooler is a classifier "
+            "head, not NSP's); pre-train it with task=pretrain_modern or task.objective=mlm"
+        )
+    # No segment embeddings at all (type_vocab_size 0, ModernBERT): a pair's parts are told apart by [SEP] alone.
     segments, type_vocab_size = settings.task.token_types, config.type_vocab_size
-    if type_vocab_size < segments:
+    if 0 < type_vocab_size < segments:
         has = f"init_from={settings.init_from} has" if pretrained is not None else "model.type_vocab_size is"
         raise ConfigError(
             f"{has} type_vocab_size {type_vocab_size}, and task={settings.task.option or '...'} feeds {segments} "
