@@ -202,7 +202,7 @@ def test_modern_recipe_pretrains_in_phases_and_fine_tunes(tmp_path, corpus_file)
     from helpers.glue_files import glue_data_files, glue_overrides
     from helpers.runs import compose_config
 
-    from lightbert.run.jobs import train
+    from lightbert.run.train import train
 
     phases = (
         "[{until: 0.5, datamodule: {max_seq_length: 32}}, "
@@ -243,7 +243,7 @@ def test_modern_recipe_pretrains_in_phases_and_fine_tunes(tmp_path, corpus_file)
 def test_modern_recipe_refuses_in_one_line_before_writing(tmp_path, corpus_file, overrides, says):
     from helpers.runs import compose_config
 
-    from lightbert.run.jobs import train
+    from lightbert.run.train import train
 
     cfg = compose_config([*SMALL_MODERN, "corpus=text", f"corpus.paths=[{corpus_file}]", *overrides], tmp_path / "run")
     with pytest.raises(ConfigError) as error:
