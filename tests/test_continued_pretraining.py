@@ -24,7 +24,8 @@ from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.interop.convert import main as convert
 from lightbert.model import BertConfig, BertForPreTraining
-from lightbert.tasks.pretraining.continued import PAD_MULTIPLE, UNUSED_BIAS, with_added_words
+from lightbert.model.bert import padded_vocab
+from lightbert.tasks.pretraining.continued import DECODER_BIAS, EMBEDDINGS, PAD_MULTIPLE, with_added_words
 from lightbert.tasks.pretraining.domain_words import count_words, most_pieces, pieces_of, with_words
 from lightbert.tasks.pretraining.module import PreTrainingModule
 
@@ -145,7 +146,7 @@ def test_old_words_give_the_logits_they_gave_before_the_words_were_added(release
     assert [extended.backend.token_to_id(w) for w in words] == list(range(old.vocab_size, old.vocab_size + 3))
     grown, growth = with_added_words(pretrained, extended)
     rows = grown.config["vocab_size"]
-    assert rows % PAD_MULTIPLE == 0 and rows >= extended.vocab_size and growth.words == 3
+    assert rows == extended.vocab_size and growth.words == 3  # the checkpoint's rows: the tokenizer's
     before, after = (
         BertForPreTraining(BertConfig.from_dict(pretrained.config)),
         BertForPreTraining(BertConfig.from_dict(grown.config)),
@@ -158,8 +159,9 @@ def test_old_words_give_the_logits_they_gave_before_the_words_were_added(release
         assert len(pieces) > 1
         torch.testing.assert_close(embeddings[row], before.bert.embeddings.word_embeddings.weight[pieces].mean(0))
         torch.testing.assert_close(after.cls.predictions.bias[row], before.cls.predictions.bias[pieces].mean())
-    padding = torch.arange(extended.vocab_size, rows)
-    assert not embeddings[padding].any() and (after.cls.predictions.bias[padding] == UNUSED_BIAS).all()
+    assert embeddings.shape[0] == padded_vocab(rows) > rows  # the model pads its rows itself, with zeros
+    assert not embeddings[rows:].any() and not after.cls.predictions.bias[rows:].any()
+    assert after.state_dict()["bert.embeddings.word_embeddings.weight"].shape[0] == rows  # and never saves them
     text = "the city river was the first album of the new team"  # no added word in it
     ids = old.encode_batch([text])[0]
     assert extended.encode_batch([text])[0] == ids
@@ -168,26 +170,36 @@ def test_old_words_give_the_logits_they_gave_before_the_words_were_added(release
     with torch.no_grad():
         mlm_before, nsp_before = before.eval()(input_ids)
         mlm_after, nsp_after = after.eval()(input_ids)
+    assert mlm_after.shape[-1] == rows  # no padding row predicted
     torch.testing.assert_close(mlm_after[..., : old.vocab_size], mlm_before[..., : old.vocab_size], atol=1e-5, rtol=0)
     torch.testing.assert_close(nsp_after, nsp_before, atol=1e-6, rtol=0)
 
 
 def test_the_growth_line_counts_the_checkpoints_padding_rows(released):
-    """Words added to a checkpoint whose embeddings were padded already (a lightbert run's) take its padding rows
-    first: once "grow from 2048 to 2048 rows: 5 added words and -5 padding rows"."""
+    """Words added to a checkpoint of exactly its tokens grow it by the words (the model pads inside); added to one
+    whose rows an earlier lightbert padded, they take its padding rows first, and the line counts what is left."""
+    from dataclasses import replace
+
     pretrained = load_pretrained(str(released))
     old, rows = pretrained.tokenizer, pretrained.config["vocab_size"]
-    assert rows == old.vocab_size and rows % PAD_MULTIPLE  # not a multiple of 64 yet
+    assert rows == old.vocab_size and rows % PAD_MULTIPLE  # not a multiple of 64
     grown, growth = with_added_words(pretrained, with_words(old, ["riverfilm"]))
+    assert grown.config["vocab_size"] == rows + 1
     assert str(growth) == (
-        f"the word embeddings grow from {rows} to {grown.config['vocab_size']} rows: {rows} tokens of init_from, 1 "
-        f"added words and {grown.config['vocab_size'] - rows - 1} padding rows (a multiple of 64)"
+        f"the word embeddings grow from {rows} to {rows + 1} rows: {rows} tokens of init_from and 1 added words"
     )
-    padding = grown.config["vocab_size"] - rows - 1
-    _, again = with_added_words(grown, with_words(old, ["riverfilm", "citywar", "albumhouse"]))  # rows padded now
+    padded_rows = padded_vocab(rows)  # as an earlier lightbert's growth left it: zero rows, decoder bias -10000
+    embeddings, bias = pretrained.state_dict[EMBEDDINGS], pretrained.state_dict[DECODER_BIAS]
+    state = {
+        **pretrained.state_dict,
+        EMBEDDINGS: torch.cat([embeddings, embeddings.new_zeros(padded_rows - rows, embeddings.shape[1])]),
+        DECODER_BIAS: torch.cat([bias, bias.new_full((padded_rows - rows,), -1e4)]),
+    }
+    earlier = replace(pretrained, config={**pretrained.config, "vocab_size": padded_rows}, state_dict=state)
+    _, again = with_added_words(earlier, with_words(old, ["riverfilm", "citywar", "albumhouse"]))
     assert str(again) == (
-        f"the word embeddings keep their {grown.config['vocab_size']} rows: {rows} tokens of init_from, 3 added words "
-        f"and {padding - 2} padding rows (a multiple of 64)"
+        f"the word embeddings keep their {padded_rows} rows: {rows} tokens of init_from and 3 added words, and "
+        f"{padded_rows - rows - 3} padding rows of init_from's"
     )
 
 
@@ -254,7 +266,7 @@ def test_resume_keeps_the_extended_vocabulary(extended_run):
     assert "words of the corpus added" not in extended_run["resumed"]  # none counted or added again
     tokenizer = load_tokenizer(run_dir / "tokenizer.json")
     module = PreTrainingModule.load_from_checkpoint(results["last_checkpoint"], weights_only=True)
-    assert module.config.vocab_size % PAD_MULTIPLE == 0 and module.config.vocab_size >= tokenizer.vocab_size
+    assert module.config.vocab_size == tokenizer.vocab_size
     assert tokenizer.vocab_size == load_pretrained(str(run_dir)).tokenizer.vocab_size
 
 

@@ -71,7 +71,10 @@ def test_each_process_holds_half_of_every_weight_and_the_checkpoint_the_whole(ru
     checkpoint = torch.load(runs["whole"] / "checkpoints" / "last.ckpt", weights_only=True)
     weights = checkpoint["state_dict"]
     assert weights["model.bert.encoder.layer.0.attention.self.query.weight"].shape == (128, 128)  # gathered
-    assert weights["model.cls.predictions.decoder.weight"].shape == (vocab, 128)
+    tokens = checkpoint["hyper_parameters"]["model"]["vocab_size"]  # the tokenizer's; the model pads to 64 inside
+    assert vocab % 64 == 0 and vocab - 64 < tokens <= vocab
+    assert weights["model.cls.predictions.decoder.weight"].shape == (tokens, 128)
+    assert weights["model.bert.embeddings.word_embeddings.weight"].shape == (tokens, 128)
     assert all(tensor.dtype == torch.float32 for tensor in weights.values())  # fp32 shards, bf16 only gathered
     assert checkpoint["global_step"] == 8
 

@@ -27,7 +27,7 @@ from test_packing import VOCAB, WIDTH, masking, sentence_pairs
 from lightbert import train
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.model import BertConfig, BertForPreTraining
-from lightbert.model.bert import split_qkv
+from lightbert.model.bert import to_checkpoint
 from lightbert.tasks.pretraining.packing import PackingCollator, packed_rows
 
 # Head size 64 as in BERT; no dropout, so that the two attention paths compute the same function.
@@ -56,7 +56,7 @@ def step(net: BertForPreTraining, batch: dict, packed: bool) -> tuple[torch.Tens
     loss = loss + F.cross_entropy(nsp_logits.float(), nsp_labels, ignore_index=IGNORE_INDEX)
     loss.backward()
     grads = {n: p.grad.float() for n, p in net.named_parameters() if p.grad is not None}
-    return mlm.float(), nsp_logits.float(), split_qkv(grads)  # query, key and value apart, as transformers has them
+    return mlm.float(), nsp_logits.float(), to_checkpoint(net, grads)  # query, key and value apart, as transformers
 
 
 @RunIf(flash=True)

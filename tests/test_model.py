@@ -8,7 +8,7 @@ from helpers.models import TINY, random_batch
 
 from lightbert.errors import ConfigError
 from lightbert.model import BertConfig, BertForPreTraining, BertModel
-from lightbert.model.bert import split_qkv
+from lightbert.model.bert import to_checkpoint
 
 
 def hf_twin(config: BertConfig, ours: torch.nn.Module) -> transformers.BertForPreTraining:
@@ -67,11 +67,47 @@ def test_the_fused_qkv_projection_loads_and_trains_as_transformers_three():
     hf_loss = F.cross_entropy(reference.prediction_logits.flatten(0, 1), labels.flatten())
     (hf_loss + reference.seq_relationship_logits.logsumexp(-1).mean()).backward()
     torch.testing.assert_close(loss, hf_loss + reference.seq_relationship_logits.logsumexp(-1).mean())
-    grads = split_qkv({n: p.grad for n, p in ours.named_parameters()})
+    grads = to_checkpoint(ours, {n: p.grad for n, p in ours.named_parameters()})  # transformers' layout
     hf_grads = {n: p.grad for n, p in hf.named_parameters() if p.grad is not None}
     assert set(grads) == set(hf_grads)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, hf_grads[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_the_padded_vocabulary_changes_no_loss_and_no_gradient(monkeypatch):
+    """The word embeddings' and MLM decoder's rows padded to a multiple of 64 inside the model (300 -> 320 here): the
+    same logits, losses, accuracy and gradients as a model of exactly the vocabulary's rows (padding switched off);
+    no padding row is predicted (no logit), none gets a gradient, none is saved."""
+    from lightbert.model import bert
+    from lightbert.tasks.pretraining.module import pretraining_losses
+
+    config = BertConfig(**{**TINY.to_dict(), "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
+    padded = BertForPreTraining(config)
+    monkeypatch.setattr(bert, "VOCAB_MULTIPLE", 1)
+    exact = BertForPreTraining(config)
+    exact.load_state_dict(padded.state_dict())
+    embeddings = "bert.embeddings.word_embeddings.weight"
+    assert padded.get_parameter(embeddings).shape[0] == 320 and exact.get_parameter(embeddings).shape[0] == 300
+    assert padded.state_dict()[embeddings].shape[0] == padded.state_dict()["cls.predictions.bias"].shape[0] == 300
+    input_ids, token_type_ids, attention_mask = random_batch()
+    labels = torch.where(attention_mask.bool(), input_ids, -100)
+    labels[:, ::3] = -100
+    masked = labels != -100
+    runs = {}
+    for name, model in (("padded", padded), ("exact", exact)):
+        mlm, nsp = model(input_ids, token_type_ids, attention_mask, masked_positions=masked)
+        losses = pretraining_losses(mlm, labels[masked], nsp, torch.tensor([0, 1, 0]))
+        losses["loss"].backward()
+        runs[name] = mlm, losses, {n: p.grad for n, p in model.named_parameters()}
+    (mlm, losses, grads), (exact_mlm, exact_losses, exact_grads) = runs["padded"], runs["exact"]
+    assert mlm.shape[-1] == 300  # no padding row predicted
+    torch.testing.assert_close(mlm, exact_mlm, atol=1e-6, rtol=1e-5)
+    for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy"):
+        torch.testing.assert_close(losses[key], exact_losses[key], atol=1e-6, rtol=1e-6, msg=key)
+    assert grads.keys() == exact_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad[:300] if grad.shape[0] == 320 else grad, exact_grads[name], msg=name)
+    assert not grads[embeddings][300:].any() and not grads["cls.predictions.bias"][300:].any()
 
 
 def test_sparse_mlm_head_equals_dense_rows():
@@ -135,8 +171,10 @@ def test_parameter_counts_equal_transformers(layers, hidden, heads, expected_mil
     with torch.device("meta"):  # count without allocating 1.3 GB for BERT_LARGE
         ours = BertForPreTraining(config)
         hf = transformers.BertForPreTraining(transformers.BertConfig(**config.to_dict()))
-    ours_count = sum(p.numel() for p in ours.parameters())
+    # As the checkpoint holds them: the rows the model pads its vocabulary with (to a multiple of 64) are not BERT's.
+    ours_count = sum(t.numel() for k, t in ours.state_dict().items() if k != "cls.predictions.decoder.weight")
     assert ours_count == sum(p.numel() for p in hf.parameters())
+    assert sum(p.numel() for p in ours.parameters()) - ours_count == (30528 - 30522) * (hidden + 1)
     assert abs(ours_count / 1e6 - expected_millions) / expected_millions < 0.05  # the paper's 110M / 340M
 
 
@@ -207,7 +245,7 @@ def test_the_settings_leave_the_vocabulary_to_the_tokenizer(tmp_path):
     tokenizer = SimpleNamespace(vocab_size=300, pad_id=0)
     built = with_vocabulary(model, tokenizer, None)
     assert (built["vocab_size"], built["pad_token_id"], built["hidden_size"]) == (300, 0, 128)
-    assert BertModel(BertConfig.from_dict(built)).embeddings.word_embeddings.num_embeddings == 300
+    assert BertModel(BertConfig.from_dict(built)).state_dict()["embeddings.word_embeddings.weight"].shape[0] == 300
 
 
 def test_a_runs_settings_are_built_before_torch_loads(tmp_path):

@@ -161,4 +161,7 @@ def test_the_gathered_head_passes_cudas_checks_in_bf16():
             mlm.flatten(0, 1).float(), cuda["labels"].gather(1, cuda["masked_positions"]).flatten()
         )
     assert mlm.shape == (8, SLOTS, VOCAB) and mlm.device.type == "cuda" and mlm.dtype == torch.bfloat16
+    # The decoder's GEMM writes rows padded to a multiple of 64 (16-byte aligned in bf16); the logits are a view.
+    rows = weights["bert.embeddings.word_embeddings.weight"].shape[0]
+    assert rows % 64 == 0 and rows > VOCAB and mlm.stride(-2) == rows
     assert nsp is None and loss.shape == () and loss.device.type == "cuda"

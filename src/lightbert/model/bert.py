@@ -68,20 +68,111 @@ from lightbert.model.layouts import (
 )
 from lightbert.model_config import BertConfig
 
+VOCAB_MULTIPLE = 64  # the word embeddings' and MLM decoder's rows, inside the model (tensor cores' alignment)
+
 
 def layer_norm(config: BertConfig) -> nn.LayerNorm:
     return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias)
 
 
-class BertEmbeddings(nn.Module):
+def padded_vocab(size: int) -> int:
+    """`size` rounded up to a multiple of `VOCAB_MULTIPLE`: the rows the model holds for a vocabulary of `size`."""
+    return -(-size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+class CheckpointLayout:
+    """A module whose parameters are laid out for speed (a fused projection, padded rows) while its state dict keeps
+    transformers' layout: `to_checkpoint` turns its entries of a state dict (names under `prefix`) into transformers'
+    on save, `from_checkpoint` back into the parameters' on load (as it is when they are so already). Both only
+    touch the entries present."""
+
+    def _keep_checkpoint_layout(self: nn.Module) -> None:
+        self.checkpoint_layout = True  # False within `parameter_layout`
+        self.register_state_dict_post_hook(_to_checkpoint_on_save)
+        self.register_load_state_dict_pre_hook(_from_checkpoint_on_load)
+
+    def to_checkpoint(self, state: dict, prefix: str) -> None:
+        raise NotImplementedError
+
+    def from_checkpoint(self, state: dict, prefix: str) -> None:
+        raise NotImplementedError
+
+
+def _to_checkpoint_on_save(module, state: dict, prefix: str, local_metadata: dict) -> None:
+    if module.checkpoint_layout:
+        module.to_checkpoint(state, prefix)
+
+
+def _from_checkpoint_on_load(module, state: dict, prefix: str, *_) -> None:
+    module.from_checkpoint(state, prefix)
+
+
+@contextlib.contextmanager
+def parameter_layout(model: nn.Module):
+    """Within it, `model`'s state dict holds its parameters as they are (the fused `qkv`, the padded rows): for
+    torch.distributed.checkpoint, which maps every state-dict key onto a parameter of that shape (FSDP's full state
+    dict), and for what maps state-dict entries to parameters. `to_checkpoint` turns the result into transformers'
+    layout."""
+    modules = [m for m in model.modules() if isinstance(m, CheckpointLayout)]
+    for m in modules:
+        m.checkpoint_layout = False
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.checkpoint_layout = True
+
+
+def to_checkpoint(model: nn.Module, state: dict) -> dict:
+    """A state dict of `model` in its parameters' layout (`parameter_layout`; keys as `model.state_dict()`'s, any
+    subset) in transformers' layout, as `model.state_dict()` gives it. In place, and returned."""
+    for name, module in model.named_modules():
+        if isinstance(module, CheckpointLayout):
+            module.to_checkpoint(state, f"{name}." if name else "")
+    return state
+
+
+def from_checkpoint(model: nn.Module, state: dict) -> dict:
+    """The inverse of `to_checkpoint`: a checkpoint's state dict in `model`'s parameters' layout. In place, and
+    returned."""
+    for name, module in model.named_modules():
+        if isinstance(module, CheckpointLayout):
+            module.from_checkpoint(state, f"{name}." if name else "")
+    return state
+
+
+def rows_cut(state: dict, keys: list[str], rows: int) -> None:
+    """The entries `keys` of `state` (those present) cut to their first `rows` rows (views)."""
+    for key in keys:
+        if key in state and state[key].shape[0] > rows:
+            state[key] = state[key][:rows]
+
+
+def rows_padded(state: dict, keys: list[str], rows: int) -> None:
+    """The entries `keys` of `state` (those present) with zero rows appended up to `rows`."""
+    for key in keys:
+        if key in state and state[key].shape[0] < rows:
+            value = state[key]
+            state[key] = torch.cat([value, value.new_zeros(rows - value.shape[0], *value.shape[1:])])
+
+
+class BertEmbeddings(nn.Module, CheckpointLayout):
     """Token + segment + position embeddings, then LayerNorm and dropout (paper Fig. 2). With rotary positions there
-    is no position table, and with `type_vocab_size` 0 no segment embeddings (ModernBERT)."""
+    is no position table, and with `type_vocab_size` 0 no segment embeddings (ModernBERT).
+
+    The word embeddings hold `padded_vocab(vocab_size)` rows, the vocabulary's and zero rows up to a multiple of 64
+    (the MLM decoder shares them: its GEMM's rows aligned for tensor cores). No token id maps to a padding row, and
+    the state dict holds the vocabulary's rows only (cut on save, padded with zeros on load: `CheckpointLayout`).
+    """
 
     def __init__(self, config: BertConfig):
         super().__init__()
         if config.vocab_size is None:  # a run's settings leave it to the tokenizer (run.weights.with_vocabulary)
             raise ValueError("the model config's vocab_size is not set: give the tokenizer's vocabulary size")
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.vocab_size = config.vocab_size
+        rows = padded_vocab(config.vocab_size)
+        self.word_embeddings = nn.Embedding(rows, config.hidden_size, padding_idx=config.pad_token_id)
+        self._keep_checkpoint_layout()
         self.position_embeddings = (
             None if config.rotary else nn.Embedding(config.max_position_embeddings, config.hidden_size)
         )
@@ -109,6 +200,12 @@ class BertEmbeddings(nn.Module):
                 position_ids = torch.arange(seq_len, device=input_ids.device)  # (T,), broadcast over the batch
             x = x + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(x))
+
+    def to_checkpoint(self, state: dict, prefix: str) -> None:
+        rows_cut(state, [f"{prefix}word_embeddings.weight"], self.vocab_size)
+
+    def from_checkpoint(self, state: dict, prefix: str) -> None:
+        rows_padded(state, [f"{prefix}word_embeddings.weight"], self.word_embeddings.num_embeddings)
 
 
 QKV = ("query", "key", "value")  # transformers' three projections, in the order of the fused one's rows
@@ -184,12 +281,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) ->
     return (x * cos[..., None, :] + rotated * sin[..., None, :]).to(dtype).reshape(shape)
 
 
-class BertSelfAttention(nn.Module):
+class BertSelfAttention(nn.Module, CheckpointLayout):
     """Bidirectional multi-head self-attention: every token attends to every real token.
 
     Query, key and value come from one fused projection `qkv` (H -> 3H, one GEMM instead of three, as in NVIDIA's
     and MosaicBERT's BERT). Its state dict keeps transformers' three names (`query`, `key`, `value`: split on save,
-    joined on load, by this module's state-dict hooks), so checkpoints still map one to one.
+    joined on load: `CheckpointLayout`), so checkpoints still map one to one.
     """
 
     row_blocks: ClassVar[dict[str, int]] = {
@@ -203,9 +300,7 @@ class BertSelfAttention(nn.Module):
         # rows: query, key, value
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias)
         self.dropout_p = config.attention_probs_dropout_prob
-        self.split_names = True  # state dicts name query, key and value apart (`fused_qkv_names` turns it off)
-        self.register_state_dict_post_hook(_split_on_save)
-        self.register_load_state_dict_pre_hook(_join_on_load)
+        self._keep_checkpoint_layout()
 
     def forward(
         self,
@@ -223,6 +318,12 @@ class BertSelfAttention(nn.Module):
             qkv = torch.cat([rotate(q, *rotary, self.num_heads), rotate(k, *rotary, self.num_heads), v], -1)
         return layout.attention(qkv, self.num_heads, self.dropout_p if self.training else 0.0, window)
 
+    def to_checkpoint(self, state: dict, prefix: str) -> None:
+        split_qkv(state, prefix)
+
+    def from_checkpoint(self, state: dict, prefix: str) -> None:
+        join_qkv(state, prefix)
+
     def probabilities(
         self, x: torch.Tensor, attn_mask: torch.Tensor | None, rotary: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> torch.Tensor:
@@ -236,30 +337,6 @@ class BertSelfAttention(nn.Module):
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, torch.finfo(scores.dtype).min)
         return scores.softmax(-1)
-
-
-def _split_on_save(module: BertSelfAttention, state: dict, prefix: str, local_metadata: dict) -> None:
-    if module.split_names:
-        split_qkv(state, prefix)
-
-
-def _join_on_load(module: BertSelfAttention, state: dict, prefix: str, *_) -> None:
-    join_qkv(state, prefix)  # a state dict with the fused names (`fused_qkv_names`) loads as it is
-
-
-@contextlib.contextmanager
-def fused_qkv_names(model: nn.Module):
-    """Within it, `model`'s state dict names the fused projections as the parameters they are (`qkv`): for
-    torch.distributed.checkpoint, which maps every state-dict key onto a parameter (FSDP's full state dict). Turn
-    the result into transformers' names with `split_qkv`."""
-    attentions = [m for m in model.modules() if isinstance(m, BertSelfAttention)]
-    for m in attentions:
-        m.split_names = False
-    try:
-        yield
-    finally:
-        for m in attentions:
-            m.split_names = True
 
 
 class BertSelfOutput(nn.Module):
@@ -527,18 +604,31 @@ class BertPredictionHeadTransform(nn.Module):
         return self.LayerNorm(F.gelu(self.dense(x)))
 
 
-class BertLMPredictionHead(nn.Module):
-    """MLM head: transform, then a decoder whose weight is the word embedding matrix, with its own bias."""
+class BertLMPredictionHead(nn.Module, CheckpointLayout):
+    """MLM head: transform, then a decoder whose weight is the word embedding matrix, with its own bias.
+
+    The decoder computes a logit for each of the embeddings' padded rows (`BertEmbeddings`) and returns the
+    vocabulary's only (a view, a shape fixed in advance): no padding row is ever predicted, none gets a gradient.
+    """
 
     def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
         super().__init__()
+        self.vocab_size = config.vocab_size
         self.transform = BertPredictionHeadTransform(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.decoder.weight = word_embeddings.weight  # tied: one (V, H) tensor, as in the paper
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder = nn.Linear(config.hidden_size, word_embeddings.num_embeddings, bias=False)
+        self.decoder.weight = word_embeddings.weight  # tied: one (V, H) tensor (rows padded), as in the paper
+        self.bias = nn.Parameter(torch.zeros(word_embeddings.num_embeddings))
+        self._keep_checkpoint_layout()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.transform(x), self.decoder.weight, self.bias)  # (..., V)
+        logits = F.linear(self.transform(x), self.decoder.weight, self.bias)  # (..., padded V)
+        return logits.narrow(-1, 0, self.vocab_size)  # (..., V), a view
+
+    def to_checkpoint(self, state: dict, prefix: str) -> None:
+        rows_cut(state, [f"{prefix}bias", f"{prefix}decoder.weight"], self.vocab_size)
+
+    def from_checkpoint(self, state: dict, prefix: str) -> None:
+        rows_padded(state, [f"{prefix}bias", f"{prefix}decoder.weight"], self.bias.shape[0])
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -564,6 +654,7 @@ class BertForPreTraining(nn.Module):
         self.apply(lambda module: init_weights(module, config.initializer_range))
         with torch.no_grad():  # the tied decoder was re-drawn after the embedding: zero [PAD]'s row again
             self.bert.embeddings.word_embeddings.weight[config.pad_token_id].zero_()
+            self.bert.embeddings.word_embeddings.weight[config.vocab_size :].zero_()  # the padding rows
 
     def forward(
         self,
@@ -605,6 +696,9 @@ def init_weights(module: nn.Module, std: float) -> None:
         nn.init.ones_(module.weight)
         if module.bias is not None:
             nn.init.zeros_(module.bias)
+    elif isinstance(module, BertEmbeddings):  # after its word embeddings (apply visits children first)
+        with torch.no_grad():
+            module.word_embeddings.weight[module.vocab_size :].zero_()  # the padding rows, which no token reads
 
 
 def run_packed(lstm: nn.LSTM, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

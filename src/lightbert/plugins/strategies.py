@@ -15,7 +15,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 from lightbert.errors import ConfigError
-from lightbert.model.bert import BertLayer, fused_qkv_names, join_qkv, split_qkv
+from lightbert.model.bert import BertLayer, from_checkpoint, parameter_layout, to_checkpoint
 
 # trainer.strategy.sharding_strategy -> fully_shard's reshard_after_forward. FULL_SHARD frees each block's gathered
 # weights after its forward and gathers them again for its backward; SHARD_GRAD_OP keeps them until the backward
@@ -50,10 +50,12 @@ class FullyShardedStrategy(ModelParallelStrategy):
         self._data_parallel_size, self._tensor_parallel_size = self.world_size, 1
 
     def lightning_module_state_dict(self) -> dict:
-        # torch.distributed.checkpoint maps every state-dict key onto a parameter: it gathers the fused attention
-        # projections under their own name (qkv), and the checkpoint gets transformers' three names from them.
-        with fused_qkv_names(self.model):
-            return split_qkv(super().lightning_module_state_dict())
+        # torch.distributed.checkpoint maps every state-dict key onto a parameter of its shape: it gathers them as
+        # they are (the fused attention projections, the padded vocabulary), and the checkpoint gets transformers'
+        # layout from them (`lightbert.model.bert.CheckpointLayout`).
+        with parameter_layout(self.model):
+            state = super().lightning_module_state_dict()
+        return to_checkpoint(self.model, state)
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict:
         # Validation and prediction read the weights alone (a best-*.ckpt holds nothing else), whatever optimizers
@@ -67,9 +69,9 @@ class FullyShardedStrategy(ModelParallelStrategy):
             self.optimizers = optimizers
 
     def _load_joined(self, checkpoint_path, weights_only: bool | None) -> dict:
-        """Lightning's load of a full checkpoint file (`_load_checkpoint`), with its weights' fused projections
-        joined first: the file names query, key and value apart (transformers' names), and the sharded model is
-        filled parameter by parameter, by name (qkv)."""
+        """Lightning's load of a full checkpoint file (`_load_checkpoint`), its weights turned into the parameters'
+        layout first: the file holds transformers' (query, key and value apart, the vocabulary's rows), and the
+        sharded model is filled parameter by parameter, by name and shape (qkv, padded rows)."""
         from pathlib import Path
 
         from lightning.fabric.strategies import model_parallel
@@ -80,7 +82,8 @@ class FullyShardedStrategy(ModelParallelStrategy):
             return super().load_checkpoint(checkpoint_path, weights_only)  # a sharded directory: none of lightbert's
         strict = self.lightning_module.strict_loading
         checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=weights_only)
-        model_parallel._load_raw_module_state(join_qkv(checkpoint.pop("state_dict")), self.model, strict=strict)
+        weights = from_checkpoint(self.model, checkpoint.pop("state_dict"))
+        model_parallel._load_raw_module_state(weights, self.model, strict=strict)
         options = StateDictOptions(broadcast_from_rank0=True, full_state_dict=True, strict=strict)
         for index, optimizer in enumerate(self.optimizers):
             state = model_parallel._rekey_optimizer_state_if_needed(checkpoint["optimizer_states"][index], self.model)

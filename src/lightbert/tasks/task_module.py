@@ -17,7 +17,7 @@ from torchmetrics import MeanMetric, Metric
 
 from lightbert.data.batches import is_padding
 from lightbert.model import BertConfig
-from lightbert.model.bert import fused_qkv_names, split_qkv
+from lightbert.model.bert import parameter_layout, to_checkpoint
 from lightbert.optim import MasterWeights, OptimConfig, build_optimizer, clip_gradients
 from lightbert.plugins.strategies import FullyShardedStrategy
 
@@ -44,10 +44,10 @@ class TaskModule(L.LightningModule):
             checkpoint["head"] = self.head  # what loads it back says which head it is (lightbert.tasks.heads)
         masters = next((o.master_of() for o in self._optimizers() if isinstance(o, MasterWeights)), None)
         if masters:  # a bf16 model (bf16-true): its fp32 master weights, what every other precision saves
-            with fused_qkv_names(self):  # names of the parameters themselves, split below as the checkpoint's are
+            with parameter_layout(self):  # the parameters themselves; in the checkpoint's layout below
                 weights = self.state_dict(keep_vars=True)
             fp32 = {name: masters[id(tensor)].detach() for name, tensor in weights.items() if id(tensor) in masters}
-            checkpoint["state_dict"].update(split_qkv(fp32))
+            checkpoint["state_dict"].update(to_checkpoint(self, fp32))
 
     def _optimizers(self) -> list[Optimizer]:
         return list(self.trainer.optimizers) if self._trainer is not None else []

@@ -6,9 +6,10 @@ The new rows (lightbert.tasks.pretraining.domain_words chooses the words):
   start it stands for about what its pieces did;
 - the MLM decoder stays tied to the embeddings (one tensor), so the word is predicted with that row too; its decoder
   bias is the mean of its pieces' biases;
-- the rows are padded to a multiple of 64 (tensor cores); a padding row, which no token maps to, has a zero
-  embedding and a decoder bias of -10000, so it takes no share of the MLM softmax (its share could only cost loss)
-  and gets no gradient.
+- the checkpoint holds exactly the tokenizer's rows: the model pads its rows to a multiple of 64 itself (tensor
+  cores; `lightbert.model.bert.padded_vocab`), never predicts a padding row and never saves one. A checkpoint that
+  an earlier lightbert padded (rows past the tokenizer's, each a zero embedding with a decoder bias of -10000, no
+  share of the MLM softmax) still loads and grows as it is.
 Old tokens keep their rows, so text of old words gives the logits it gave before (over the old tokens).
 """
 
@@ -24,8 +25,7 @@ from lightbert.checkpoints.reading import Pretrained
 from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
 
-PAD_MULTIPLE = 64
-UNUSED_BIAS = -1e4  # a padding row's decoder bias: exp(-1e4) is 0 in fp32, and in bf16
+PAD_MULTIPLE = 64  # how far an earlier lightbert padded the rows of added words (the model pads its own now)
 
 EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
 DECODER_BIAS = "cls.predictions.bias"
@@ -53,7 +53,7 @@ def untied(pretrained: Pretrained) -> bool:
 
 class Growth(NamedTuple):
     """How the word embeddings grew for added words: the checkpoint's tokens and rows, the words added after its
-    last token, and the rows after (padded)."""
+    last token, and the rows after."""
 
     tokens_before: int
     words: int
@@ -61,17 +61,15 @@ class Growth(NamedTuple):
     rows_after: int
 
     def __str__(self) -> str:
-        # The checkpoint's rows past its tokens (a padded lightbert checkpoint's) take added words first.
+        # Rows of the checkpoint past its tokens (an earlier lightbert padded them) take added words first.
         padding = self.rows_after - self.tokens_before - self.words
         grow = (
             f"grow from {self.rows_before} to {self.rows_after} rows"
             if self.rows_after != self.rows_before
             else f"keep their {self.rows_after} rows"
         )
-        return (
-            f"the word embeddings {grow}: {self.tokens_before} tokens of init_from, {self.words} added words and "
-            f"{padding} padding rows (a multiple of {PAD_MULTIPLE})"
-        )
+        line = f"the word embeddings {grow}: {self.tokens_before} tokens of init_from and {self.words} added words"
+        return line + (f", and {padding} padding rows of init_from's" if padding else "")
 
 
 def carried_line(model: torch.nn.Module, pretrained: Pretrained, fresh: list[str], growth: Growth | None) -> str:
@@ -104,10 +102,6 @@ def carried_line(model: torch.nn.Module, pretrained: Pretrained, fresh: list[str
     return line
 
 
-def padded(size: int) -> int:
-    return -(-size // PAD_MULTIPLE) * PAD_MULTIPLE
-
-
 def check_added_words_fit(pretrained: Pretrained, tokenizer: BertTokenizer, key: str) -> None:
     """Refuses, naming `key`, a checkpoint that added words cannot extend: an untied decoder (which row would the
     new words' predictions come from?), or a tokenizer that is not the checkpoint's size (its ids would not be the
@@ -128,7 +122,8 @@ def check_added_words_fit(pretrained: Pretrained, tokenizer: BertTokenizer, key:
 
 def with_added_words(pretrained: Pretrained, tokenizer: BertTokenizer) -> tuple[Pretrained, Growth | None]:
     """`pretrained` with rows for the tokens `tokenizer` has beyond the checkpoint's own tokenizer (words appended by
-    `add_words`), padded to a multiple of 64; unchanged, and None, when it has none."""
+    `add_words`): as many rows as `tokenizer` has (or the checkpoint, where it holds more); unchanged, and None, when
+    it has none."""
     old = pretrained.tokenizer
     if old is None or tokenizer.vocab_size <= old.vocab_size:
         return pretrained, None
@@ -140,14 +135,14 @@ def with_added_words(pretrained: Pretrained, tokenizer: BertTokenizer) -> tuple[
         )
     embeddings, bias = pretrained.state_dict[EMBEDDINGS], pretrained.state_dict.get(DECODER_BIAS)
     rows = embeddings.shape[0]
-    size = max(rows, padded(tokenizer.vocab_size))
+    size = max(rows, tokenizer.vocab_size)
     words = sorted((i, token) for token, i in vocab.items() if i >= old.vocab_size)
     pieces = old.encode_batch([token for _, token in words])
     new_embeddings = embeddings.new_zeros(size, embeddings.shape[1])
     new_embeddings[:rows] = embeddings
     new_bias = None
     if bias is not None:  # a checkpoint without pre-training heads: the fresh head's bias starts at zero anyway
-        new_bias = bias.new_full((size,), UNUSED_BIAS)
+        new_bias = bias.new_zeros(size)  # every row past the checkpoint's is an added word's, set below
         new_bias[:rows] = bias
     for (i, _), ids in zip(words, pieces, strict=True):
         ids = ids or [old.unk_id]
