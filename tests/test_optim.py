@@ -6,7 +6,15 @@ import torch
 from helpers.models import TINY, random_batch
 
 from lightbert.model import BertForPreTraining
-from lightbert.optim import Lamb, OptimConfig, build_optimizer, poly_warmup_decay
+from lightbert.optim import (
+    Lamb,
+    MasterWeights,
+    OptimConfig,
+    _clip_half_gradients,
+    build_optimizer,
+    parameter_groups,
+    poly_warmup_decay,
+)
 
 
 def train_steps(fused: bool, steps: int = 12) -> dict[str, torch.Tensor]:
@@ -104,6 +112,50 @@ def test_lamb_groups_the_fused_projections_by_their_blocks():
     assert len(fused) == 1 and len(fused[0]["params"]) == TINY.num_hidden_layers and fused[0]["adapt"]
     assert all(p.shape == (3 * TINY.hidden_size, TINY.hidden_size) for p in fused[0]["params"])
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
+
+
+def lamb_steps(foreach: bool, steps: int = 6, bf16: bool = False) -> tuple[dict, dict]:
+    """`steps` LAMB steps of the tiny BERT (fp32, or bf16 with fp32 masters) with the run's groups (no decay on
+    vectors, the fused QKV weights by block) and the gradients clipped to norm 1: (weights, optimizer state)."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(TINY)
+    if bf16:
+        model = model.bfloat16()
+    groups = parameter_groups(model, 0.01, row_blocks=True)
+
+    def make(groups):
+        return Lamb(groups, lr=0.01, weight_decay=0.01, foreach=foreach)
+
+    optimizer = MasterWeights(groups, make, foreach=foreach) if bf16 else make(groups)
+    input_ids, token_type_ids, attention_mask = random_batch()
+    for _ in range(steps):
+        mlm, nsp = model(input_ids, token_type_ids, attention_mask)
+        (mlm.float().logsumexp(-1).mean() * 50 + nsp.float().sum()).backward()  # norm > 1: the clip scales
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        if bf16:
+            _clip_half_gradients(parameters, 1.0, foreach)
+        else:
+            assert torch.nn.utils.clip_grad_norm_(parameters, 1.0, foreach=foreach) > 1
+        optimizer.step()
+        optimizer.zero_grad()
+    inner = optimizer.inner if bf16 else optimizer
+    state = {i: {k: v for k, v in s.items() if k != "step"} for i, s in enumerate(inner.state.values())}
+    return {n: p.detach().float().clone() for n, p in model.named_parameters()}, state
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-master-weights"])
+def test_the_multi_tensor_lamb_steps_as_the_per_parameter_one(bf16):
+    """`torch._foreach_*` LAMB (and, for a bf16 model, MasterWeights' casts and the fp32-norm clip) against the
+    per-parameter loops: the same weights and moments after 6 steps, to fp32 rounding."""
+    (weights, state), (reference, reference_state) = lamb_steps(True, bf16=bf16), lamb_steps(False, bf16=bf16)
+    torch.manual_seed(0)
+    start = {n: p.detach().to(reference[n].dtype) for n, p in BertForPreTraining(TINY).named_parameters()}
+    assert all(not torch.equal(reference[n], start[n]) for n in reference)  # every weight stepped
+    for name, weight in reference.items():
+        torch.testing.assert_close(weights[name], weight, atol=1e-6, rtol=1e-5, msg=name)
+    for i, moments in reference_state.items():
+        for key, value in moments.items():
+            torch.testing.assert_close(state[i][key], value, atol=1e-7, rtol=1e-5, msg=f"{i} {key}")
 
 
 def test_nvidia_polynomial_schedule():
