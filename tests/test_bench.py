@@ -213,3 +213,17 @@ def test_the_continued_pretraining_benchmark_reads_manual_pages_as_prose_and_kee
     train_pages = {page_of(r["sentence"]) + r["label"] for r in rows["train"]}
     dev_pages = {page_of(r["sentence"]) + r["label"] for r in rows["validation"]}
     assert not train_pages & dev_pages  # no page on both sides
+
+
+def test_the_kernel_work_benchmark_checks_each_change_and_counts_its_operations():
+    """bench/kernel_work.py: each change gives the numbers of what it replaced before it is timed; the fused QKV
+    projection and the multi-tensor optimizer steps dispatch fewer aten operations (a GPU's kernel launches)."""
+    lines = run_bench(
+        "kernel_work.py", "--hidden", "64", "--layers", "1", "--tokens", "64", "--vocab-size", "300", "--repeats", "1",
+        "--warmup", "0",
+    )  # fmt: skip
+    ops = {m[1].strip(): int(m[2]) for m in (re.match(r"  (.+?)\s+[\d.]+ ms\s+(\d+) aten ops", x) for x in lines) if m}
+    assert ops["one fused Linear (H -> 3H)"] < ops["three Linear (H -> H)"]
+    assert ops["multi-tensor (_foreach)"] < ops["per-parameter loop"] / 3
+    assert ops["multi-tensor casts"] < ops["per-weight casts"]
+    assert ops["300 rows"] == ops["320 rows (padded)"]  # the padding adds no operation: the logits are a view
