@@ -73,13 +73,7 @@ def check_init_from(init_from: str) -> None:
         if (path / "config.json").is_file():
             return
         if (path / RESULTS_FILE).is_file():
-            try:
-                results = json.loads((path / RESULTS_FILE).read_text())
-            except (OSError, ValueError) as error:
-                raise UserError(f"could not read {path / RESULTS_FILE}: {error}; give a .ckpt file instead") from None
-            checkpoint = results.get("best_checkpoint") or results.get("last_checkpoint")
-            if not checkpoint or not Path(checkpoint).is_file():
-                raise UserError(f"the run in {path} has no checkpoint on disk; give a .ckpt file instead")
+            run_checkpoint(path)
             return
         raise UserError(
             f"init_from={init_from} is a directory with neither config.json (a Hugging Face model) nor "
@@ -120,12 +114,51 @@ def _from_lightning_checkpoint(path: Path) -> Pretrained:
     )
 
 
-def _from_run_dir(path: Path) -> Pretrained:
-    results = json.loads((path / RESULTS_FILE).read_text())  # check_init_from read it and found its checkpoint
+def run_checkpoint(path: Path) -> tuple[str, Path]:
+    """The checkpoint a finished run directory starts others from (its best, else its last) and which it is, found in
+    the directory itself: results.json names the files where the run was written, and a run directory is moved and
+    copied (a cluster's scratch to a laptop, a renamed sweep), so each is read at its place under `path`, never at
+    the recorded one. Refuses (`UserError`) a directory without that checkpoint or without its tokenizer.json."""
+    try:
+        results = json.loads((path / RESULTS_FILE).read_text())
+    except (OSError, ValueError) as error:
+        raise UserError(f"could not read {path / RESULTS_FILE}: {error}; give a .ckpt file instead") from None
     which = "best" if results.get("best_checkpoint") else "last"
-    checkpoint = results.get("best_checkpoint") or results.get("last_checkpoint")
+    recorded = results.get("best_checkpoint") or results.get("last_checkpoint")
+    if not recorded:
+        raise UserError(f"the run in {path} saved no checkpoint ({RESULTS_FILE} names none); give a .ckpt file instead")
+    checkpoint = path / _within_run(Path(recorded), results.get("output_dir"))
+    if not checkpoint.is_file():
+        raise UserError(
+            f"the run in {path} has no checkpoint on disk: its {which} checkpoint {checkpoint} is missing; copy it "
+            "there with the run, or give a .ckpt file instead"
+        )
+    tokenizer = path / "tokenizer.json"  # every run writes it beside its checkpoints: the ids its weights know
+    if not tokenizer.is_file():
+        raise UserError(
+            f"the run in {path} has no {tokenizer.name} ({tokenizer} is missing): its weights need the tokenizer they "
+            "were trained with; copy it there from the run it was trained in"
+        )
+    return which, checkpoint
+
+
+def _within_run(recorded: Path, output_dir: str | None) -> Path:
+    """A file results.json records, relative to the run directory: under the directory recorded with it, else (a
+    record without one, or a file kept elsewhere) in the run's checkpoints/ by its name."""
+    if not recorded.is_absolute():
+        return recorded
+    if output_dir:
+        try:
+            return recorded.relative_to(output_dir)
+        except ValueError:
+            pass
+    return Path("checkpoints") / recorded.name
+
+
+def _from_run_dir(path: Path) -> Pretrained:
+    which, checkpoint = run_checkpoint(path)
     log.info(f"init_from={path}: its {which} checkpoint, {checkpoint}")
-    return _from_lightning_checkpoint(Path(checkpoint))
+    return _from_lightning_checkpoint(checkpoint)
 
 
 def _from_hf_dir(path: Path, source: str) -> Pretrained:

@@ -143,6 +143,44 @@ def rescale_batch_progress(checkpoint: dict[str, Any], factor: float) -> None:
             counts[key] = round(processed * factor) - (processed - value)
 
 
+class CheckpointsWhereTheRunIs(L.Callback):
+    """A resumed run reads its `ModelCheckpoint`s' state from last.ckpt: the best checkpoint kept so far, its score,
+    the k best, each by absolute path. In a run directory moved or copied since (scratch to another disk, a renamed
+    sweep) those are the old directory's paths: Lightning then forgets the best score (its dirpath changed) but keeps
+    the old best path, so the next validation replaces a better checkpoint, and the test predictions are read from
+    the old directory, or fail where it is gone. Each state is put where the run now is before Lightning loads it."""
+
+    def on_load_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get("callbacks") or {}
+        for callback in trainer.checkpoint_callbacks:
+            state = states.get(callback.state_key) if isinstance(callback, ModelCheckpoint) else None
+            if state and callback.dirpath is not None:
+                moved_checkpoint_state(state, str(callback.dirpath))
+
+
+def moved_checkpoint_state(state: dict[str, Any], dirpath: str) -> None:
+    """A `ModelCheckpoint` state's paths under its recorded dirpath, put under `dirpath` (in place); a path outside
+    the recorded dirpath is left as it is."""
+    recorded = state.get("dirpath")
+    if not recorded or recorded == dirpath:
+        return
+
+    def moved(path: Any) -> Any:
+        if not isinstance(path, str) or not path:
+            return path
+        try:
+            return str(Path(dirpath) / Path(path).relative_to(recorded))
+        except ValueError:
+            return path
+
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in state:
+            state[key] = moved(state[key])
+    if isinstance(state.get("best_k_models"), dict):
+        state["best_k_models"] = {moved(path): score for path, score in state["best_k_models"].items()}
+    state["dirpath"] = dirpath
+
+
 def job_shape(trainer: L.Trainer) -> dict[str, int | None]:
     """How the job that saves a checkpoint makes a step: what a resume on another number of devices must keep."""
     per_device = getattr(trainer.datamodule, "batch_size", None)

@@ -23,7 +23,12 @@ from lightbert.errors import ConfigError, ParameterError, UserError
 from lightbert.model_config import BertConfig
 from lightbert.plugins.agreement import SameResumeOnEveryNode
 from lightbert.plugins.callbacks import FineTuningResume, RunProgressBar
-from lightbert.plugins.checkpointing import AtomicCheckpointIO, LatestCheckpoint, ResumableRNG
+from lightbert.plugins.checkpointing import (
+    AtomicCheckpointIO,
+    CheckpointsWhereTheRunIs,
+    LatestCheckpoint,
+    ResumableRNG,
+)
 from lightbert.plugins.launcher import use_run_launcher
 from lightbert.plugins.loggers import RunCSVLogger
 from lightbert.run.settings import RunSettings, SpeedSettings, Start
@@ -138,6 +143,7 @@ def callbacks(settings: RunSettings, start: Start | None = None) -> list:
         *built,
         SameResumeOnEveryNode(settings.output_dir, start.step if start.resuming else None),
         *([FineTuningResume()] if start.resuming and settings.task.fine_tuning else []),
+        *([CheckpointsWhereTheRunIs()] if start.resuming else []),  # a run directory moved since it was saved
     ]
 
 

@@ -31,8 +31,16 @@ log = logging.getLogger(__name__)
 
 
 # What a resumed run may set differently from the run it continues: where metrics go, what observes the run
-# (callbacks) and how progress is shown. Everything else (data, model, optimiser, length) continues as recorded.
-CHANGEABLE_ON_RESUME = ("resume", "logger", "callbacks", "trainer.enable_progress_bar", "trainer.log_every_n_steps")
+# (callbacks) and how progress is shown; and where the run directory is (`paths.output_dir`: a run directory moved or
+# copied resumes where it now is). Everything else (data, model, optimiser, length) continues as recorded.
+CHANGEABLE_ON_RESUME = (
+    "resume",
+    "logger",
+    "callbacks",
+    "trainer.enable_progress_bar",
+    "trainer.log_every_n_steps",
+    "paths.output_dir",
+)
 
 
 def recorded_config(settings: RunSettings, model: BertConfig, name: str | None) -> DictConfig:
