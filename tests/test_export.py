@@ -4,11 +4,13 @@ same logits and answers) and `convert to-onnx` (onnxruntime gives PyTorch's outp
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
 import transformers
+from helpers.filesystems import full_disk, mount_point, read_only_directory
 from helpers.models import random_batch
 from helpers.predictions import predict, records_of
 
@@ -158,3 +160,35 @@ def test_onnx_export_without_the_extra_says_what_to_install(sst2_run, tmp_path, 
         convert(["to-onnx", str(sst2_run.dir), str(tmp_path / "onnx")])
     assert exit_info.value.code == 2
     assert not (tmp_path / "onnx").exists()
+
+
+@contextmanager
+def not_empty(path):
+    path.mkdir()
+    (path / "notes.txt").write_text("mine\n")
+    yield path
+
+
+# Where `convert to-hf` cannot publish its directory: (the place, the output directory in it, the one line's words)
+UNWRITABLE = {
+    "read-only": (read_only_directory, lambda place: place / "exported", "cannot write in {place} (a read-only"),
+    "read-only, parents missing": (read_only_directory, lambda place: place / "a" / "b", "cannot write in {place}"),
+    "a mount point": (mount_point, lambda place: place, "{place} is a mount point"),
+    "not empty": (not_empty, lambda place: place, "{place} exists and is not empty"),
+    "a full disk": (full_disk, lambda place: place / "a" / "model", "could not write {place}/a/model: "),
+}
+
+
+@pytest.mark.parametrize("case", list(UNWRITABLE))
+def test_to_hf_where_it_cannot_write_is_one_line_and_creates_nothing(sst2_run, tmp_path, capsys, case):
+    """Once an OSError traceback (a read-only directory, a mount point); a full disk left the parents it made."""
+    place_of, out_of, message = UNWRITABLE[case]
+    with place_of(tmp_path / "place") as place:
+        before = sorted(place.rglob("*"))
+        with pytest.raises(SystemExit) as exit_info:
+            convert(["to-hf", str(sst2_run.dir), str(out_of(place))])
+        assert sorted(place.rglob("*")) == before  # nothing created, not even a parent
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("lightbert: error: "), err
+    assert message.format(place=place) in err and "nothing was written" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["place"]  # no temporary directory left beside it

@@ -1,4 +1,4 @@
-"""Real file-system faults for the tests: a read-only mount and a full disk, made with a small tmpfs.
+"""Real file-system faults for the tests: a read-only mount, a mount point and a full disk, made with a small tmpfs.
 
 The tests run as root here, where `chmod` stops no write: a read-only mount (or, for another user, a directory
 without write permission) is what refuses one. A tmpfs of a few pages fills up for real (ENOSPC), as a disk does.
@@ -46,6 +46,19 @@ def read_only_directory(path: Path) -> Iterator[Path]:
         yield path
     finally:
         path.chmod(0o755)
+
+
+@contextmanager
+def mount_point(path: Path) -> Iterator[Path]:
+    """`path`, an empty writable file system's mount point (a small tmpfs): a directory that cannot be removed or
+    renamed onto."""
+    path.mkdir(parents=True, exist_ok=True)
+    if not _mount(path, "size=64k"):
+        pytest.skip("a mount point needs a tmpfs mount, which needs root")
+    try:
+        yield path
+    finally:
+        _unmount(path)
 
 
 @contextmanager

@@ -12,7 +12,8 @@ classification, question answering, multiple choice) and with `transformers.pipe
 (lightbert.interop.onnx_export).
 `from-hf` writes model.ckpt and tokenizer.json: use the directory's model.ckpt as `init_from=`, or the
 Hugging Face directory itself, which `init_from=` reads directly.
-The output directory must be new or empty; it appears only once fully written.
+The output directory must be new or empty, not a mount point, in a place you can write; it is checked before
+anything is read and appears only once fully written.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from pathlib import Path
 
 from lightbert.checkpoints.reading import load_pretrained
 from lightbert.errors import exits_on_user_error
-from lightbert.interop.hf import export_hf, hf_head_config, import_hf, pretraining_head_config
+from lightbert.interop.hf import check_export_dir, export_hf, hf_head_config, import_hf, pretraining_head_config
 from lightbert.tasks.finetuned import finetuned_from
 from lightbert.tasks.heads import head_of
 
 
 def to_hf(checkpoint: str, out_dir: str) -> Path:
     """A pre-training checkpoint as `BertForPreTraining`; a fine-tuned one as its head's class."""
+    check_export_dir(Path(out_dir).expanduser())  # before a checkpoint of gigabytes is read
     pretrained = load_pretrained(checkpoint)
     if head_of(pretrained) is None:
         return export_hf(pretrained, out_dir, pretraining_head_config(pretrained))
@@ -60,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
         out = export_onnx(args.checkpoint, args.out_dir)
     else:
+        check_export_dir(Path(args.out_dir).expanduser())  # before a model is read or downloaded
         out = import_hf(load_pretrained(args.source), args.out_dir)
     print(f"lightbert: wrote {out}")
     return 0

@@ -4,6 +4,9 @@ format's conversions are `hf_format`'s; what a checkpoint holds is read by light
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import torch
@@ -25,10 +28,50 @@ from lightbert.tasks.heads import HEADS
 
 
 def check_export_dir(out_dir: Path) -> None:
+    """Refuses (`UserError`, one line) an output directory an export cannot be published as, before anything is read
+    or written: a file, a directory that is not empty, a mount point, or a place nobody may write in. The export is
+    written into a temporary directory beside `out_dir` (with the parents it lacks), then renamed into place."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir} is a file; give a new directory to write into (nothing was written)")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise UserError(f"{out_dir} exists and is not empty; choose a new output directory (nothing was written)")
+    if out_dir.is_dir():
+        try:
+            empty = not any(out_dir.iterdir())
+        except OSError as error:
+            raise UserError(f"cannot read {out_dir} ({error.strerror}); choose a new output directory") from None
+        if not empty:
+            raise UserError(f"{out_dir} exists and is not empty; choose a new output directory (nothing was written)")
+        if os.path.ismount(out_dir):
+            raise UserError(
+                f"{out_dir} is a mount point, which an export cannot be renamed onto; give a new directory inside it, "
+                f"e.g. {out_dir / 'model'} (nothing was written)"
+            )
+    place = out_dir.absolute().parent
+    while not place.exists():
+        place = place.parent
+    if not place.is_dir():
+        raise UserError(f"{place} is a file, not a directory; give an output directory elsewhere (nothing was written)")
+    if not os.access(place, os.W_OK | os.X_OK):
+        raise UserError(
+            f"cannot write in {place} (a read-only file system, or no permission); give an output directory where "
+            "you can write (nothing was written)"
+        )
+
+
+def publish_export(out_dir: Path, write: Callable[[Path], None]) -> Path:
+    """`files.publish_directory` for an export, all or nothing: a write that fails after `check_export_dir` (a disk
+    that fills up) ends in one line, and no directory it made is left."""
+    from safetensors import SafetensorError  # safetensors' own error for a write that failed (a full disk)
+
+    made = [p for p in (out_dir.absolute(), *out_dir.absolute().parents) if not p.exists()]
+    try:
+        publish_directory(out_dir, write)
+    except (OSError, SafetensorError) as error:
+        for directory in made[1:]:  # the parents the temporary directory was made in, innermost first
+            with suppress(OSError):
+                directory.rmdir()
+        why = f"{error.strerror} ({error.filename})" if isinstance(error, OSError) and error.strerror else str(error)
+        raise UserError(f"could not write {out_dir}: {why}; nothing was written") from None
+    return out_dir
 
 
 def export_hf(
@@ -70,8 +113,7 @@ def export_hf(
         readable_as_usual(tmp / "model.safetensors")  # safetensors writes it 0600, unlike every other file here
         write_tokenizer_files(pretrained.tokenizer, tmp, pretrained.config["max_position_embeddings"], modern)
 
-    publish_directory(out_dir, write)  # all or nothing: an interrupted export leaves no half directory
-    return out_dir
+    return publish_export(out_dir, write)  # all or nothing: an interrupted export leaves no half directory
 
 
 def import_hf(pretrained: Pretrained, out_dir: str | Path) -> Path:
@@ -103,8 +145,7 @@ def import_hf(pretrained: Pretrained, out_dir: str | Path) -> Path:
         if pretrained.tokenizer is not None:
             pretrained.tokenizer.save(tmp / "tokenizer.json")
 
-    publish_directory(out_dir, write)
-    return out_dir
+    return publish_export(out_dir, write)
 
 
 def hf_head_config(finetuned: FineTuned) -> dict:

@@ -24,8 +24,7 @@ from torch import nn
 from lightbert.checkpoints.hf_format import lightbert_config_to_hf, write_tokenizer_files
 from lightbert.checkpoints.reading import load_encoder, load_pretrained
 from lightbert.errors import UserError
-from lightbert.files import publish_directory
-from lightbert.interop.hf import check_export_dir, hf_head_config
+from lightbert.interop.hf import check_export_dir, hf_head_config, publish_export
 from lightbert.model import BertModel
 from lightbert.tasks.finetuned import FineTuned, finetuned_from
 from lightbert.tasks.heads import HEADS, head_of
@@ -129,5 +128,4 @@ def export_onnx(checkpoint: str, out_dir: str | Path) -> Path:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         write_tokenizer_files(pretrained.tokenizer, tmp, pretrained.config["max_position_embeddings"])
 
-    publish_directory(out_dir, write)  # all or nothing
-    return out_dir
+    return publish_export(out_dir, write)  # all or nothing
