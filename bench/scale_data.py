@@ -17,10 +17,11 @@ vocabulary of distinct words keeps growing with the size as a real corpus's does
 
 Every figure is per CPU-second (`resource.getrusage` of the process and its children), so the load of a shared
 machine does not move it; each side runs in a fresh process so its peak memory (`ru_maxrss`) is its own:
-- preparation CPU-s per MB: reading the corpus, training the tokenizer, tokenizing and making the pairs;
+- preparation CPU-s per MB: training the tokenizer, tokenizing and making the pairs (reading the corpus included);
 - peak memory: the preparing process, and the largest of its children (the tokenizer trainer, the map workers);
-- cache bytes per text byte: the examples cache entry; and the peak size of that entry while it was written,
-  sampled every 50 ms, against its final size;
+- cache bytes per text byte: the whole cache once the examples are prepared, by its parts (`examples/`,
+  `tokenizers/`, and any copy of the corpus), and the examples cache entry alone; and the peak size of the cache
+  directory's growth while the examples were written, sampled every 50 ms, against its final growth;
 - loader examples per CPU-second of one worker: `train_dataloader` (masking included) in the main process;
 - the ratio: the tokenizer alone's CPU-s over the preparation's (1.0 would mean preparing costs no more than
   tokenizing).
@@ -110,9 +111,7 @@ def measure(corpus: Path, cache: Path, batches: int) -> dict:
             peak_disk[0] = max(peak_disk[0], directory_bytes(cache))
             time.sleep(0.05)
 
-    started = cpu_seconds()
-    dm.documents  # noqa: B018 (the corpus read into Arrow)
-    read = cpu_seconds()
+    started = read = cpu_seconds()  # the corpus is read as the tokenizer and the examples need it
     tokenizer = dm.tokenizer
     trained = cpu_seconds()
     before_examples = directory_bytes(cache)
@@ -126,6 +125,7 @@ def measure(corpus: Path, cache: Path, batches: int) -> dict:
     child_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     cache_bytes = directory_bytes(examples_root)
     grown = directory_bytes(cache) - before_examples
+    cache_parts = {part.name: directory_bytes(part) for part in sorted(cache.iterdir()) if part.is_dir()}
     dm.setup("fit")
     loader = dm.train_dataloader()
     started_loading = time.process_time()
@@ -149,6 +149,8 @@ def measure(corpus: Path, cache: Path, batches: int) -> dict:
         "parent_peak_mb": parent_peak,
         "child_peak_mb": child_peak,
         "cache_bytes": cache_bytes,
+        "cache_total_bytes": sum(cache_parts.values()),
+        "cache_parts": cache_parts,
         "peak_growth_bytes": max(peak_disk[0] - before_examples, grown),
         "final_growth_bytes": grown,
         "train_examples": len(dm.datasets["train"]),
@@ -176,12 +178,17 @@ def run_side(src: Path, corpus: Path, batches: int) -> dict:
 def report(name: str, figures: dict, megabytes: float) -> None:
     f = figures
     print(
-        f"{name}: {f['prepare'] / megabytes:.2f} CPU-s/MB to cached examples (read {f['read']:.1f} s, tokenizer "
-        f"{f['tokenizer']:.1f} s, examples {f['examples']:.1f} s); tokenizer alone "
+        f"{name}: {f['prepare'] / megabytes:.2f} CPU-s/MB to cached examples (tokenizer {f['tokenizer']:.1f} s, "
+        f"examples {f['examples']:.1f} s, each reading the corpus as it needs); tokenizer alone "
         f"{f['tokenizer_alone'] / megabytes:.3f} CPU-s/MB: {f['tokenizer_alone'] / f['prepare']:.2f}x"
     )
     print(
-        f"{name}: peak memory {f['parent_peak_mb']:.0f} MB (largest child {f['child_peak_mb']:.0f} MB); cache "
+        f"{name}: the whole cache {f['cache_total_bytes'] / (megabytes * 1e6):.2f} bytes per text byte ("
+        + ", ".join(f"{part}/ {size / (megabytes * 1e6):.2f}" for part, size in f["cache_parts"].items())
+        + ")"
+    )
+    print(
+        f"{name}: peak memory {f['parent_peak_mb']:.0f} MB (largest child {f['child_peak_mb']:.0f} MB); examples "
         f"{f['cache_bytes'] / (megabytes * 1e6):.2f} bytes per text byte, the cache directory's peak growth while it "
         f"was written {f['peak_growth_bytes'] / max(1, f['final_growth_bytes']):.2f}x its final growth; "
         f"{f['train_examples']} training and "

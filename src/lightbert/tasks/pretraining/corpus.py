@@ -1,7 +1,9 @@
 """Pre-training corpora: where documents (lists of sentences) come from.
 
 Every corpus gives a `datasets.Dataset` with one column, `sentences` (list of str), one row per document,
-and a `fingerprint` that changes when its content may have changed, so caches built from it are rebuilt.
+and a `fingerprint` that changes when its content may have changed, so caches built from it are rebuilt. The
+corpora of BERT-format files (`text`, `demo`) also give their `files`, which the cached examples are tokenized from
+as they are read (`byte_shares`, one share per process): the cache holds no copy of the text.
 
 - `TextCorpus`: local files in the original BERT format, one sentence per line, blank line between documents.
 - `HFCorpus`: a Hugging Face dataset (hub name, or a local builder such as `json`/`parquet` with
@@ -78,6 +80,10 @@ class TextCorpus:
     def load(self, cache_dir: Path, num_proc: int | None = None) -> datasets.Dataset:
         return _dataset_from_documents(self.documents, self.fingerprint, cache_dir)
 
+    def files(self, cache_dir: Path) -> list[Path]:
+        """The BERT-format files, in order: what the examples are tokenized from, read in `byte_shares`."""
+        return self.paths
+
     def stream(self, cache_dir: Path, shard: tuple[int, int] | None = None) -> Iterator[list[str]]:
         """The documents read one at a time, nothing cached (task.datamodule.streaming=true); with `shard` (index,
         count), only that reader's share, read from its own files or byte ranges."""
@@ -137,12 +143,44 @@ def read_shard(paths: list[Path], shard: tuple[int, int] | None) -> Iterator[lis
         yield from read_bert_format(path, size * index // count, size * (index + 1) // count)
 
 
-def _dataset_from_documents(documents, fingerprint: str, cache_dir: Path) -> datasets.Dataset:
-    if next(iter(documents()), None) is None:  # datasets would say `Instruction "train" corresponds to no data!`
+Piece = tuple[Path, int, int]  # a file's bytes [start, stop)
+
+
+def byte_shares(paths: list[Path], count: int) -> list[list[Piece]]:
+    """The files cut into `count` contiguous shares of about equal bytes, each a list of (path, start, stop) pieces:
+    read share after share (`read_pieces`), they give every document once, in the files' order, whatever `count`
+    (`read_bert_format` reads a document in the range it begins in)."""
+    sizes = [path.stat().st_size for path in paths]
+    total, shares = sum(sizes), []
+    for index in range(count):
+        low, high = total * index // count, total * (index + 1) // count
+        pieces, offset = [], 0
+        for path, size in zip(paths, sizes, strict=True):
+            start, stop = max(low - offset, 0), min(high - offset, size)
+            if start < stop:
+                pieces.append((path, start, stop))
+            offset += size
+        shares.append(pieces)
+    return shares
+
+
+def read_pieces(pieces: list[Piece]) -> Iterator[list[str]]:
+    """The documents of a share of `byte_shares`."""
+    for path, start, stop in pieces:
+        yield from read_bert_format(path, start, stop)
+
+
+def check_has_documents(documents: Iterator[list[str]]) -> None:
+    """Refuses a corpus whose every line is blank, in one line (the first document read, if any)."""
+    if next(iter(documents), None) is None:  # datasets would say `Instruction "train" corresponds to no data!`
         raise UserError(
             "the corpus has 0 usable documents: every line of it is blank. Pre-training needs text: sentences, one "
             "per line, with a blank line between documents (corpus.paths)"
         )
+
+
+def _dataset_from_documents(documents, fingerprint: str, cache_dir: Path) -> datasets.Dataset:
+    check_has_documents(documents())
 
     def generate(fingerprint: str):  # the fingerprint argument keys the datasets cache on the content
         for document in documents():
@@ -283,6 +321,9 @@ class DemoCorpus:
     def load(self, cache_dir: Path, num_proc: int | None = None) -> datasets.Dataset:
         path = self.build(cache_dir)
         return _dataset_from_documents(lambda: read_bert_format(path), self.fingerprint, cache_dir)
+
+    def files(self, cache_dir: Path) -> list[Path]:
+        return [self.build(cache_dir)]
 
     def stream(self, cache_dir: Path, shard: tuple[int, int] | None = None) -> Iterator[list[str]]:
         return read_shard([self.build(cache_dir)], shard)

@@ -46,7 +46,14 @@ from lightbert.data.tokenizer import BertTokenizer, load_tokenizer, train_wordpi
 from lightbert.errors import ParameterError, UserError
 from lightbert.files import publish_directory, publish_file_once
 from lightbert.tasks.pretraining import domain_words
-from lightbert.tasks.pretraining.corpus import DemoCorpus, HFCorpus, TextCorpus
+from lightbert.tasks.pretraining.corpus import (
+    DemoCorpus,
+    HFCorpus,
+    TextCorpus,
+    byte_shares,
+    check_has_documents,
+    read_pieces,
+)
 from lightbert.tasks.pretraining.examples import PairExamples, StoredDocuments, create_pretraining_pairs
 from lightbert.tasks.pretraining.masking import MaskingCollator, NextTokenCollator, max_predictions_for
 from lightbert.tasks.pretraining.objectives import MaskingShares, check_objective
@@ -96,6 +103,24 @@ def _tokenize_documents(batch: dict, tokenizer: BertTokenizer, id_type: str) -> 
     return pa.table({"sentence_ids": column})
 
 
+# About the bytes of text of a document of a BERT-format corpus (Wikipedia's articles are ~4 KB), for the processes a
+# corpus of files is tokenized by: as many documents a process as `CachedExamples._num_proc` asks of a map's.
+BYTES_PER_DOCUMENT = 2000
+
+
+def _tokenize_share(pieces: list, tokenizer: BertTokenizer, features: datasets.Features, path: str) -> None:
+    """The documents of one share of the corpus's bytes, tokenized (`_tokenize_documents`) a batch of 1,000 at a time
+    and written to the Arrow file `path`."""
+    from datasets.arrow_writer import ArrowWriter
+
+    id_type = features["sentence_ids"].feature.feature.dtype
+    with ArrowWriter(features=features, path=path) as writer:
+        documents = read_pieces(pieces)
+        while batch := list(islice(documents, 1000)):
+            writer.write_table(_tokenize_documents({"sentences": batch}, tokenizer, id_type))
+        writer.finalize()
+
+
 @dataclass
 class CachedExamples:
     """Examples built once from the whole corpus and cached; shuffled by `StepSampler`, resumable by step."""
@@ -120,7 +145,18 @@ class CachedExamples:
 
     def tokenizer_sample(self) -> tuple[Callable[[], Iterable[list[str]]], list]:
         """The documents a new vocabulary is trained on (the first `tokenizer_documents`), and what else its cache
-        key needs."""
+        key needs. Files are read as the trainer asks (nothing is read where the tokenizer is cached)."""
+        files = self._files()
+        if files is not None:
+
+            def read_files() -> Iterator[list[str]]:
+                documents = read_pieces([(path, 0, path.stat().st_size) for path in files])
+                first = next(documents, None)
+                check_has_documents(iter([first] if first is not None else []))
+                yield first
+                yield from documents
+
+            return read_files, [self.tokenizer_documents]
         documents = self.documents  # loaded here, before the training process forks: read by both
         first = documents.select(range(min(self.tokenizer_documents, len(documents))))
 
@@ -132,10 +168,18 @@ class CachedExamples:
 
     @cached_property
     def documents(self) -> datasets.Dataset:
-        """The corpus as a dataset of documents; loaded once, shared by tokenizer training and example creation.
-        First read for the tokenizer, outside `prepare_data`: its cache's writes fail in one message here too."""
+        """The corpus as a dataset of documents, loaded once: what a Hugging Face corpus is tokenized from (its
+        tokenizer trained on). Corpora of files are read from the files instead (`_files`), with no copy of the
+        text in the cache. First read for the tokenizer, outside `prepare_data`: its cache's writes fail in one
+        message here too."""
         with cache_writes(self.cache_dir):
             return self.corpus.load(self.cache_dir, num_proc=self.preprocessing_workers)
+
+    def _files(self) -> list[Path] | None:
+        """The corpus's BERT-format files (text, demo), which the examples are tokenized from as they are read;
+        None for a Hugging Face corpus (`documents`)."""
+        files = getattr(self.corpus, "files", None)
+        return files(self.cache_dir) if files is not None else None
 
     def examples_dir(self, tokenizer: BertTokenizer) -> Path:
         key = digest(
@@ -165,20 +209,25 @@ class CachedExamples:
         examples as offsets into them (`create_pretraining_pairs`). Every map writes its files straight into `out`,
         which is renamed into place whole: nothing is copied, so the peak on disk is the cache itself."""
         out.mkdir(parents=True)
-        documents = self.documents
         ids = datasets.Value("uint16" if tokenizer.vocab_size <= 1 << 16 else "uint32")
-        with progress_bars_for(len(documents)):
-            documents = documents.map(
-                _tokenize_documents,
-                batched=True,
-                remove_columns=documents.column_names,
-                fn_kwargs={"tokenizer": tokenizer, "id_type": ids.dtype},
-                features=datasets.Features({"sentence_ids": datasets.Sequence(datasets.Sequence(ids))}),
-                num_proc=self._num_proc(len(documents)),
-                cache_file_name=str(out / "documents.arrow"),
-                load_from_cache_file=False,  # cached as a whole, under a key datasets' hash can't compute
-                desc="Tokenizing sentences",
-            )
+        features = datasets.Features({"sentence_ids": datasets.Sequence(datasets.Sequence(ids))})
+        files = self._files()
+        if files is not None:
+            documents = self._tokenize_files(files, tokenizer, features, out)
+        else:
+            documents = self.documents
+            with progress_bars_for(len(documents)):
+                documents = documents.map(
+                    _tokenize_documents,
+                    batched=True,
+                    remove_columns=documents.column_names,
+                    fn_kwargs={"tokenizer": tokenizer, "id_type": ids.dtype},
+                    features=features,
+                    num_proc=self._num_proc(len(documents)),
+                    cache_file_name=str(out / "documents.arrow"),
+                    load_from_cache_file=False,  # cached as a whole, under a key datasets' hash can't compute
+                    desc="Tokenizing sentences",
+                )
         if len(documents) < 2:
             raise UserError(
                 f"the corpus has {len(documents)} usable document(s) (documents with at least one sentence that "
@@ -203,6 +252,24 @@ class CachedExamples:
         for name in ("train_documents.arrow", "validation_documents.arrow"):
             (out / name).unlink(missing_ok=True)  # the pairs name the documents' rows themselves
         (out / MANIFEST).write_text(json.dumps(files))  # last: a directory without it was never finished
+
+    def _tokenize_files(
+        self, files: list[Path], tokenizer: BertTokenizer, features: datasets.Features, out: Path
+    ) -> datasets.Dataset:
+        """The documents of `files` tokenized as they are read, with no copy of the text written: one process per
+        contiguous share of the bytes (`byte_shares`), each writing its own Arrow file into `out`, so the documents
+        come in the files' order whatever the number of processes. Each holds a batch of documents at a time."""
+        size = sum(path.stat().st_size for path in files)
+        shares = byte_shares(files, self._num_proc(size // BYTES_PER_DOCUMENT) or 1)
+        names = [f"documents-{number:05d}-of-{len(shares):05d}.arrow" for number in range(len(shares))]
+        names = names if len(names) > 1 else ["documents.arrow"]
+        jobs = [(share, tokenizer, features, str(out / name)) for share, name in zip(shares, names, strict=True)]
+        if len(jobs) == 1:
+            _tokenize_share(*jobs[0])
+        else:
+            with multiprocessing.get_context("fork").Pool(len(jobs)) as pool:
+                pool.starmap(_tokenize_share, jobs)
+        return datasets.concatenate_datasets([datasets.Dataset.from_file(str(out / name)) for name in names])
 
     def _load(self, examples_dir: Path, tokenizer: BertTokenizer) -> dict[str, PairExamples]:
         files = json.loads((examples_dir / MANIFEST).read_text())
@@ -325,7 +392,8 @@ def _train_tokenizer_child(
         tokenizer = train_wordpiece_once(sentences(), spill, vocab_size=vocab_size, lowercase=lowercase)
         # Training is deterministic; publishing once still matters for two runs started at once on a cold cache:
         # both use the first file, and neither reads one half-written.
-        publish_file_once(path, lambda tmp: tokenizer.backend.save(str(tmp)))
+        # Compact JSON: 0.45 MB for 30,522 tokens, not 0.72 MB indented (a run directory's copy stays indented).
+        publish_file_once(path, lambda tmp: tokenizer.backend.save(str(tmp), pretty=False))
         send.send(
             f"tokenizer: {tokenizer.vocab_size} WordPiece tokens trained on the first {count['documents']} documents "
             f"of the corpus ({count['sentences']} sentences, {count['characters'] / 1e6:.1f}M characters; at most "
@@ -522,8 +590,8 @@ class PretrainDataModule(L.LightningDataModule):
                     "out of memory, lower task.datamodule.tokenizer_documents"
                 )
             child.join()
-        if isinstance(outcome, BaseException):
-            raise outcome
+            if isinstance(outcome, BaseException):
+                raise outcome  # the child's failed write into the cache (a full disk) is said as the cache's
         log.info(outcome)
 
     # -- examples ----------------------------------------------------------------------------------------
