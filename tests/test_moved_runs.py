@@ -1,6 +1,7 @@
 """A run directory is a self-contained record: moved or copied (a cluster's scratch to a laptop, a renamed sweep), it
-is found by its own path. Its results.json and last.ckpt name files where the run was written; every command reads
-them under the directory given instead, never where the original was."""
+is found by its own path. Its results.json and last.ckpt name files where the run was written; every command
+(init_from, evaluate, predict, convert, resume) reads them under the directory given instead, never where the
+original was: the original is renamed away while they run."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from helpers.predictions import predict
 from helpers.runs import compose_config, snapshot
 
 from lightbert.errors import UserError
+from lightbert.interop.convert import to_hf
 from lightbert.run.jobs import evaluate, train
 
 
@@ -55,6 +57,9 @@ def test_a_copy_of_a_run_whose_original_was_renamed_starts_evaluates_and_predict
 
         predicted = predict(copy, [{"text": "a fine film"}, {"text": "a dull one"}], tmp_path)
         assert [p["label"] for p in predicted] and all(p["label"] in ("negative", "positive") for p in predicted)
+
+        exported = to_hf(str(copy), str(tmp_path / "hf"))
+        assert json.loads((exported / "config.json").read_text())["id2label"] == {"0": "negative", "1": "positive"}
 
 
 def test_a_copy_without_its_tokenizer_is_refused_in_one_line_naming_the_file(sst2_run, tmp_path):
