@@ -15,9 +15,9 @@ import pytest
 from helpers.predictions import predict
 from helpers.runs import compose_config, snapshot
 
+from lightbert import evaluate, train
 from lightbert.errors import UserError
 from lightbert.interop.convert import to_hf
-from lightbert.run.jobs import evaluate, train
 
 
 @contextmanager
