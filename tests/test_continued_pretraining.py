@@ -225,6 +225,38 @@ def test_a_word_file_leaves_out_words_wordpiece_cannot_read_and_is_refused_empty
         add_words(tokenizer, str(tmp_path), [], 0)
 
 
+def test_a_run_that_added_words_to_a_tokenizer_path_resumes_with_them(released, corpus, tmp_path):
+    """init_from without its tokenizer, task.datamodule.tokenizer_path giving it, and added words: on a resume the
+    model reads the run's own tokenizer.json (the words added) against the checkpoint's tokenizer, as on the first
+    start, so the embeddings grow by the same words (it was refused: the tokenizer path was read on a first start
+    only, and the grown tokenizer then did not fit the checkpoint's rows)."""
+    from helpers.runs import run_settings
+
+    from lightbert.run.settings import Start
+    from lightbert.run.weights import vocabulary
+
+    bare = tmp_path / "no_tokenizer"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((released / name).read_bytes())
+    run_dir = tmp_path / "run"
+    given = [f"init_from={bare}", f"task.datamodule.tokenizer_path={released / 'vocab.txt'}"]
+    settings = run_settings(
+        compose_config(
+            [*CONTINUED, f"corpus.paths=[{corpus}]", *given, "task.datamodule.add_words=3", "resume=true"], run_dir
+        )
+    )
+    pretrained = load_pretrained(str(bare))
+    words = ["riverfilm", "citywar", "albumhouse"]
+    with_words(load_tokenizer(released / "vocab.txt"), words).save(run_dir / "tokenizer.json")  # the run's own
+    resumed = Start(resume_from=run_dir / "checkpoints" / "last.ckpt", step=2)
+    pretrained, tokenizer = vocabulary(settings, resumed, pretrained)
+    assert tokenizer["add_words"] is None  # not added again
+    grown, growth = with_added_words(pretrained, tokenizer["tokenizer"])
+    assert growth is not None and growth.words == len(words)
+    assert grown.config["vocab_size"] >= tokenizer["tokenizer"].vocab_size
+
+
 @pytest.fixture(scope="module")
 def extended_run(released, corpus, tmp_path_factory) -> dict:
     """A continued run that adds 20 words, stopped after step 2 as if cut short, then resumed to step 3: its

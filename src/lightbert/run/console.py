@@ -22,36 +22,33 @@ class RankZero(logging.Filter):
         return is_global_zero()
 
 
-# What the libraries under a run print that a user cannot act on (seen on CPU and on an H100): a fragment of its
-# text, and why it is noise. Kept off the console whether it comes as a Python warning or as a log record of
-# Lightning's (`quiet_console`); the tests hold every command's console to it (tests/helpers/runs.py).
-CONSOLE_NOISE = {
-    # Lightning's tips for other products: litlogger at every Trainer start, litmodels at a checkpoint load.
-    "Tip: For seamless cloud": "an advertisement",
-    "litmodels": "an advertisement",
-    "litlogger": "an advertisement",
-    # Lightning's device inventory: the run line says where the run goes.
-    "GPU available:": "the run line says the devices",
-    "TPU available:": "the run line says the devices",
-    "HPU available:": "the run line says the devices",
+# What the libraries under a run print that a user cannot act on (seen on CPU and on an H100), as fragments of its
+# text: kept off the console whether it comes as a Python warning or as a log record of Lightning's (`quiet_console`);
+# the tests hold every command's console to it (tests/helpers/runs.py).
+CONSOLE_NOISE = (
+    # Lightning's tips for other products (litlogger at every Trainer start, litmodels at a checkpoint load), and its
+    # device inventory: the run line says where the run goes.
+    "Tip: For seamless cloud", "litmodels", "litlogger", "GPU available:", "TPU available:", "HPU available:",
     # How Lightning reads a fine-tune's settings.
-    "to estimate number of stepping batches": "Lightning's own bookkeeping",
-    "so validation will run at the end of the training epoch": "Lightning's own bookkeeping",
-    "exists and is not empty": "the run directory holds .hydra/ when the CSV logger starts writing there",
-    "treespec, LeafSpec": "Lightning's internals against a newer torch",
+    "to estimate number of stepping batches", "so validation will run at the end of the training epoch",
+    # The run directory holds .hydra/ when the CSV logger starts writing there: not a problem.
+    "exists and is not empty",
+    # Lightning's internals against a newer torch.
+    "treespec, LeafSpec",
     # DDP's gradient hooks run on the default stream and torch notes at the first backward that AccumulateGrad's
-    # stream differs (seen on an H100): no synchronisation DDP does not do anyway.
-    "AccumulateGrad node's stream": "nothing a user can change",
-    # Loader workers are lightbert's choice, said on the console (task.datamodule.num_workers=auto).
-    "does not have many workers": "advice on every run of a many-core machine, not the user's to act on",
+    # stream differs (seen on an H100): nothing a user can change, and no synchronisation DDP does not do anyway.
+    "AccumulateGrad node's stream",
+    # Loader workers are lightbert's choice, said on the console (task.datamodule.num_workers=auto): Lightning's
+    # advice to raise them, on every run of a many-core machine, is not the user's to act on.
+    "does not have many workers",
     # A short epoch logs once per epoch instead (plugins.callbacks.ShortEpochLogging).
-    "is smaller than the logging interval": "nothing left for the user to do",
+    "is smaller than the logging interval",
     # A fine-tuning run resumed within an epoch: plugins.callbacks.FineTuningResume says what that epoch trains
     # instead (pre-training's loaders resume by step and never raise it).
-    "not resumable": "said by lightbert, with what it means",
+    "not resumable",
     # The feature-based tasks keep their frozen encoder in eval mode on purpose (no dropout in the features).
-    "in eval mode at the start of training": "on purpose",
-}
+    "in eval mode at the start of training",
+)  # fmt: skip
 
 
 class DropNoise(logging.Filter):
