@@ -18,7 +18,7 @@ from typing import IO
 
 from lightbert.errors import UserError
 
-# What a finished run leaves in its directory: written by lightbert.run.train, read by init_from=<run dir>
+# What a finished run leaves in its directory: written by lightbert.run.outputs, read by init_from=<run dir>
 # (lightbert.checkpoints.reading) and by the sweep summary.
 RESULTS_FILE = "results.json"
 
