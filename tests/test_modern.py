@@ -6,7 +6,10 @@ import json
 import pytest
 import torch
 import transformers
+from helpers.glue_files import glue_data_files, glue_overrides
 from helpers.models import MODERN_SPECIALS, random_batch, write_hf_modernbert
+from helpers.runs import compose_config
+from lightbert.run.train import train
 
 from lightbert.checkpoints.hf_format import hf_config_to_lightbert
 from lightbert.checkpoints.reading import load_into, load_pretrained
@@ -199,11 +202,6 @@ SMALL_MODERN = [
 
 
 def test_modern_recipe_pretrains_in_phases_and_fine_tunes(tmp_path, corpus_file):
-    from helpers.glue_files import glue_data_files, glue_overrides
-    from helpers.runs import compose_config
-
-    from lightbert.run.train import train
-
     phases = (
         "[{until: 0.5, datamodule: {max_seq_length: 32}}, "
         "{until: 1.0, datamodule: {max_seq_length: 64, batch_size: 2}}]"
@@ -241,12 +239,26 @@ def test_modern_recipe_pretrains_in_phases_and_fine_tunes(tmp_path, corpus_file)
     ],
 )
 def test_modern_recipe_refuses_in_one_line_before_writing(tmp_path, corpus_file, overrides, says):
-    from helpers.runs import compose_config
-
-    from lightbert.run.train import train
-
     cfg = compose_config([*SMALL_MODERN, "corpus=text", f"corpus.paths=[{corpus_file}]", *overrides], tmp_path / "run")
     with pytest.raises(ConfigError) as error:
         train(cfg)
     assert says in str(error.value) and "\n" not in str(error.value)
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_modern_recipe_continues_a_modernbert_checkpoint_with_its_bpe_tokenizer(tmp_path, corpus_file, hf_dir):
+    """Continued pre-training from released (here: random) ModernBERT weights: its sizes, its BPE tokenizer as it
+    comes (the run's tokenizer.json is the checkpoint's BPE, not a WordPiece trained on the corpus)."""
+    cfg = compose_config(
+        [*[o for o in SMALL_MODERN if not o.startswith(("model", "task.datamodule.vocab_size"))], "corpus=text",
+         f"corpus.paths=[{corpus_file}]", f"init_from={hf_dir}", "trainer.max_steps=2", "trainer.val_check_interval=1",
+         "task.phases=null"],
+        tmp_path / "run",
+    )  # fmt: skip
+    results = train(cfg)
+    assert results["global_step"] == 2
+    saved = json.loads((tmp_path / "run" / "tokenizer.json").read_text())
+    assert saved["model"]["type"] == "BPE"
+    assert saved["model"]["vocab"] == json.loads((hf_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    checkpoint = torch.load(results["last_checkpoint"], weights_only=True, map_location="cpu")
+    assert checkpoint["hyper_parameters"]["model"]["hidden_size"] == 32  # the checkpoint's sizes, not model=

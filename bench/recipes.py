@@ -1,0 +1,125 @@
+"""The paper's recipe and the modern one side by side on a CPU: each quick start for the same number of steps on the
+demo corpus, then both models scored on the same held-out masks.
+
+    python bench/recipes.py --steps 1000 --out outputs/recipes --report bench/results/recipes.md
+
+1. `src/train.py experiment=quick_start` (bert_tiny, MLM 15% + NSP, the paper's linear schedule) and
+   `src/train.py experiment=modern_quick_start` (modernbert_tiny, MLM 30% alone, packed, warmup-stable-decay, the
+   context doubled for the last 10%), each `--steps` steps of 8 x 64 tokens at lr 1e-3, as a user runs them.
+2. Both runs train the same WordPiece vocabulary on the same corpus with the same settings (checked here), and hold
+   out the same documents (the same seed). The held-out examples are masked once per rate (15%, BERT's, and 30%,
+   ModernBERT's; the collator's 80/10/10 with a fixed seed) and both models predict the same masked tokens: the
+   masked-token accuracy of each model at each rate, on identical inputs.
+
+The report (`--report`) holds the table, the commands and their wall times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = {"paper": "quick_start", "modern": "modern_quick_start"}
+RATES = (0.15, 0.30)
+
+
+def train(experiment: str, steps: int, run_dir: Path) -> float:
+    """One quick start as a user runs it (its output in <run_dir>.log); its wall time."""
+    command = [sys.executable, "src/train.py", f"experiment={experiment}", "logger=csv", f"trainer.max_steps={steps}",
+               f"task.cpu_val_check_interval={max(1, steps // 4)}", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    started = time.time()
+    with run_dir.with_suffix(".log").open("w") as out:
+        result = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        sys.exit(f"recipes.py: experiment={experiment} failed; see {run_dir.with_suffix('.log')}")
+    return time.time() - started
+
+
+def held_out_batches(run_dir: Path, tokenizer, rate: float, cache_dir: Path) -> list[dict]:
+    """The paper's run's held-out examples (its corpus, seed and split), masked at `rate`, 64 tokens, unpacked."""
+    from lightbert.run.building import datamodule
+    from lightbert.run.config_checks import checked_config
+    from lightbert.run.configs import compose_config
+    from lightbert.run.settings import RunSettings
+
+    cfg = compose_config(
+        ["experiment=quick_start", "task.datamodule.num_workers=0", f"paths.cache_dir={cache_dir}"], run_dir / "eval"
+    )
+    settings = RunSettings.from_config(cfg, checked_config(cfg))
+    changes = {"masked_lm_prob": rate, "objective": "mlm", "packing": False, "batch_size": 32, "validation_share": None}
+    data = datamodule(settings, {"tokenizer": tokenizer}, changes)
+    data.prepare_data()
+    data.setup("validate")
+    return list(data.val_dataloader())
+
+
+def accuracy(run_dir: Path, batches: list[dict]) -> float:
+    """Masked-token accuracy of the run's last checkpoint over `batches`."""
+    import torch
+
+    from lightbert.data.encoding import IGNORE_INDEX
+    from lightbert.tasks.pretraining.module import PreTrainingModule
+
+    module = PreTrainingModule.load_from_checkpoint(run_dir / "checkpoints" / "last.ckpt", weights_only=True).eval()
+    right = total = 0
+    with torch.no_grad():
+        for batch in batches:
+            logits, _ = module.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+            labelled = batch["labels"] != IGNORE_INDEX
+            right += int((logits.argmax(-1)[labelled] == batch["labels"][labelled]).sum())
+            total += int(labelled.sum())
+    return right / total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=3000, help="pre-training steps of each recipe (the quick start's)")
+    parser.add_argument("--out", type=Path, default=REPO / "outputs" / "recipes")
+    parser.add_argument("--report", type=Path, help="a Markdown file for the table")
+    parser.add_argument("--reuse", action="store_true", help="score runs already in --out instead of training")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    walls = {}
+    for name, experiment in RECIPES.items():
+        if not args.reuse:
+            walls[name] = train(experiment, args.steps, args.out / name)
+
+    from lightbert.data.tokenizer import load_tokenizer
+
+    tokenizers = {name: load_tokenizer(args.out / name / "tokenizer.json") for name in RECIPES}
+    if tokenizers["paper"].backend.get_vocab() != tokenizers["modern"].backend.get_vocab():
+        sys.exit("recipes.py: the two runs trained different vocabularies; the masks would not be the same tokens")
+    scores = {}
+    for rate in RATES:
+        batches = held_out_batches(args.out / "paper", tokenizers["paper"], rate, args.out / "cache")
+        masked = sum(int((b["labels"] != -100).sum()) for b in batches)
+        for name in RECIPES:
+            scores[name, rate] = accuracy(args.out / name, batches)
+        print(f"masked at {rate:.0%}: {masked} tokens of {sum(len(b['input_ids']) for b in batches)} held-out examples")
+    lines = [
+        f"| recipe | pre-training | masked at 15% | masked at 30% | wall time ({args.steps} steps) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    own = {"paper": "bert_tiny, MLM 15% + NSP", "modern": "modernbert_tiny, MLM 30% alone, packed"}
+    for name in RECIPES:
+        wall = f"{walls[name] / 60:.1f} min" if name in walls else "(reused)"
+        lines.append(f"| {name} | {own[name]} | {scores[name, 0.15]:.4f} | {scores[name, 0.30]:.4f} | {wall} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        commands = "\n".join(
+            f"python src/train.py experiment={e} trainer.max_steps={args.steps}" for e in RECIPES.values()
+        )
+        args.report.write_text(
+            f"# The two recipes side by side\n\n`python bench/recipes.py --steps {args.steps}`: held-out masked-token "
+            f"accuracy of each model on the same masks.\n\n{table}\n\n```bash\n{commands}\n```\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
