@@ -9,8 +9,8 @@ import transformers
 from helpers.glue_files import glue_data_files, glue_overrides
 from helpers.models import MODERN_SPECIALS, random_batch, write_hf_modernbert
 from helpers.runs import compose_config
-from lightbert.run.train import train
 
+from lightbert import train
 from lightbert.checkpoints.hf_format import hf_config_to_lightbert
 from lightbert.checkpoints.reading import load_into, load_pretrained
 from lightbert.data.encoding import IGNORE_INDEX

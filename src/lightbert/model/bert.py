@@ -529,10 +529,8 @@ class BertModel(nn.Module):
             x = layer(x, layout, rotary[layer.local] if rotary is not None else None)
             if hidden_states is not None:
                 hidden_states.append(layout.pad(x))
-        if self.final_norm is not None:
+        if self.final_norm is not None:  # the output; hidden_states keep each layer's own, as transformers' do
             x = self.final_norm(x)
-            if hidden_states is not None:  # the last hidden state is the output, as transformers' ModernBERT has it
-                hidden_states[-1] = layout.pad(x)
         x = layout.pad(x)  # (B, T, H)
         pooled = None
         if self.pooler is not None and packed is not None:  # every example's [CLS]; empty slots read position 0
