@@ -39,16 +39,15 @@ def train(experiment: str, steps: int, run_dir: Path) -> float:
     return time.time() - started
 
 
-def held_out_batches(run_dir: Path, tokenizer, rate: float, cache_dir: Path) -> list[dict]:
-    """The paper's run's held-out examples (its corpus, seed and split), masked at `rate`, 64 tokens, unpacked."""
+def held_out_batches(run_dir: Path, tokenizer, rate: float) -> list[dict]:
+    """The paper's run's held-out examples (its corpus, seed, split and cached pairs), masked at `rate`, 64 tokens,
+    unpacked."""
     from lightbert.run.building import datamodule
     from lightbert.run.config_checks import checked_config
     from lightbert.run.configs import compose_config
     from lightbert.run.settings import RunSettings
 
-    cfg = compose_config(
-        ["experiment=quick_start", "task.datamodule.num_workers=0", f"paths.cache_dir={cache_dir}"], run_dir / "eval"
-    )
+    cfg = compose_config(["experiment=quick_start", "task.datamodule.num_workers=0"], run_dir / "eval")
     settings = RunSettings.from_config(cfg, checked_config(cfg))
     changes = {"masked_lm_prob": rate, "objective": "mlm", "packing": False, "batch_size": 32, "validation_share": None}
     data = datamodule(settings, {"tokenizer": tokenizer}, changes)
@@ -95,7 +94,7 @@ def main() -> None:
         sys.exit("recipes.py: the two runs trained different vocabularies; the masks would not be the same tokens")
     scores = {}
     for rate in RATES:
-        batches = held_out_batches(args.out / "paper", tokenizers["paper"], rate, args.out / "cache")
+        batches = held_out_batches(args.out / "paper", tokenizers["paper"], rate)
         masked = sum(int((b["labels"] != -100).sum()) for b in batches)
         for name in RECIPES:
             scores[name, rate] = accuracy(args.out / name, batches)

@@ -229,6 +229,20 @@ def test_modern_recipe_pretrains_in_phases_and_fine_tunes(tmp_path, corpus_file)
     finetuned = torch.load(results["last_checkpoint"], weights_only=True, map_location="cpu")["state_dict"]
     assert "model.bert.pooler.LayerNorm.weight" in finetuned  # ModernBERT's classifier head: dense -> GELU -> norm
 
+    # Exported, the fine-tuned classifier is transformers' ModernBertForSequenceClassification, with its logits.
+    assert convert(["to-hf", results["last_checkpoint"], str(tmp_path / "exported")]) == 0
+    hf, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+        tmp_path / "exported", output_loading_info=True
+    )
+    assert type(hf).__name__ == "ModernBertForSequenceClassification"
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    ours = ours_from(results["last_checkpoint"], BertForSequenceClassification, num_labels=2)
+    input_ids, _, attention_mask = random_batch(vocab=ours.config.vocab_size)
+    with torch.no_grad():
+        expected = ours(input_ids, None, attention_mask)
+        got = hf.eval()(input_ids=input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
 
 @pytest.mark.parametrize(
     ("overrides", "says"),
