@@ -227,3 +227,57 @@ def test_the_kernel_work_benchmark_checks_each_change_and_counts_its_operations(
     assert ops["multi-tensor (_foreach)"] < ops["per-parameter loop"] / 3
     assert ops["multi-tensor casts"] < ops["per-weight casts"]
     assert ops["300 rows"] == ops["320 rows (padded)"]  # the padding adds no operation: the logits are a view
+
+
+def proxy_batches(count: int, seed: int = 0) -> tuple[dict, dict]:
+    """Sentence pairs of 6-60 tokens, padded to the full width as a GPU's padded batches are, and the same pairs
+    packed into rows of that width."""
+    from test_packing import WIDTH, masking, sentence_pairs
+
+    from lightbert.tasks.pretraining.masking import MaskingCollator
+    from lightbert.tasks.pretraining.packing import PackingCollator
+
+    pairs = sentence_pairs(count, seed=seed)
+    padded = MaskingCollator(
+        vocab_size=120, pad_id=0, mask_id=3, special_ids=[0, 1, 2, 3, 4], pad_to_multiple_of=WIDTH
+    )(pairs)
+    return padded, PackingCollator(masking(), WIDTH)(pairs)
+
+
+def test_executed_over_useful_flops_shows_padding_and_dense_head_waste():
+    """bench/step_proxies.py's FLOP counts (torch's FlopCounterMode, the CPU's fused attention included): on short
+    pairs padded to the full width, the padded step executes more than the unpadded layouts, varlen executes what MFU
+    counts useful (the pooler, NSP and the empty prediction slots aside), and the MLM head over every position is the
+    largest waste."""
+    from test_packing import CONFIG
+
+    proxies = bench_module("step_proxies")
+    padded, packed = proxy_batches(16)
+    real = float(padded["attention_mask"].float().mean())
+    assert real < 0.7  # pairs of 6-60 tokens in rows of 64
+    ratios = proxies.flop_ratios(CONFIG, padded, packed)
+    assert list(ratios) == [case for case, *_ in proxies.LAYOUTS]
+    assert 1.0 <= ratios["varlen"] < 1.15, ratios
+    assert ratios["varlen"] <= ratios["length groups"] < ratios["padded"], ratios
+    assert ratios["packed + varlen"] < ratios["padded"] and ratios["packed"] < ratios["padded"], ratios
+    assert ratios["padded"] > 1 / real * 0.8  # the blocks' work grows with the padded positions
+    # The dense head runs its transform and decoder (6 (H² + H·V) a position, forward and backward) on every position
+    # of every row where the sparse head runs them on the row's prediction slots.
+    rows, width = padded["input_ids"].shape
+    slots = padded["masked_positions"].shape[1]
+    useful = step_flops(CONFIG, padded["attention_mask"].sum(1), int((padded["labels"] != -100).sum()))
+    head = 6 * (CONFIG.hidden_size**2 + CONFIG.hidden_size * CONFIG.vocab_size) * rows * (width - slots)
+    waste = (ratios["padded, dense MLM head"] - ratios["padded"]) * useful
+    assert abs(waste - head) < 1e-6 * head, (waste, head)
+
+
+def test_the_gpu_default_step_compiles_to_one_graph_on_meta_tensors():
+    """bench/step_proxies.py's graph proxy: the model on the GPU's default unpadding (as `unpadding_for` decides for
+    a CUDA GPU in bf16-mixed), on meta tensors in bf16, compiled (aot_eager) over batches of different masks, packed
+    and not: one graph, no break, no recompilation."""
+    from test_packing import CONFIG
+
+    proxies = bench_module("step_proxies")
+    for packing in (False, True):
+        found = proxies.gpu_default_graphs(CONFIG, [proxy_batches(8, seed)[packing] for seed in range(3)], packing)
+        assert (found["graphs"], found["breaks"], found["recompilations"]) == (1, 0, 0), (packing, found)
