@@ -39,9 +39,15 @@ def run_bench(script: str, *args: str) -> list[str]:
 def test_benchmark_runs_and_ends_with_the_ratio_line():
     lines = run_bench(
         "pretrain_step.py", "--model", "bert_tiny", "--seq-len", "64", "--batch-size", "4", "--finetune-batch-size",
-        "8", "--warmup", "0", "--repeats", "1",
+        "8", "--warmup", "0", "--repeats", "1", "--profile",
     )  # fmt: skip
     assert re.fullmatch(r"speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]
+    # --profile: one more pre-training step under torch's profiler, a line per kind of work, then its JSON
+    profiled = [line for line in lines if line.startswith("profile ")]
+    assert len(profiled) == 9 and re.fullmatch(r"profile +one steady step, [\d.]+ ms, \d+ kernel launches", profiled[0])
+    assert [line.split()[1] for line in profiled[1:]] == ["GEMM", "attention", "normalization", "element-wise",
+                                                          "loss", "optimizer", "copies", "host"]  # fmt: skip
+    assert any(line.startswith("profile json: {") for line in lines)
     assert any(re.fullmatch(r"fine-tuning speedup vs transformers: \d+\.\d\dx", line) for line in lines)
     assert any(line.startswith("data preparation (to cached examples) vs tokenizer alone: ") for line in lines)
     assert any(line.startswith("trainer path (src/train.py) per step over the hand loop: ") for line in lines)

@@ -296,3 +296,33 @@ def test_the_headline_commands_steady_rate_is_read_from_its_second_half(tmp_path
     assert gpu_check.steady_rate(metrics, 100) == {
         "steady_tokens_per_s": 10500, "mfu": 0.105, "steps": 100, "logged_steps": 3,  # steps 59, 69 and 99
     }  # fmt: skip
+
+
+def test_the_profile_classifies_kernels_by_name_and_caller_and_counts_the_gaps_between_them(monkeypatch):
+    """bench/step_profile.py: a kernel's kind comes from its innermost telling caller (attention's matmuls are
+    attention, the optimizer's adds are optimizer), else from its own name (CUDA's kernel names, aten's op names);
+    host gaps are the step's wall time that no kernel covers (overlapping kernels counted once)."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from step_profile import breakdown, covered, kind_of
+
+    attention_backward = "autograd::engine::evaluate_function: ScaledDotProductFlashAttentionForCpuBackward0"
+    cpu_attention = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
+    assert kind_of("aten::bmm", [cpu_attention, attention_backward]) == "attention"
+    assert kind_of("aten::mm", [attention_backward]) == "attention"
+    assert kind_of("aten::mm", ["autograd::engine::evaluate_function: MmBackward0"]) == "GEMM"
+    assert kind_of("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", ["aten::mm", "aten::linear"]) == (
+        "GEMM"
+    )
+    add = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>"
+    assert kind_of(add, ["aten::add_", "aten::_foreach_add_", "Optimizer.step#AdamW.step"]) == "optimizer"
+    assert kind_of(add, ["aten::add", "aten::dropout"]) == "element-wise"
+    assert kind_of("triton_per_fused_add_native_dropout_native_layer_norm_0", []) == "normalization"
+    assert kind_of("aten::_log_softmax", ["aten::log_softmax", "aten::cross_entropy_loss"]) == "loss"
+    assert kind_of("aten::_softmax", ["aten::softmax"]) == "attention"
+    assert kind_of("Memcpy HtoD (Pageable -> Device)", []) == "copies"
+    assert kind_of("aten::copy_", ["aten::_to_copy", "aten::to"]) == "copies"
+
+    assert covered([(0, 2), (1, 3), (5, 6), (5.5, 5.8)]) == 4
+    profile = breakdown({"GEMM": 3.0, "copies": 1.0}, launches=7, wall_ms=5.0, busy_ms=covered([(0, 2), (1, 3)]))
+    assert profile["launches"] == 7 and profile["kinds"]["host gaps"] == {"ms": 2.0, "share": 0.3333}
+    assert profile["kinds"]["GEMM"] == {"ms": 3.0, "share": 0.5} and profile["kinds"]["attention"]["ms"] == 0
