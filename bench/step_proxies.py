@@ -136,7 +136,11 @@ def inductor_kernels(config, batch: dict) -> dict[str, int]:
     metrics.reset()
     module = module_for(config, how, True)
     module.compile_step()
-    module._step(batch)["loss"].backward()
+    torch._logging.set_logs(inductor_metrics=True)  # Inductor counts the bytes only for its metrics log
+    try:
+        module._step(batch)["loss"].backward()
+    finally:
+        torch._logging.set_logs()
     found = {"kernels": metrics.generated_kernel_count, "bytes": int(metrics.num_bytes_accessed)}
     torch._dynamo.reset()
     return found
