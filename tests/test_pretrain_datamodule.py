@@ -212,3 +212,27 @@ def test_a_corpus_tokenized_by_several_processes_gives_one_processs_documents(tm
     assert stored["sentence_ids"] == [[ids for ids in one.tokenizer.encode_batch(d) if ids] for d in documents]
     for split in ("train", "validation"):
         assert three.datasets[split]["input_ids"] == one.datasets[split]["input_ids"]
+
+
+def test_a_tokenizing_process_that_is_killed_ends_the_preparation_in_one_line(tmp_path, monkeypatch):
+    """A process killed (for memory, most likely) while it tokenizes its share: one line, not a wait for ever."""
+    import os
+    import signal
+
+    from lightbert.tasks.pretraining import datamodule as module
+
+    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=60)
+    monkeypatch.setattr(module, "BYTES_PER_DOCUMENT", 1)
+    parent, tokenize = os.getpid(), module._tokenize_documents
+
+    def killed_in_a_child(*args):
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return tokenize(*args)
+
+    monkeypatch.setattr(module, "_tokenize_documents", killed_in_a_child)
+    dm = datamodule(corpus, tmp_path / "cache", tokenizer=train_wordpiece(["the dog runs"] * 20, vocab_size=60),
+                    preprocessing_workers=2)  # fmt: skip
+    with pytest.raises(UserError, match="one of its 2 processes ended without a word; if it ran out of memory"):
+        dm.prepare_data()
+    assert not any((tmp_path / "cache" / "examples").iterdir())  # nothing half-written left

@@ -3,10 +3,11 @@
 The examples come from one of two sources, chosen by `streaming`:
 
 - `CachedExamples` (the default): built once in `prepare_data` (local rank 0 of each node) from the whole corpus
-  through `datasets.map` and saved under the cache directory, keyed by everything they depend on; `setup` only
-  loads them. The tokenized documents are stored once and each example as offsets into them (`PairExamples`), so
-  `dupe_factor` pairings per document cost 21 bytes an example. `validation_fraction` of the documents held out
-  (at most `validation_documents`).
+  (a corpus of files tokenized as it is read, with no copy of the text; a Hugging Face one through `datasets.map`)
+  and saved under the cache directory, keyed by everything they depend on; `setup` only loads them. The tokenized
+  documents are stored once and each example as offsets into them (`PairExamples`), so `dupe_factor` pairings per
+  document cost 21 bytes an example. `validation_fraction` of the documents held out (at most
+  `validation_documents`).
 - `StreamedExamples`: made on the fly from the corpus read as a stream, for corpora larger than the disk cache
   (`lightbert.tasks.pretraining.streaming` says how it differs); the first `validation_documents` are held out.
 
@@ -267,8 +268,19 @@ class CachedExamples:
         if len(jobs) == 1:
             _tokenize_share(*jobs[0])
         else:
-            with multiprocessing.get_context("fork").Pool(len(jobs)) as pool:
-                pool.starmap(_tokenize_share, jobs)
+            from concurrent.futures import ProcessPoolExecutor
+            from concurrent.futures.process import BrokenProcessPool
+
+            # Not multiprocessing.Pool, which waits forever for the share of a process that was killed.
+            fork = multiprocessing.get_context("fork")
+            try:
+                with ProcessPoolExecutor(len(jobs), mp_context=fork) as processes:
+                    list(processes.map(_tokenize_share, *zip(*jobs, strict=True)))
+            except BrokenProcessPool:
+                raise UserError(
+                    f"tokenizing the corpus failed: one of its {len(jobs)} processes ended without a word; if it ran "
+                    "out of memory, lower task.datamodule.preprocessing_workers"
+                ) from None
         return datasets.concatenate_datasets([datasets.Dataset.from_file(str(out / name)) for name in names])
 
     def _load(self, examples_dir: Path, tokenizer: BertTokenizer) -> dict[str, PairExamples]:
