@@ -159,8 +159,9 @@ class CheckpointsWhereTheRunIs(L.Callback):
 
 
 def moved_checkpoint_state(state: dict[str, Any], dirpath: str) -> None:
-    """A `ModelCheckpoint` state's paths under its recorded dirpath, put under `dirpath` (in place); a path outside
-    the recorded dirpath is left as it is."""
+    """A `ModelCheckpoint` state's paths under its recorded dirpath, put under `dirpath` (in place) where the files
+    are there: the directory moved. Otherwise (a dirpath set anew on resume) the state is left to Lightning, which
+    keeps the best path and forgets the rest."""
     recorded = state.get("dirpath")
     if not recorded or recorded == dirpath:
         return
@@ -173,12 +174,14 @@ def moved_checkpoint_state(state: dict[str, Any], dirpath: str) -> None:
         except ValueError:
             return path
 
-    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
-        if key in state:
-            state[key] = moved(state[key])
-    if isinstance(state.get("best_k_models"), dict):
-        state["best_k_models"] = {moved(path): score for path, score in state["best_k_models"].items()}
-    state["dirpath"] = dirpath
+    paths = {key: moved(state[key]) for key in ("best_model_path", "kth_best_model_path", "last_model_path")
+             if key in state}  # fmt: skip
+    best_k = {moved(path): score for path, score in (state.get("best_k_models") or {}).items()}
+    if not all(Path(path).is_file() for path in [*paths.values(), *best_k] if path):
+        return
+    state.update(paths, dirpath=dirpath)
+    if "best_k_models" in state:
+        state["best_k_models"] = best_k
 
 
 def job_shape(trainer: L.Trainer) -> dict[str, int | None]:
