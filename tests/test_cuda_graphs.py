@@ -94,14 +94,26 @@ def test_empty_rows_change_no_loss_and_the_collator_pads_up_to_a_fixed_count():
         assert abs(float(want[name]) - float(got[name])) < 1e-6, name
 
 
-def test_cuda_graphs_fix_the_batch_shapes():
-    """reduce-overhead: packed rows padded up to fixed counts; other batches padded to max_seq_length (the
-    collators pad to a multiple of `pad_to_multiple_of`, and no sequence is longer). Otherwise untouched."""
-    packed = SimpleNamespace(packing=True, fixed_rows=False, max_seq_length=128, pad_to_multiple_of=8)
-    plain = SimpleNamespace(packing=False, max_seq_length=128, pad_to_multiple_of=8)
-    untouched = SimpleNamespace(packing=False, max_seq_length=128, pad_to_multiple_of=8)
+def test_compiled_runs_fix_the_batch_shapes():
+    """reduce-overhead: packed rows padded up to fixed counts; other batches padded to max_seq_length (no sequence
+    is longer). The default mode: unpacked batches padded up to a length bucket, packed rows as they are (one width).
+    A run that does not compile: untouched."""
+
+    def datamodule(packing: bool) -> SimpleNamespace:
+        return SimpleNamespace(packing=packing, fixed_rows=False, max_seq_length=128, pad_to_multiple_of=8)
+
+    packed, plain = datamodule(True), datamodule(False)
     graphs = SpeedSettings(compile=True, compile_mode="reduce-overhead")
-    assert "packed row counts padded up to a few fixed ones" in fix_batch_shapes(packed, graphs)
-    assert "every batch padded to 128 tokens" in fix_batch_shapes(plain, graphs)
-    assert fix_batch_shapes(untouched, SpeedSettings(compile=True, compile_mode="default")) is None
-    assert packed.fixed_rows and plain.pad_to_multiple_of == 128 and untouched.pad_to_multiple_of == 8
+    assert "packed row counts padded up to a few fixed ones" in fix_batch_shapes(packed, graphs, compiles=True)
+    assert "every batch padded to 128 tokens" in fix_batch_shapes(plain, graphs, compiles=True)
+    assert packed.fixed_rows and plain.pad_to_multiple_of == 128
+
+    packed, plain = datamodule(True), datamodule(False)
+    said = fix_batch_shapes(plain, SpeedSettings(), compiles=True)
+    assert said == "torch.compile: each batch padded up to 32, 64, 128 tokens, one compiled graph per length"
+    assert plain.pad_to_multiple_of == (32, 64, 128)
+    assert fix_batch_shapes(packed, SpeedSettings(), compiles=True) is None and packed.pad_to_multiple_of == 8
+    assert not packed.fixed_rows
+
+    untouched = datamodule(False)
+    assert fix_batch_shapes(untouched, graphs, compiles=False) is None and untouched.pad_to_multiple_of == 8

@@ -29,22 +29,45 @@ class PaddingCollator:
 
     pad_id: int
     fields: dict[str, tuple[str, torch.dtype]] = field(default_factory=dict)
-    pad_to_multiple_of: int | None = 8
+    pad_to_multiple_of: int | tuple[int, ...] | None = 8  # a tuple: length buckets (`pad_batch`)
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         return pad_batch(rows, self.pad_id, self.pad_to_multiple_of, self.fields)
 
 
+# The shortest length bucket (`length_buckets`): shorter batches are rare, and each bucket is a compiled graph.
+SHORTEST_BUCKET = 32
+
+
+def length_buckets(max_seq_length: int) -> tuple[int, ...]:
+    """The lengths a compiled step's batches are padded up to (`speed.compile`, `run.building.fix_batch_shapes`):
+    powers of two from `SHORTEST_BUCKET`, then max_seq_length, which no sequence exceeds (128: 32, 64, 128; 384:
+    32, 64, 128, 256, 384). Dynamo compiles one graph per bucket, where every batch length would be one graph each;
+    a batch pads at most to twice its longest row, and attention masks the padding."""
+    buckets, length = [], SHORTEST_BUCKET
+    while length < max_seq_length:
+        buckets.append(length)
+        length *= 2
+    return (*buckets, max_seq_length)
+
+
+def padded_length(longest: int, pad_to: int | tuple[int, ...] | None) -> int:
+    """The length a batch whose longest row is `longest` is padded to: a multiple of `pad_to` (tensor cores), or
+    with a tuple of length buckets the first that holds it (a multiple of 8 past the last, which no row reaches)."""
+    if isinstance(pad_to, tuple):
+        return next((b for b in pad_to if b >= longest), math.ceil(longest / 8) * 8)
+    return math.ceil(longest / pad_to) * pad_to if pad_to else longest
+
+
 def pad_batch(
     rows: list[dict],
     pad_id: int,
-    pad_to_multiple_of: int | None = None,
+    pad_to_multiple_of: int | tuple[int, ...] | None = None,
     fields: dict[str, tuple[str, torch.dtype]] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """`input_ids`, `token_type_ids` and `attention_mask` (B, T) padded to the longest row; plus `fields`."""
-    length = max(len(r["input_ids"]) for r in rows)
-    if pad_to_multiple_of:
-        length = math.ceil(length / pad_to_multiple_of) * pad_to_multiple_of
+    """`input_ids`, `token_type_ids` and `attention_mask` (B, T) padded to the longest row (`padded_length`: rounded
+    up to `pad_to_multiple_of`, or to a length bucket when it is a tuple of them); plus `fields`."""
+    length = padded_length(max(len(r["input_ids"]) for r in rows), pad_to_multiple_of)
     # One tensor per field from all rows at once, scattered under the mask: no per-row tensor.
     lengths = torch.tensor([len(r["input_ids"]) for r in rows])
     attention_mask = (torch.arange(length) < lengths[:, None]).long()  # (B, T)

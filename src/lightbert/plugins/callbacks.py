@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 
@@ -182,6 +183,89 @@ class ConsoleReport(StepClock):
         log.info(f"validation at step {trainer.global_step}: {shown}")
         # Validation time is not training throughput: the clock and the counts start again.
         self._last, self._examples, self._tokens = time.perf_counter(), 0, 0
+
+
+# train.log only (the root logger's file handler): what the console leaves out
+details = logging.getLogger("lightbert_details.compile")
+details.setLevel(logging.INFO)
+
+
+def compile_counters() -> dict[str, int]:
+    """Dynamo's and Inductor's counters so far: graphs compiled, graph breaks, FX graphs found in Inductor's cache
+    or compiled (one per forward and per backward graph)."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graphs": counters["stats"]["unique_graphs"],
+        "breaks": sum(counters["graph_break"].values()),
+        "cache_hits": counters["inductor"]["fxgraph_cache_hit"],
+        "cache_misses": counters["inductor"]["fxgraph_cache_miss"],
+    }
+
+
+class CompileTime(L.Callback):
+    """Says on the console how long the first training step took under `speed.compile` (it compiles the step, so
+    its time is the compile's, minutes on a GPU, less with the caches of an earlier run), with the graphs it made and
+    how many Inductor found in its cache; train.log also gets the first validation's compile and the graph breaks'
+    reasons. Added by `run.building.callbacks` when the run compiles."""
+
+    def __init__(self) -> None:
+        self._started: dict[str, tuple[float, dict[str, int]]] = {}
+        self._done: set[str] = set()
+
+    def _start(self, phase: str) -> None:
+        if phase not in self._done and phase not in self._started:
+            self._started[phase] = (time.perf_counter(), compile_counters())
+
+    def _end(self, phase: str) -> str | None:
+        if phase in self._done or phase not in self._started:
+            return None
+        self._done.add(phase)
+        started, before = self._started.pop(phase)
+        seconds, after = time.perf_counter() - started, compile_counters()
+        made = {key: after[key] - before[key] for key in after}
+        cached = made["cache_hits"] + made["cache_misses"]
+        from_cache = f", {made['cache_hits']} of its {cached} Inductor graphs from the cache" if cached else ""
+        breaks = f", {made['breaks']} graph break(s)" if made["breaks"] else ""
+        return f"{seconds:.1f} s ({made['graphs']} graph(s){breaks}{from_cache})"
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: dict, batch_idx: int) -> None:
+        self._start("train")
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, outputs: object, batch: dict, batch_idx: int
+    ) -> None:
+        said = self._end("train")
+        if said is not None:
+            log.info(f"torch.compile: the first training step, compiling included, took {said}")
+            self._details()
+
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, module: L.LightningModule, batch: dict, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if not trainer.sanity_checking:
+            self._start("validation")
+
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        module: L.LightningModule,
+        outputs: object,
+        batch: dict,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        said = self._end("validation") if not trainer.sanity_checking else None
+        if said is not None:
+            details.info(f"torch.compile: the first validation step, compiling included, took {said}")
+
+    def _details(self) -> None:
+        from torch._dynamo.utils import counters
+
+        for reason, count in sorted(counters["graph_break"].items()):
+            details.info(f"torch.compile: graph break ({count}x): {reason}")
+        cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        details.info(f"torch.compile: Inductor's cache {cache}; counters {dict(counters['inductor'])}")
 
 
 class ShortEpochLogging(L.Callback):

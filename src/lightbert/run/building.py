@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
@@ -19,10 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from lightbert.checkpoints.reading import Pretrained
+from lightbert.data.batches import length_buckets
 from lightbert.errors import ConfigError, ParameterError, UserError
 from lightbert.model_config import BertConfig
 from lightbert.plugins.agreement import SameResumeOnEveryNode
-from lightbert.plugins.callbacks import FineTuningResume, RunProgressBar
+from lightbert.plugins.callbacks import CompileTime, FineTuningResume, RunProgressBar
 from lightbert.plugins.checkpointing import (
     AtomicCheckpointIO,
     CheckpointsWhereTheRunIs,
@@ -84,37 +86,53 @@ def instantiate_config(node: Any, **kwargs: Any) -> Any:
         ) from None
 
 
-def datamodule(settings: RunSettings, kwargs: dict, changes: dict | None = None):
+def datamodule(settings: RunSettings, kwargs: dict, changes: dict | None = None, training: bool = True):
     """The task's DataModule (a phase's `changes` to task.datamodule applied), with batches of the shapes the speed
     switches need (said once, for the first). Partial, then called: objects passed through instantiate() would be
     turned into configs."""
     with parameters_named_by(settings.task.datamodule):
         built = instantiate_config(settings.task.datamodule, **(changes or {}), _partial_=True)(**kwargs)
         built.tokenizer  # noqa: B018  (its first use: a bad tokenizer_path is named as the key here)
-    shapes = fix_batch_shapes(built, settings.speed)
+    compiles = settings.compiles if training else bool(settings.speed.compile)  # null: evaluation stays eager
+    shapes = fix_batch_shapes(built, settings.speed, compiles)
     if shapes and changes is None:
         log.info(shapes)
     return built
 
 
-def fix_batch_shapes(datamodule: L.LightningDataModule, speed: SpeedSettings) -> str | None:
-    """Under CUDA graphs (speed.compile=true, compile_mode=reduce-overhead), which record one graph per input shape:
-    packed rows padded up to a few row counts (`fixed_row_counts`), other batches padded to the full
-    max_seq_length. Returns what the run line says, or None where shapes may change."""
-    if not speed.cuda_graphs:
+def fix_batch_shapes(datamodule: L.LightningDataModule, speed: SpeedSettings, compiles: bool) -> str | None:
+    """Batches of a few shapes for a compiled step (`compiles`), which compiles one graph per shape. Under CUDA
+    graphs (compile_mode=reduce-overhead), which record one graph per input shape: packed rows padded up to a few
+    row counts (`fixed_row_counts`), other batches padded to the full max_seq_length. Otherwise unpacked batches
+    are padded up to a length bucket (`length_buckets`; packed rows have one width already). Returns what the
+    console says, or None where shapes are left as they are."""
+    if not compiles:
         return None
-    if getattr(datamodule, "packing", False):
-        datamodule.fixed_rows = True
-        return "CUDA graphs: packed row counts padded up to a few fixed ones"
-    datamodule.pad_to_multiple_of = datamodule.max_seq_length
-    return f"CUDA graphs: every batch padded to {datamodule.max_seq_length} tokens"
+    packed = getattr(datamodule, "packing", False)
+    if speed.cuda_graphs(compiles):
+        if packed:
+            datamodule.fixed_rows = True
+            return "CUDA graphs: packed row counts padded up to a few fixed ones"
+        datamodule.pad_to_multiple_of = datamodule.max_seq_length
+        return f"CUDA graphs: every batch padded to {datamodule.max_seq_length} tokens"
+    if packed:
+        return None
+    buckets = length_buckets(datamodule.max_seq_length)
+    datamodule.pad_to_multiple_of = buckets
+    # Training and evaluation graphs of each length, and a batch of one row's: within Dynamo's limit of graphs per
+    # function, past which it would run the rest eagerly.
+    graphs = 2 * len(buckets) + 2
+    if torch._dynamo.config.recompile_limit < graphs:
+        torch._dynamo.config.recompile_limit = graphs
+    lengths = ", ".join(map(str, buckets))
+    return f"torch.compile: each batch padded up to {lengths} tokens, one compiled graph per length"
 
 
 def data_and_module(
     settings: RunSettings, pretrained: Pretrained | None, model_config: BertConfig, kwargs: dict, training: bool = True
 ):
     """The task's DataModule and LightningModule, the module holding init_from's weights; and the fresh ones."""
-    data = datamodule(settings, kwargs)
+    data = datamodule(settings, kwargs, training=training)
     growth = None
     if pretrained is not None:  # rows for the words task.datamodule.add_words added to its tokenizer
         pretrained, growth = with_added_words(pretrained, data.tokenizer)
@@ -125,7 +143,9 @@ def data_and_module(
         _convert_="all",
     )
     fresh = load_pretrained_weights(settings, module, pretrained, growth) if pretrained is not None else []
-    apply_speed_switches(module, settings.speed, settings.trainer, settings.task.packing, training)
+    apply_speed_switches(
+        module, settings.speed, settings.trainer, settings.task.packing, training, settings.task.cache_dir
+    )
     return data, module, fresh
 
 
@@ -144,6 +164,7 @@ def callbacks(settings: RunSettings, start: Start | None = None) -> list:
         SameResumeOnEveryNode(settings.output_dir, start.step if start.resuming else None),
         *([FineTuningResume()] if start.resuming and settings.task.fine_tuning else []),
         *([CheckpointsWhereTheRunIs()] if start.resuming else []),  # a run directory moved since it was saved
+        *([CompileTime()] if settings.compiles else []),
     ]
 
 

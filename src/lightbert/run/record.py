@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 # What a resumed run may set differently from the run it continues: where metrics go, what observes the run
 # (callbacks) and how progress is shown; and where the run directory is (`paths.output_dir`: a run directory moved or
 # copied resumes where it now is). Everything else (data, model, optimiser, length) continues as recorded.
+# speed.compile changes how the step runs, not its numbers: a resumed run may compile or not (a run recorded
+# before its null default recorded false).
 CHANGEABLE_ON_RESUME = (
     "resume",
     "logger",
@@ -40,6 +42,7 @@ CHANGEABLE_ON_RESUME = (
     "trainer.enable_progress_bar",
     "trainer.log_every_n_steps",
     "paths.output_dir",
+    "speed.compile",
 )
 
 

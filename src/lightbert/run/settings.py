@@ -53,7 +53,7 @@ class SpeedSettings:
     """`speed.*` (conf/train.yaml): switches that change how fast a run goes, never its numbers."""
 
     unpad: bool | str = True
-    compile: bool = False
+    compile: bool | None = None  # None: by the device (`compiles`)
     compile_mode: str = "default"
     matmul_precision: str = "high"
     fp8: bool = False
@@ -63,6 +63,8 @@ class SpeedSettings:
             raise ConfigError(
                 f"speed.unpad={self.unpad} is not known; valid: true (by the device), false, groups, varlen"
             )
+        if self.compile not in (True, False, None):
+            raise ConfigError(f"speed.compile={self.compile} is not known; valid: null (by the device), true, false")
         if self.compile_mode not in COMPILE_MODES:
             raise ConfigError(f"speed.compile_mode={self.compile_mode} is not known; valid: {', '.join(COMPILE_MODES)}")
         if self.matmul_precision not in MATMUL_PRECISIONS:
@@ -70,9 +72,17 @@ class SpeedSettings:
                 f"speed.matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)}, got {self.matmul_precision}"
             )
 
-    @property
-    def cuda_graphs(self) -> bool:
-        return self.compile and self.compile_mode == "reduce-overhead"
+    def compiles(self, on_cuda: bool, training: bool = True) -> bool:
+        """speed.compile, null resolved by the device: a training run on a CUDA GPU compiles (the step measured
+        1.36x the eager one on an H100, bench/RESULTS.md), unless speed.unpad=groups, whose host syncs split the
+        step into pieces; a CPU run and an evaluation stay eager (on a CPU compiling measured slower)."""
+        if self.compile is not None:
+            return self.compile
+        return on_cuda and training and self.unpad != "groups"
+
+    def cuda_graphs(self, compiles: bool) -> bool:
+        """Whether the step runs in CUDA graphs (compile_mode=reduce-overhead), given whether it compiles."""
+        return compiles and self.compile_mode == "reduce-overhead"
 
 
 @dataclass(frozen=True)
@@ -355,7 +365,7 @@ class RunSettings:
         """speed.compile_mode=reduce-overhead records CUDA graphs, which torch cannot combine with gradient
         accumulation (a replay overwrites the gradients being accumulated: "accessing gradient tensor output of
         CUDAGraphs that has been overwritten", pytorch#169545), and which record one graph per input shape."""
-        if not self.speed.cuda_graphs:
+        if not self.speed.cuda_graphs(self.compiles):
             return
         if self.trainer.accumulate_grad_batches > 1:
             raise ConfigError(
@@ -376,6 +386,14 @@ class RunSettings:
                 "pre-training's MLM head runs on a number of masked tokens that changes every batch: set "
                 "task.datamodule.packing=true"
             )
+
+    @property
+    def compiles(self) -> bool:
+        """Whether a training run compiles its step (`SpeedSettings.compiles`); the device is asked only when
+        speed.compile is null (an accelerator that is not cpu)."""
+        if self.speed.compile is not None or self.trainer.accelerator == "cpu":
+            return bool(self.speed.compile)
+        return self.speed.compiles(self.trainer.on_cuda)
 
     @property
     def corpus_label(self) -> str:
@@ -407,7 +425,7 @@ class RunSettings:
         accumulate = wanted // one_pass
         # What cannot accumulate (refused above for trainer.accumulate_grad_batches) is refused for a derived one too.
         cannot = "trainer.precision=bf16-true (bf16 gradients)" if trainer.precision == "bf16-true" else None
-        if self.speed.cuda_graphs:
+        if self.speed.cuda_graphs(self.compiles):
             cannot = "speed.compile_mode=reduce-overhead (CUDA graphs)"
         if accumulate > 1 and cannot:
             raise ConfigError(

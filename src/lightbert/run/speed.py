@@ -5,6 +5,8 @@ DataModule's: `run.building.fix_batch_shapes`). Each is measured by bench/pretra
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -58,11 +60,58 @@ def unpadding_for(
     return how, f"padding: {what} (speed.unpad={str(setting).lower()} on {device}, {precision}: {why})"
 
 
+# Inductor's caches (compiled FX graphs, AOTAutograd's, autotuning results, Triton's kernels) under lightbert's
+# cache directory (paths.cache_dir), which outlives a job: torch's default is /tmp/torchinductor_<user>, which a
+# cluster node empties between jobs, so a requeued or resumed job would compile everything again.
+COMPILE_CACHE = "torch-compile"
+_CACHES_SET: set[str] = set()  # the TORCHINDUCTOR_CACHE_DIR values this process set
+# torch.compile's backend for speed.compile (the tests' runs set aot_eager: Dynamo's graphs, without Inductor's C++)
+COMPILE_BACKEND = "inductor"
+
+
+def use_compile_caches(cache_dir: str | Path | None) -> Path:
+    """Points torch's compile caches at `<cache_dir>/torch-compile` before anything compiles, and turns on the
+    on-disk FX graph, AOTAutograd and autotuning caches (torch's defaults, unless the environment turned them off).
+    A TORCHINDUCTOR_CACHE_DIR the user set is kept. Returns the directory the caches use."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    given = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    # torch writes its default into the environment once it has used it, lightbert its own: not the user's choice
+    not_users = given is None or given in _CACHES_SET or Path(given) == Path(default_cache_dir()).absolute()
+    if cache_dir is not None and not_users:
+        ours = str(Path(cache_dir).expanduser().absolute() / COMPILE_CACHE)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = ours
+        _CACHES_SET.add(ours)
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    for variable, config, name in (
+        ("TORCHINDUCTOR_FX_GRAPH_CACHE", inductor_config, "fx_graph_cache"),
+        ("TORCHINDUCTOR_AUTOGRAD_CACHE", functorch_config, "enable_autograd_cache"),
+        ("TORCHINDUCTOR_AUTOTUNE_LOCAL_CACHE", inductor_config, "autotune_local_cache"),
+    ):
+        if variable not in os.environ:
+            setattr(config, name, True)
+    return Path(inductor_cache_dir())
+
+
+def what_compiles(module: L.LightningModule) -> str:
+    """What `compile_step` compiles, for the console."""
+    losses = " and the pre-training losses" if hasattr(module, "losses") else ""
+    return f"the model ({type(module.model).__name__}){losses}"
+
+
 def apply_speed_switches(
-    module: L.LightningModule, speed: SpeedSettings, trainer: TrainerSettings, packing: bool, training: bool = True
+    module: L.LightningModule,
+    speed: SpeedSettings,
+    trainer: TrainerSettings,
+    packing: bool,
+    training: bool = True,
+    cache_dir: str | Path | None = None,
 ) -> None:
     """The switches on a built module, before Lightning moves it: fp32's matmuls, unpadding (said on the console),
-    fp8, compile."""
+    fp8, compile (said on the console, its caches in `cache_dir`; how long it took: `plugins.callbacks.CompileTime`)."""
     set_fp32_matmuls(speed, trainer)
     on_cuda = trainer.on_cuda
     flash = on_cuda and flash_varlen_device(torch.cuda.current_device())
@@ -72,5 +121,14 @@ def apply_speed_switches(
     if speed.fp8 and training:  # before compiling, which then fuses the float8 casts
         converted = convert_to_fp8(module.model)
         log.debug(f"speed.fp8: {converted} Linear layers run their matmuls in float8 (torchao Float8Linear)")
-    if speed.compile:
-        module.compile_step(mode=None if speed.compile_mode == "default" else speed.compile_mode)
+    if speed.compiles(on_cuda, training):
+        caches = use_compile_caches(cache_dir)
+        mode = "" if speed.compile_mode == "default" else f", mode {speed.compile_mode}"
+        why = "as set" if speed.compile is not None else "by default on a CUDA GPU; speed.compile=false turns it off"
+        log.info(
+            f"torch.compile: {what_compiles(module)}{mode}, at the first step (speed.compile="
+            f"{str(speed.compile).lower() if speed.compile is not None else 'null'}: {why}); its caches in {caches}"
+        )
+        module.compile_step(
+            mode=None if speed.compile_mode == "default" else speed.compile_mode, backend=COMPILE_BACKEND
+        )

@@ -21,6 +21,23 @@ from lightbert.model.bert import parameter_layout, to_checkpoint
 from lightbert.optim import MasterWeights, OptimConfig, build_optimizer, clip_gradients
 from lightbert.plugins.strategies import FullyShardedStrategy
 
+# The model's inputs, (B, T) or multiple choice's (B, C, T)
+MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+
+
+def fixed_lengths(batch: dict, rows_change: bool = False) -> None:
+    """Tells torch.compile that a batch's length (its last dimension) is one of a few (the length buckets a compiled
+    run's batches are padded to: `data.batches.length_buckets`): one graph with fixed shapes per bucket, never one
+    graph whose length is a symbol (Dynamo's choice once a second length is seen). `rows_change`: the rows (first
+    dimension) change without a new graph (fine-tuning's last batch of an epoch, evaluation's larger batches)."""
+    for key in MODEL_INPUTS:
+        tensor = batch.get(key)
+        if tensor is None:
+            continue
+        torch._dynamo.mark_static(tensor, tensor.dim() - 1)
+        if rows_change:
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+
 
 class TaskModule(L.LightningModule):
     """Base of the task modules. Subclasses build `self.model` (the encoder with the task's head); arguments stay
@@ -38,6 +55,7 @@ class TaskModule(L.LightningModule):
         # One validation set each ('' for the only one; MNLI's 'm' and 'mm'): logged as val/loss, val/loss_m, ...
         self.validation_tags = validation_tags
         self.val_losses = torch.nn.ModuleList(MeanMetric() for _ in validation_tags)
+        self.compiled = False  # compile_step: batches come in a few fixed lengths (`fixed_lengths`)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.head is not None:
@@ -53,6 +71,8 @@ class TaskModule(L.LightningModule):
         return list(self.trainer.optimizers) if self._trainer is not None else []
 
     def forward(self, batch: dict) -> Any:
+        if self.compiled:
+            fixed_lengths(batch, rows_change=True)
         return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
 
     # -- what a task supplies --------------------------------------------------------------------------------
@@ -121,6 +141,7 @@ class TaskModule(L.LightningModule):
         """torch.compile what a step runs (`speed.compile`): the model, in place, so that parameter names and
         checkpoints stay those of the plain model. Pre-training compiles its losses too."""
         self.model.compile(mode=mode, backend=backend)
+        self.compiled = True
 
     def configure_model(self) -> None:
         # trainer=fsdp shards the model here: Lightning calls this hook once the processes and their device mesh

@@ -84,7 +84,7 @@ class FineTuningDataModule(L.LightningDataModule):
         batch_size: int = 32,
         eval_batch_size: int | None = None,
         num_workers: int | str = "auto",
-        pad_to_multiple_of: int | None = 8,
+        pad_to_multiple_of: int | tuple[int, ...] | None = 8,
         fit: bool = True,
     ):
         super().__init__()

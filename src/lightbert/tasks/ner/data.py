@@ -147,7 +147,7 @@ def pad_lists(rows: list[dict], key: str, value: int, length: int | None = None)
 class TokenCollator:
     """Pads sub-token inputs and labels (to the same length), word starts (-1) and word labels (IGNORE_INDEX)."""
 
-    def __init__(self, pad_id: int, pad_to_multiple_of: int | None = 8):
+    def __init__(self, pad_id: int, pad_to_multiple_of: int | tuple[int, ...] | None = 8):
         self.pad_id, self.pad_to_multiple_of = pad_id, pad_to_multiple_of
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:

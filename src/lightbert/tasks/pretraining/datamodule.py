@@ -462,7 +462,7 @@ class PretrainDataModule(L.LightningDataModule):
         objective: str = "mlm_nsp",
         batch_size: int = 32,
         num_workers: int = 2,
-        pad_to_multiple_of: int | None = 8,
+        pad_to_multiple_of: int | tuple[int, ...] | None = 8,
         seed: int = 12345,
         first_step: int = 0,
         streaming: bool = False,

@@ -65,7 +65,7 @@ class MaskingCollator:
     max_predictions_per_seq: int = 20
     whole_word_masking: bool = False
     subword_ids: list[int] = field(default_factory=list)  # `##` pieces, needed for whole-word masking
-    pad_to_multiple_of: int | None = None
+    pad_to_multiple_of: int | tuple[int, ...] | None = None  # a tuple: length buckets (`pad_batch`)
     generator: torch.Generator | None = None
     shares: MaskingShares = field(default_factory=MaskingShares)
 
@@ -187,7 +187,7 @@ class NextTokenCollator:
     labelled with the token that follows it, which the left-to-right encoder predicts from its left context."""
 
     pad_id: int
-    pad_to_multiple_of: int | None = None
+    pad_to_multiple_of: int | tuple[int, ...] | None = None  # a tuple: length buckets (`pad_batch`)
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         fields = {"next_sentence_label": ("next_sentence_label", torch.long)}

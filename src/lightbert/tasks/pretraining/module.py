@@ -11,7 +11,7 @@ from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.model import BertForPreTraining
 from lightbert.tasks.pretraining.objectives import check_objective
 from lightbert.tasks.pretraining.packing import PACKED_KEYS, packed_rows
-from lightbert.tasks.task_module import TaskModule
+from lightbert.tasks.task_module import TaskModule, fixed_lengths
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -76,6 +76,8 @@ class PreTrainingModule(TaskModule):
         if packed is not None:
             for key in ("input_ids", "token_type_ids", "attention_mask", "masked_positions", *PACKED_KEYS):
                 torch._dynamo.maybe_mark_dynamic(batch[key], 0)  # the row count follows the examples' lengths
+        elif self.compiled:
+            fixed_lengths(batch)  # padded to a few lengths (the longest row's bucket): one fixed-shape graph each
         masked = None
         if self.sparse_mlm_head and "masked_positions" in batch:
             # Fixed shapes: the MLM head at each row's prediction slots (the masking collators'); one graph per step.

@@ -66,7 +66,7 @@ def choice_label(label: object, row: int, where: str) -> dict:
 class ChoiceCollator:
     """(B, C, T) inputs: every choice of every example padded to the batch's longest."""
 
-    def __init__(self, pad_id: int, pad_to_multiple_of: int | None = 8):
+    def __init__(self, pad_id: int, pad_to_multiple_of: int | tuple[int, ...] | None = 8):
         self.pad_id, self.pad_to_multiple_of = pad_id, pad_to_multiple_of
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
