@@ -183,3 +183,31 @@ def test_compile_caches_live_in_the_cache_directory_and_a_second_run_finds_them(
         assert use_compile_caches(tmp_path / "lightbert") == tmp_path / "mine"
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_a_gpu_trainer_config_fine_tunes_compiled_on_cpu(fresh_dynamo, tmp_path, caplog):
+    """trainer=gpu's CPU twin (bf16-mixed, fused AdamW, clipping: the pitfalls' class) with the GPU's defaults,
+    compiled and padded: it fine-tunes with length buckets and validates; the console says what compiles and how long
+    the first step took, once each. (Pre-training compiled through the Trainer: tests/test_train.py.)"""
+    from helpers.glue_files import glue_data_files
+    from helpers.models import write_hf_bert
+    from helpers.runs import cpu_twin
+
+    from lightbert.run.jobs import train
+
+    files = glue_data_files(tmp_path / "glue", "mrpc", "csv", num_rows=16)
+    overrides = ["task=glue/mrpc", f"init_from={write_hf_bert(tmp_path / 'bert', num_hidden_layers=1)}", "logger=csv"]
+    overrides += ["task.batch_size=4", "trainer.max_steps=-1", "trainer.max_epochs=1", "task.max_seq_length=64"]
+    overrides += ["task.datamodule.num_workers=0", *(f"task.data_files.{k}={v}" for k, v in files.items())]
+    overrides += [*cpu_twin("gpu"), "speed.compile=true", "speed.unpad=false"]
+    with caplog.at_level("INFO", logger="lightbert"):
+        tuned = train(compose_config(overrides, tmp_path / "tuned"))
+    assert tuned["global_step"] == 4 and tuned["best_score"] is not None
+    console = [r.getMessage() for r in caplog.records if r.name.startswith("lightbert.")]  # (train.log has more)
+    said = [line for line in console if line.startswith("torch.compile")]
+    assert said[0] == "torch.compile: each batch padded up to 32, 64 tokens, one compiled graph per length", said
+    assert said[1].startswith("torch.compile: the model (BertForSequenceClassification), at the first step")
+    assert "(speed.compile=true: as set); its caches in " in said[1]
+    assert said[2].startswith("torch.compile: the first training step, compiling included, took ")
+    assert len(said) == 3, said
