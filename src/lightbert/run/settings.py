@@ -365,7 +365,7 @@ class RunSettings:
         """speed.compile_mode=reduce-overhead records CUDA graphs, which torch cannot combine with gradient
         accumulation (a replay overwrites the gradients being accumulated: "accessing gradient tensor output of
         CUDAGraphs that has been overwritten", pytorch#169545), and which record one graph per input shape."""
-        if not self.speed.cuda_graphs(self.compiles):
+        if not self.cuda_graphs:
             return
         if self.trainer.accumulate_grad_batches > 1:
             raise ConfigError(
@@ -394,6 +394,11 @@ class RunSettings:
         if self.speed.compile is not None or self.trainer.accelerator == "cpu":
             return bool(self.speed.compile)
         return self.speed.compiles(self.trainer.on_cuda)
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether a training run's step runs in CUDA graphs (the device asked only for reduce-overhead)."""
+        return self.speed.compile_mode == "reduce-overhead" and self.compiles
 
     @property
     def corpus_label(self) -> str:
@@ -425,7 +430,7 @@ class RunSettings:
         accumulate = wanted // one_pass
         # What cannot accumulate (refused above for trainer.accumulate_grad_batches) is refused for a derived one too.
         cannot = "trainer.precision=bf16-true (bf16 gradients)" if trainer.precision == "bf16-true" else None
-        if self.speed.cuda_graphs(self.compiles):
+        if self.cuda_graphs:
             cannot = "speed.compile_mode=reduce-overhead (CUDA graphs)"
         if accumulate > 1 and cannot:
             raise ConfigError(
