@@ -65,7 +65,7 @@ def unpadding_for(
 # cluster node empties between jobs, so a requeued or resumed job would compile everything again.
 COMPILE_CACHE = "torch-compile"
 _CACHES_SET: set[str] = set()  # the TORCHINDUCTOR_CACHE_DIR values this process set
-# torch.compile's backend for speed.compile (the tests' runs set aot_eager: Dynamo's graphs, without Inductor's C++)
+# torch.compile's backend for speed.compile (tests set eager: Dynamo's graphs without Inductor's minutes of C++)
 COMPILE_BACKEND = "inductor"
 
 
