@@ -194,7 +194,7 @@ def test_a_gpu_trainer_config_fine_tunes_compiled_on_cpu(fresh_dynamo, tmp_path,
     from helpers.models import write_hf_bert
     from helpers.runs import cpu_twin
 
-    from lightbert.run.jobs import train
+    from lightbert import train
 
     files = glue_data_files(tmp_path / "glue", "mrpc", "csv", num_rows=16)
     overrides = ["task=glue/mrpc", f"init_from={write_hf_bert(tmp_path / 'bert', num_hidden_layers=1)}", "logger=csv"]
