@@ -6,7 +6,7 @@
   on a GPU (`lightbert.run.speed.unpadding_for`).
 - `speed.fp8=true` and `trainer.precision=bf16-true` track bf16-mixed over 30 steps of pre-training.
 - `speed.compile_mode=reduce-overhead` with packing records no CUDA graph after its warm-up.
-- one short `src/train.py` run per GPU trainer config.
+- one short `src/train.py` run per GPU trainer config, compiled (`speed.compile=null`: their default on a GPU).
 """
 
 from __future__ import annotations
@@ -166,3 +166,5 @@ def test_every_gpu_trainer_config_runs_src_train_on_one_gpu(corpus_file, tmp_pat
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "run" / "results.json").is_file()
+    # The GPU default: compiled, said once with the first step's time
+    assert run.stdout.count("lightbert: torch.compile: the first training step, compiling included, took") == 1
