@@ -14,7 +14,8 @@
 3. With --inductor: the kernels Inductor generates for the compiled step and the bytes they read and write
    (`torch._inductor.metrics`: `generated_kernel_count`, `num_bytes_accessed`), on the CPU. A GEMM is a library call,
    not a generated kernel: the count is the element-wise, normalization and reduction work, the part of a GPU step
-   that fusion shrinks. Minutes of C++ compiling for anything but a tiny model.
+   that fusion shrinks; the bytes are every node's reads and writes, GEMMs' included. Minutes of C++ compiling for
+   anything but a tiny model.
 
 docs/speed.md ("CPU proxies") says which of these predicted the H100's findings.
 """
@@ -129,6 +130,8 @@ def gpu_default_graphs(config, batch_list: list[dict], packing: bool) -> dict[st
 def inductor_kernels(config, batch: dict) -> dict[str, int]:
     """Kernels Inductor generates for the compiled step (model and losses, forward and backward) and the bytes they
     read and write, on the CPU."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
     from torch._inductor import metrics
 
     how, _ = unpadding_for(True, True, "bf16-mixed", packing=False)
@@ -137,8 +140,9 @@ def inductor_kernels(config, batch: dict) -> dict[str, int]:
     module = module_for(config, how, True)
     module.compile_step()
     torch._logging.set_logs(inductor_metrics=True)  # Inductor counts the bytes only for its metrics log
-    try:
-        module._step(batch)["loss"].backward()
+    try:  # and only when it generates the code: no cached graph
+        with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+            module._step(batch)["loss"].backward()
     finally:
         torch._logging.set_logs()
     found = {"kernels": metrics.generated_kernel_count, "bytes": int(metrics.num_bytes_accessed)}

@@ -43,7 +43,7 @@ def test_benchmark_runs_and_ends_with_the_ratio_line():
     )  # fmt: skip
     assert re.fullmatch(r"speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]
     # --profile: one more pre-training step under torch's profiler, a line per kind of work, then its JSON
-    profiled = [line for line in lines if line.startswith("profile ")]
+    profiled = [line for line in lines if line.startswith("profile ") and not line.startswith("profile json: ")]
     assert len(profiled) == 9 and re.fullmatch(r"profile +one steady step, [\d.]+ ms, \d+ kernel launches", profiled[0])
     assert [line.split()[1] for line in profiled[1:]] == ["GEMM", "attention", "normalization", "element-wise",
                                                           "loss", "optimizer", "copies", "host"]  # fmt: skip
