@@ -254,6 +254,11 @@ REFUSED = [
      "task.datamodule.validation_share must be > 0 and <= 1, got 1.5"),
     ("UTF-16 corpus", lambda i: [*PRETRAIN, f"corpus.paths=[{i['utf16']}]"],
      "it is UTF-16LE text; convert it, e.g. `iconv -f UTF-16 -t utf-8 utf16.txt > utf16.utf8.txt`"),
+    ("a UserError in a DataLoader worker", lambda i: [*(a for a in PRETRAIN if "num_workers" not in a),
+                                                      f"corpus.paths=[{i['corpus']}]", "task.datamodule.streaming=true",
+                                                      "task.datamodule.num_workers=2",
+                                                      "task.datamodule.validation_documents=7"],
+     "the streamed corpus has no document for reader"),
     ("UTF-16 corpus without a byte-order mark", lambda i: [*PRETRAIN, f"corpus.paths=[{i['utf16_no_bom']}]"],
      "it is UTF-16BE text; convert it, e.g. `iconv -f UTF-16BE -t utf-8"),
 ]  # fmt: skip
