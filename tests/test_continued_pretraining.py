@@ -390,14 +390,14 @@ def test_bad_input_is_one_line_and_writes_nothing(case, released, corpus, tmp_pa
     assert not run_dir.exists() or not any(run_dir.iterdir())  # nothing written: no .hydra/, no train.log
 
 
-def test_evaluate_refuses_add_words_copied_from_the_training_command(extended_run, tmp_path):
+def test_evaluate_refuses_add_words_copied_from_the_training_command(extended_run, corpus, tmp_path):
     """`src/evaluate.py task=pretrain init_from=<a continued run> task.datamodule.add_words=40`, copied from the
     training command, added 40 more words and scored the checkpoint with fresh rows (MLM accuracy 0.060 -> 0.018)."""
     from helpers.runs import run_script_forked
 
     run_dir = tmp_path / "eval"
     done = run_script_forked(
-        "evaluate", *CONTINUED, "corpus.paths=[unused.txt]", f"init_from={extended_run['dir']}",
+        "evaluate", *CONTINUED, f"corpus.paths=[{corpus}]", f"init_from={extended_run['dir']}",
         "task.datamodule.add_words=40", f"hydra.run.dir={run_dir}",
     )  # fmt: skip
     console = done.stdout + done.stderr
