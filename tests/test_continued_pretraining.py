@@ -359,6 +359,10 @@ def bad_inputs(released: Path, tmp_path: Path) -> dict[str, tuple[list[str], str
                                   "task.phases=[{until:0.5,datamodule:{add_words:10}},{until:1.0,datamodule:{}}]"],
                                  "task.phases[0].datamodule.add_words: a phase cannot change it; the words are added "
                                  "once, before the first phase: set task.datamodule.add_words"),
+        "a value the second phase's data refuses": (
+            [f"init_from={released}", "trainer.max_steps=4",
+             "task.phases=[{until:0.5,datamodule:{max_seq_length:32}},{until:1.0,datamodule:{masked_lm_prob:1.5}}]"],
+            "task.phases[1] {'masked_lm_prob': 1.5}: task.datamodule.masked_lm_prob must be in (0, 1), got 1.5"),
         "bad slots in the second phase": ([f"init_from={released}", "trainer.max_steps=4",
                                            "task.phases=[{until:0.5,datamodule:{max_seq_length:32}},"
                                            "{until:1.0,datamodule:{max_predictions_per_seq:'x'}}]"],
@@ -376,6 +380,7 @@ def bad_inputs(released: Path, tmp_path: Path) -> dict[str, tuple[list[str], str
     [
         "untied decoder", "missing word file", "count below 0", "tokenizer of another size", "count not whole",
         "a directory as word file", "an empty word file", "add_words in a phase", "bad slots in the second phase",
+        "a value the second phase's data refuses",
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_writes_nothing(case, released, corpus, tmp_path):

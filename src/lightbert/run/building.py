@@ -21,7 +21,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from lightbert.checkpoints.reading import Pretrained
 from lightbert.data.batches import length_buckets
-from lightbert.errors import ConfigError, ParameterError, UserError
+from lightbert.errors import ConfigError, ParameterError, UserError, message_of
 from lightbert.model_config import BertConfig
 from lightbert.plugins.agreement import SameResumeOnEveryNode
 from lightbert.plugins.callbacks import CompileTime, FineTuningResume, RunProgressBar
@@ -97,6 +97,29 @@ def datamodule(settings: RunSettings, kwargs: dict, changes: dict | None = None,
     shapes = fix_batch_shapes(built, settings.speed, compiles)
     if shapes and changes is None:
         log.info(shapes)
+    if changes is None and getattr(built, "capped_slots", None):
+        log.info(built.capped_slots)
+    return built
+
+
+def phase_datamodules(settings: RunSettings, first: L.LightningDataModule) -> dict[int, Any]:
+    """Each of `task.phases`' DataModules (by its number from 1), with the run's tokenizer (`first`'s: the words it
+    began with), built before the first phase trains: a value a phase's DataModule refuses is refused at the start,
+    naming the phase, not after the phases before it trained (90% of the paper's recipe). None without phases."""
+    phases = settings.phases
+    if len(phases) < 2:
+        return {}
+    built, said = {}, {getattr(first, "capped_slots", None)}
+    for number, phase in enumerate(phases, start=1):
+        kwargs = {"tokenizer": first.tokenizer, "first_step": phase.first_step, "add_words": None}
+        try:
+            built[number] = datamodule(settings, kwargs, phase.datamodule)
+        except UserError as error:
+            raise UserError(f"task.phases[{number - 1}] {phase.datamodule}: {message_of(error)}") from None
+        capped = getattr(built[number], "capped_slots", None)
+        if capped not in said:
+            log.info(f"phase {number}: {capped}")
+            said.add(capped)
     return built
 
 

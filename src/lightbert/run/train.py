@@ -91,6 +91,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     # Next to the checkpoints, so a run directory is enough to load the model again.
                     datamodule.tokenizer.save(output_dir / "tokenizer.json")
 
+                # Each phase's data, with the tokenizer the run began with: refused now, not after a phase trained.
+                phase_data = building.phase_datamodules(settings, datamodule)
+
                 # From the first collective to the last (the end's barrier): a process of the job that dies is
                 # named here.
                 with processes.naming_lost_processes(output_dir):
@@ -109,10 +112,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                                 f"phase {number}/{len(phases)}: steps {phase.first_step}-{phase.end_step}, "
                                 f"{phase.datamodule}"
                             )
-                            # The tokenizer has the words the run began with.
-                            phase_kwargs = {"tokenizer": datamodule.tokenizer, "first_step": phase.first_step}
-                            phase_kwargs["add_words"] = None
-                            datamodule = building.datamodule(settings, phase_kwargs, phase.datamodule)
+                            datamodule = phase_data[number]
                         # Fresh callbacks for each phase: their state comes back from the checkpoint it starts from.
                         trainer = building.trainer(
                             settings,

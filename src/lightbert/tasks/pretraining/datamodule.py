@@ -495,11 +495,12 @@ class PretrainDataModule(L.LightningDataModule):
         if max_predictions_per_seq < 1:
             raise ParameterError(f"{{0}} must be >= 1 (or null: from max_seq_length and masked_lm_prob), got "
                                  f"{max_predictions_per_seq}", "max_predictions_per_seq")  # fmt: skip
+        self.capped_slots = None  # what the run says of a cap (run.building.datamodule says it, once)
         if max_predictions_per_seq > enough:
             # Capped, not refused: the slots past a row's budget (round(p x its tokens) <= `enough`) are never filled,
             # so the numbers are the same and the sparse MLM head computes only the rows it needs. A larger value is
             # a natural "no cap", and a recipe's value for 512 tokens meets a phase at 128.
-            log.info(
+            self.capped_slots = (
                 f"task.datamodule.max_predictions_per_seq={max_predictions_per_seq} is more than a row of "
                 f"{max_seq_length} tokens can use (at most {max(1, round(masked_lm_prob * (max_seq_length - 2)))} "
                 f"predictions at masked_lm_prob={masked_lm_prob}): {enough} prediction slots, as null gives"
