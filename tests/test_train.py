@@ -256,3 +256,17 @@ def test_debug_configs_run(tmp_path, corpus_file, debug, steps):
             if r.get("train/loss")
         ]
         assert losses[-1] < losses[0] - 3, losses
+
+
+def test_train_twice_in_one_process_under_ddp_leaves_the_environment_as_it_was(tmp_path, corpus_file):
+    """A notebook's second `lightbert.train` after a DDP run: Lightning sets LOCAL_RANK, MASTER_PORT, ... in the
+    calling process; left there, the second run takes itself for a launched rank and waits for a job that is not
+    there."""
+    import os
+
+    before = dict(os.environ)
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=1", "trainer.max_steps=2"]
+    for run in ("first", "second"):
+        results = train(compose_config(FAST + text_corpus_overrides(corpus_file) + ddp, tmp_path / run))
+        assert results["global_step"] == 2
+        assert dict(os.environ) == before

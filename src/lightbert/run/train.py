@@ -16,6 +16,8 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from omegaconf import DictConfig
@@ -37,6 +39,27 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     before training writes nothing into it. SIGTERM or Ctrl-C ends the process as they end the command: during
     training after the current batch, with `last.ckpt` saved and one line that says how to continue, then exit
     128 + the signal's number; before or after training at once, with one line."""
+    with environment_restored():
+        return train_in(cfg)
+
+
+@contextmanager
+def environment_restored() -> Iterator[None]:
+    """The process's environment as it was before the run: Lightning's DDP sets `LOCAL_RANK`, `NODE_RANK`,
+    `MASTER_ADDR`, `MASTER_PORT` (and the seed's `PL_GLOBAL_SEED`) in the process that calls `train`; left behind, a
+    second `lightbert.train` in the same notebook or Python process would take itself for a launched rank and wait for
+    a job that is not there."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(before):
+            del os.environ[name]
+        os.environ.update(before)
+
+
+def train_in(cfg: DictConfig) -> dict[str, Any]:
+    """`train`'s run, in the environment `train` restores afterwards."""
     adopt_submitit_local_ranks()  # before anything asks which process this is
     # A bad value is refused here, before anything is read or written: the config as a whole, then its parts.
     settings = RunSettings.from_config(cfg, checked_config(cfg))
