@@ -212,3 +212,18 @@ def test_decay_ratio_and_decay_power_are_two_schedules():
 
     with pytest.raises(ConfigError, match="set one of them"):
         OptimConfig(decay_ratio=0.1, decay_power=0.5)
+
+
+def test_lamb_loads_a_state_saved_without_blocks_or_foreach():
+    """An optimizer state from before LAMB's groups had `blocks` and `foreach` still loads and steps."""
+    weight = torch.nn.Parameter(torch.ones(4, 3))
+    optimizer = Lamb([{"params": [weight], "adapt": True}], lr=0.1)
+    weight.grad = torch.full_like(weight, 0.5)
+    optimizer.step()
+    state = optimizer.state_dict()
+    for group in state["param_groups"]:
+        del group["blocks"], group["foreach"]
+    optimizer.load_state_dict(state)
+    before = weight.detach().clone()
+    optimizer.step()
+    assert optimizer.param_groups[0]["blocks"] == 1 and not torch.equal(weight, before)

@@ -85,6 +85,12 @@ class Lamb(torch.optim.Optimizer):
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "adapt": True}
         super().__init__(params, {**defaults, "blocks": 1, "foreach": foreach})
 
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:  # a state dict saved before these keys existed
+            group.setdefault("blocks", 1)
+            group.setdefault("foreach", None)
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = _closure_loss(closure)
