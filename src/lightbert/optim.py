@@ -122,12 +122,29 @@ def _lamb_per_parameter(group: dict, params: list[torch.Tensor], states: list[di
         update = (m / (1 - beta1**t)) / ((v / (1 - beta2**t)).sqrt_().add_(group["eps"]))
         if group["weight_decay"]:
             update.add_(p, alpha=group["weight_decay"])  # r_t + lambda x_t
-        if group["adapt"]:  # one trust ratio per block of rows: (blocks, ...)
-            weights, update = p.unflatten(0, (group["blocks"], -1)), update.unflatten(0, (group["blocks"], -1))
-            weight_norm, update_norm = weights.flatten(1).norm(dim=1), update.flatten(1).norm(dim=1)
-            trust = torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, 1.0)
-            update = (update * trust.view(-1, *[1] * (update.ndim - 1))).flatten(0, 1)
+        if group["adapt"] and group["blocks"] == 1:
+            weight_norm, update_norm = p.norm(), update.norm()
+            update = update * torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, 1.0)
+        elif group["adapt"]:  # one trust ratio per block of rows
+            update = update * _block_trust(p, update, group["blocks"])
         p.sub_(update, alpha=group["lr"])
+
+
+def _block_trust(weight: torch.Tensor, update: torch.Tensor, blocks: int) -> torch.Tensor:
+    """Each row's trust ratio, (rows, 1, ...): ||w|| / ||update|| of the block of rows it is in. From the rows' sums
+    of squares, so that a weight sharded by rows (FSDP's DTensor) gathers only those (one value a row)."""
+    dims = tuple(range(1, weight.ndim))
+    squares = [t.pow(2).sum(dim=dims) if dims else t.pow(2) for t in (weight, update)]  # (rows,) each
+    if _sharded(weight):
+        squares = [s.full_tensor() for s in squares]
+    weight_norm, update_norm = (s.view(blocks, -1).sum(1).sqrt() for s in squares)  # (blocks,)
+    trust = torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, 1.0)
+    trust = trust.repeat_interleave(weight.shape[0] // blocks).view(-1, *[1] * len(dims))
+    if _sharded(weight):
+        from torch.distributed.tensor import DTensor, Replicate
+
+        trust = DTensor.from_local(trust, weight.device_mesh, [Replicate()] * weight.device_mesh.ndim, run_check=False)
+    return trust
 
 
 def _lamb_foreach(group: dict, params: list[torch.Tensor], states: list[dict]) -> None:

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from lightbert.model import BertConfig, BertForPreTraining
+from lightbert.model.bert import parameter_layout, to_checkpoint
 from lightbert.optim import OptimConfig, build_optimizer, clip_gradients
 from lightbert.plugins.strategies import shard_bert
 
@@ -56,7 +57,9 @@ def step(
         clip_gradients(Stub(), sharded, max_norm, "norm")
         expected.step()
         sharded.step()
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        with parameter_layout(model):  # gathered as the parameters are, then in the checkpoint's layout, as the
+            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = to_checkpoint(model, full)  # strategy's checkpoints are (FullyShardedStrategy)
         if rank == 0:
             want = reference.state_dict()
             results["keys"] = sorted(full) == sorted(want)
