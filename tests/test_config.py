@@ -7,6 +7,7 @@ from omegaconf import OmegaConf
 from lightbert.cli.checks import check_command_line
 from lightbert.errors import UserError
 from lightbert.model import BertConfig
+from lightbert.model_config import ARCHITECTURE_FIELDS
 from lightbert.run.configs import group_options
 
 # Values a config group needs before it resolves (its ??? fields).
@@ -26,6 +27,19 @@ def test_every_config_file_composes_and_resolves(group, option, tmp_path):
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert resolved["model"]["num_hidden_layers"] > 0
     BertConfig.from_dict(resolved["model"])  # every size file is a valid architecture
+
+
+def test_every_model_config_has_the_encoders_options_at_berts_defaults(tmp_path):
+    # one name per setting: each option of the one encoder is a key of every model= (no `+` on the command line),
+    # and a BERT size file leaves them at BertConfig's defaults, the paper's BERT
+    defaults = BertConfig()
+    for name in group_options("model", CONF_DIR):
+        model = compose_config([f"model={name}"], tmp_path).model
+        assert set(ARCHITECTURE_FIELDS) <= set(model), name
+        if name.startswith("bert_"):
+            assert {f: model[f] for f in ARCHITECTURE_FIELDS} == {f: getattr(defaults, f) for f in ARCHITECTURE_FIELDS}
+    cfg = compose_config(["model=bert_tiny", "model.norm_position=pre", "model.final_norm=true"], tmp_path)
+    assert BertConfig.from_dict(OmegaConf.to_container(cfg.model)).norm_position == "pre"
 
 
 def test_model_sizes_match_their_sources(tmp_path):

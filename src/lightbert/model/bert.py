@@ -124,8 +124,8 @@ def parameter_layout(model: nn.Module):
 
 
 def to_checkpoint(model: nn.Module, state: dict) -> dict:
-    """A state dict of `model` in its parameters' layout (`parameter_layout`; keys as `model.state_dict()`'s, any
-    subset) in transformers' layout, as `model.state_dict()` gives it. In place, and returned."""
+    """A state dict of `model` in its parameters' layout (`parameter_layout`; keys as its `state_dict()`'s, any
+    subset) in transformers' layout, as its `state_dict()` gives it. In place, and returned."""
     for name, module in model.named_modules():
         if isinstance(module, CheckpointLayout):
             module.to_checkpoint(state, f"{name}." if name else "")
