@@ -276,3 +276,30 @@ def test_modern_recipe_continues_a_modernbert_checkpoint_with_its_bpe_tokenizer(
     assert saved["model"]["vocab"] == json.loads((hf_dir / "tokenizer.json").read_text())["model"]["vocab"]
     checkpoint = torch.load(results["last_checkpoint"], weights_only=True, map_location="cpu")
     assert checkpoint["hyper_parameters"]["model"]["hidden_size"] == 32  # the checkpoint's sizes, not model=
+
+
+@pytest.mark.parametrize("task", ["squad_v2", "conll2003", "swag", "conll2003_features"])
+def test_each_task_family_fine_tunes_and_predicts_on_a_modernbert(tmp_path, task):
+    """SQuAD, NER, SWAG and the feature-based NER model on a transformers ModernBERT directory (BPE, pre-LN, GeGLU,
+    rotary, sliding windows): three steps through the library verb, a validation metric, then `predict` on the run."""
+    from helpers.finetuned_runs import fine_tune
+    from helpers.ner_files import ner_data_files
+    from helpers.predictions import predict, records_of
+    from helpers.squad_files import squad_data_files
+    from helpers.swag_files import swag_data_files
+
+    modern = write_hf_modernbert(tmp_path / "hf", max_position_embeddings=512)
+    common = ["task.batch_size=8", "trainer.max_steps=3", "trainer.val_check_interval=3", "optim.lr=1e-3"]
+    if task == "squad_v2":
+        files = squad_data_files(tmp_path / "data", "2.0", fmt="jsonl", num_paragraphs=4)
+        extra = ["task.max_seq_length=64", "task.doc_stride=16", "task.max_query_length=16"]
+    elif task == "swag":
+        files, extra = swag_data_files(tmp_path / "data", "jsonl", sizes=(24, 8)), []
+    else:
+        files = ner_data_files(tmp_path / "data", fmt="jsonl", sizes=(24, 8, 8))
+        extra = ["task.lstm_hidden_size=16"] if task == "conll2003_features" else []
+    run = fine_tune(tmp_path, task, files, modern, [*common, *extra])
+    assert any(name.startswith("val/") for name in run.results["metrics"]), run.results["metrics"]
+    records = [{"words": ["Paris", "is", "big"]}] if task == "conll2003_features" else records_of(run)[:2]
+    predictions = predict(run.dir, records, tmp_path)
+    assert len(predictions) == len(records) and all(predictions)
