@@ -108,8 +108,8 @@ def test_a_damaged_cache_is_rebuilt_and_said(tmp_path, caplog, monkeypatch):
     caplog.clear()
     assert train(compose_config(overrides, tmp_path / "second_arrow"))["global_step"] == 1
     assert f"the cache entry {index.parent} could not be read" in caplog.text and "it is rebuilt" in caplog.text
-    (tokenizer,) = (tmp_path / "cache" / "tokenizers").glob("*/tokenizer.json")
-    tokenizer.write_text(tokenizer.read_text()[:100])
+    (tokenizer,) = (tmp_path / "cache" / "tokenizers").glob("*/tokenizer.json.gz")
+    tokenizer.write_bytes(tokenizer.read_bytes()[:100])
     assert train(compose_config(overrides, tmp_path / "third"))["global_step"] == 1
     assert f"the cached tokenizer {tokenizer} could not be read" in caplog.text and "trained again" in caplog.text
 

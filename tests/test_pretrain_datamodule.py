@@ -78,7 +78,25 @@ def test_a_vocabulary_is_trained_once_in_a_child_on_the_first_documents(tmp_path
         != whole
     )
     assert "trained on the first 3 documents" in caplog.text and "tokenizer_documents=3" in caplog.text
-    assert [p.name for p in sample.cache_dir.glob("tokenizers/*/*")] == ["tokenizer.json"]
+    assert [p.name for p in sample.cache_dir.glob("tokenizers/*/*")] == ["tokenizer.json.gz"]
+
+
+def test_the_cached_tokenizer_is_gzipped_and_an_older_plain_entry_is_still_read(tmp_path, corpus_file, monkeypatch):
+    """The cache's copy is gzipped compact JSON (a fifth of the bytes: 0.12x the text at 4 MB as plain JSON); a plain
+    tokenizer.json an older version wrote under the same key is read as it is, not trained again."""
+    import gzip
+
+    trained = datamodule(corpus_file, tmp_path / "cache").tokenizer
+    (cached,) = (tmp_path / "cache" / "tokenizers").glob("*/*")
+    assert cached.name == "tokenizer.json.gz"
+    text = gzip.decompress(cached.read_bytes()).decode()
+    assert text == trained.backend.to_str() and cached.stat().st_size < len(text) / 2
+    cached.with_name("tokenizer.json").write_text(text)  # as an older version left the entry
+    cached.unlink()
+    monkeypatch.setattr(PretrainDataModule, "_train_tokenizer", None)  # nothing is trained: a call would fail
+    again = datamodule(corpus_file, tmp_path / "cache").tokenizer
+    assert again.backend.get_vocab() == trained.backend.get_vocab()
+    assert [p.name for p in cached.parent.iterdir()] == ["tokenizer.json"]
 
 
 def test_an_error_in_the_tokenizer_process_is_raised_in_the_run(tmp_path):
