@@ -52,7 +52,7 @@ def held_out_batches(run_dir: Path, tokenizer, rate: float) -> list[dict]:
     from lightbert.run.settings import RunSettings
 
     cfg = compose_config(["experiment=quick_start", "task.datamodule.num_workers=0"], run_dir / "eval")
-    settings = RunSettings.from_config(cfg, checked_config(cfg))
+    settings = RunSettings.from_config(checked_config(cfg))
     changes = {"masked_lm_prob": rate, "objective": "mlm", "packing": False, "batch_size": 32, "validation_share": None}
     data = datamodule(settings, {"tokenizer": tokenizer}, changes)
     data.prepare_data()

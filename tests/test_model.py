@@ -260,7 +260,7 @@ def test_a_runs_settings_are_built_before_torch_loads(tmp_path):
         "import sys; from lightbert.run.configs import compose_config; "
         "from lightbert.run.config_checks import checked_config; from lightbert.run.settings import RunSettings; "
         f"cfg = compose_config(['trainer=cpu', 'model=bert_tiny'], {str(tmp_path / 'run')!r}); "
-        "settings = RunSettings.from_config(cfg, checked_config(cfg)); "
+        "settings = RunSettings.from_config(checked_config(cfg)); "
         "print(type(settings.model).__name__, type(settings.optim).__name__, 'torch' in sys.modules)"
     )
     shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)

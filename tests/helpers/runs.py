@@ -105,7 +105,7 @@ def run_settings(cfg: DictConfig):
     from lightbert.run.config_checks import checked_config
     from lightbert.run.settings import RunSettings
 
-    return RunSettings.from_config(cfg, checked_config(cfg))
+    return RunSettings.from_config(checked_config(cfg))
 
 
 def default_sigint() -> None:

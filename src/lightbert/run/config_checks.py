@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -15,11 +16,21 @@ from omegaconf.errors import GrammarParseError, InterpolationResolutionError
 from lightbert.errors import ConfigError, as_number, checked_number
 
 
-def checked_config(cfg: DictConfig) -> dict[str, Any]:
-    """Refuses a config that does not resolve or lacks a part a run reads; returns its numbers, checked
-    (`RunSettings.from_config` takes them)."""
+@dataclass(frozen=True)
+class CheckedConfig:
+    """The composed config once checked, what `RunSettings.from_config` is built from: `config` is a copy of it that
+    holds each checked value as checked (`with_checked_values`), `numbers` those values by key."""
+
+    config: DictConfig
+    numbers: dict[str, Any]
+
+
+def checked_config(cfg: DictConfig) -> CheckedConfig:
+    """Refuses a config that does not resolve or lacks a part a run reads; returns it with its numbers checked, each
+    value checked once here and handed on as checked."""
     _check_whole(cfg)
-    return checked_numbers(cfg)
+    numbers = checked_numbers(cfg)
+    return CheckedConfig(with_checked_values(cfg, numbers), numbers)
 
 
 # Every number of a run's config, checked once (`checked_numbers`) before any part of the settings is built: key ->

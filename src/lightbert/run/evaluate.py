@@ -32,7 +32,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     training run writes, into a new run directory (`results.json` there), and return the results."""
     adopt_submitit_local_ranks()  # before anything asks which process this is
     # A bad value is refused here, before anything is read or written: the config as a whole, then its parts.
-    settings = RunSettings.from_config(cfg, checked_config(cfg))
+    checked = checked_config(cfg)
+    settings = RunSettings.from_config(checked)
     if not settings.init_from:
         raise UserError("src/evaluate.py scores a fine-tuned model: set init_from=<run directory | .ckpt | HF dir>")
     if settings.task.add_words is not None:  # copied from a continued run's command: scored with fresh rows

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightbert.errors import ConfigError, ParameterError
 from lightbert.model_config import BertConfig
 from lightbert.optim_config import OptimConfig
-from lightbert.run.config_checks import with_checked_values
+from lightbert.run.config_checks import CheckedConfig
 from lightbert.run.phases import Phase, phases_of
 from lightbert.tasks.pretraining.objectives import OBJECTIVES, MaskingShares
 
@@ -441,10 +441,10 @@ class RunSettings:
         return Batches(per_device, devices, nodes, accumulate, wanted)
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, numbers: dict[str, Any]) -> RunSettings:
-        """`numbers`: the config's numbers, checked with the config as a whole (`run.config_checks.checked_config`).
-        What the run builds is a copy of `cfg` that holds them as checked (`1e3` as 1000): one value, checked once."""
-        cfg = with_checked_values(cfg, numbers)
+    def from_config(cls, checked: CheckedConfig) -> RunSettings:
+        """`checked`: the config checked as a whole (`run.config_checks.checked_config`). What the run builds is its
+        copy that holds the numbers as checked (`1e3` as 1000): one value, checked once."""
+        cfg, numbers = checked.config, checked.numbers
         trainer = TrainerSettings.from_config(cfg.trainer, numbers)
         task = TaskSettings.from_config(cfg.task, numbers)
         overrides = tuple(str(o) for o in cfg.get("overrides") or [])

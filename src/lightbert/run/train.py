@@ -62,7 +62,8 @@ def train_in(cfg: DictConfig) -> dict[str, Any]:
     """`train`'s run, in the environment `train` restores afterwards."""
     adopt_submitit_local_ranks()  # before anything asks which process this is
     # A bad value is refused here, before anything is read or written: the config as a whole, then its parts.
-    settings = RunSettings.from_config(cfg, checked_config(cfg))
+    checked = checked_config(cfg)
+    settings = RunSettings.from_config(checked)
     output_dir = settings.output_dir
     processes.install()  # its DataLoader workers and data-preparation pool die with it, and hold no lock
     with logging_like_the_command(output_dir), held(settings) as start, processes.stops_cleanly(output_dir):
