@@ -60,11 +60,18 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
     """results.json, and one console line that says how the run ended and where its outputs are (first process)."""
     if not is_global_zero():
         return
+    # The outputs the line names: results.json, written last, and those the run did leave.
+    evaluated = results.get("evaluated")  # src/evaluate.py: no training, no checkpoint
+    left = (
+        ["metrics.csv", "predictions/"]
+        if evaluated
+        else ["metrics.csv", "checkpoints/", "tokenizer.json", "predictions/"]
+    )
+    outputs = [RESULTS_FILE, *_existing(output_dir, left)]
     write_atomically(output_dir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
     metrics = results["metrics"]
     shown = [f"{k}={v:.4f}" for k, v in metrics.items() if k.startswith("val/")][:6]
-    if results.get("evaluated"):  # src/evaluate.py: no training, no checkpoint
-        outputs = _existing(output_dir, [RESULTS_FILE, "metrics.csv", "predictions/"])
+    if evaluated:
         print(
             f"lightbert: evaluated {results['evaluated']} in {results['seconds']:.0f}s ({', '.join(shown)}). "
             f"Outputs in {output_dir}: {', '.join(outputs)}"
@@ -76,7 +83,6 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
         shown = [
             "no validation ran: raise trainer.max_steps or trainer.max_epochs, or lower trainer.val_check_interval"
         ]
-    outputs = _existing(output_dir, [RESULTS_FILE, "metrics.csv", "checkpoints/", "tokenizer.json", "predictions/"])
     print(
         f"lightbert: finished {results['global_step']} steps in {results['seconds']:.0f}s ({', '.join(shown)}). "
         f"Outputs in {output_dir}: {', '.join(outputs)}"
