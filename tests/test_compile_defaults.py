@@ -99,7 +99,14 @@ def gpu_default(module, packing: bool = False, cache_dir=None) -> None:
         mock.patch.object(speed_module, "flash_varlen_device", return_value=True),
         mock.patch("torch.cuda.current_device"),
     ):
-        apply_speed_switches(module, SpeedSettings(), GPU, packing=packing, cache_dir=cache_dir)
+        apply_speed_switches(
+            module,
+            SpeedSettings(),
+            GPU,
+            packing=packing,
+            compiles=SpeedSettings().compiles(on_cuda=True),
+            cache_dir=cache_dir,
+        )
 
 
 def test_the_gpu_default_fine_tuning_step_compiles_one_graph_per_length_bucket(fresh_dynamo, tmp_path):

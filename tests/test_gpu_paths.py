@@ -99,7 +99,9 @@ def test_the_compile_mode_reaches_torch_compile(tmp_path):
         module = PreTrainingModule(config.to_dict(), {"lr": 1e-4})
         with mock.patch.object(module.model, "compile") as compile_, mock.patch("torch.compile") as compile_losses:
             trainer = run_settings(compose_config(["trainer=cpu"], tmp_path)).trainer
-            apply_speed_switches(module, SpeedSettings(compile=True, compile_mode=mode), trainer, packing=False)
+            apply_speed_switches(
+                module, SpeedSettings(compile=True, compile_mode=mode), trainer, packing=False, compiles=True
+            )
         compile_.assert_called_once_with(mode=given, backend="inductor")
         compile_losses.assert_called_once_with(pretraining_losses, backend="inductor")
         assert module.losses is compile_losses.return_value

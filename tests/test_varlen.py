@@ -152,7 +152,9 @@ def test_the_speed_switches_set_the_encoders_unpadding_and_it_takes_only_known_m
     module = SequenceClassificationModule(CONFIG.to_dict(), {"lr": 1e-4}, task="sst2")
     trainer = run_settings(compose_config(["trainer=cpu"], tmp_path)).trainer
     for setting, how in ((False, "off"), ("varlen", "varlen"), (True, "groups")):  # true: length groups on a CPU
-        apply_speed_switches(module, SpeedSettings(unpad=setting), trainer, packing=False, training=False)
+        apply_speed_switches(
+            module, SpeedSettings(unpad=setting), trainer, packing=False, compiles=False, training=False
+        )
         assert module.model.bert.unpad == how, setting
     with pytest.raises(ValueError, match="BertModel.set_unpadding takes one of off, groups, varlen, got 'auto'"):
         module.model.bert.set_unpadding("auto")

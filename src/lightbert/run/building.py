@@ -86,14 +86,20 @@ def instantiate_config(node: Any, **kwargs: Any) -> Any:
         ) from None
 
 
+def step_compiles(settings: RunSettings, training: bool) -> bool:
+    """Whether the run compiles its step, decided once for its batches' shapes and its module: a training run as
+    `RunSettings.compiles`; an evaluation as speed.compile says (null: it stays eager)."""
+    return settings.compiles if training else bool(settings.speed.compile)
+
+
 def datamodule(settings: RunSettings, kwargs: dict, changes: dict | None = None, training: bool = True):
     """The task's DataModule (a phase's `changes` to task.datamodule applied), with batches of the shapes the speed
     switches need (said once, for the first). Partial, then called: objects passed through instantiate() would be
     turned into configs."""
+    compiles = step_compiles(settings, training)
     with parameters_named_by(settings.task.datamodule):
         built = instantiate_config(settings.task.datamodule, **(changes or {}), _partial_=True)(**kwargs)
         built.tokenizer  # noqa: B018  (its first use: a bad tokenizer_path is named as the key here)
-    compiles = settings.compiles if training else bool(settings.speed.compile)  # null: evaluation stays eager
     shapes = fix_batch_shapes(built, settings.speed, compiles)
     if shapes and changes is None:
         log.info(shapes)
@@ -167,7 +173,13 @@ def data_and_module(
     )
     fresh = load_pretrained_weights(settings, module, pretrained, growth) if pretrained is not None else []
     apply_speed_switches(
-        module, settings.speed, settings.trainer, settings.task.packing, training, settings.task.cache_dir
+        module,
+        settings.speed,
+        settings.trainer,
+        settings.task.packing,
+        step_compiles(settings, training),
+        training,
+        settings.task.cache_dir,
     )
     return data, module, fresh
 

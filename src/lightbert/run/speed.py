@@ -107,11 +107,13 @@ def apply_speed_switches(
     speed: SpeedSettings,
     trainer: TrainerSettings,
     packing: bool,
+    compiles: bool,
     training: bool = True,
     cache_dir: str | Path | None = None,
 ) -> None:
     """The switches on a built module, before Lightning moves it: fp32's matmuls, unpadding (said on the console),
-    fp8, compile (said on the console, its caches in `cache_dir`; how long it took: `plugins.callbacks.CompileTime`)."""
+    fp8, compile when `compiles` (as the run decided it once: `run.building.compiles`; said on the console, its caches
+    in `cache_dir`; how long it took: `plugins.callbacks.CompileTime`)."""
     set_fp32_matmuls(speed, trainer)
     on_cuda = trainer.on_cuda
     flash = on_cuda and flash_varlen_device(torch.cuda.current_device())
@@ -121,7 +123,7 @@ def apply_speed_switches(
     if speed.fp8 and training:  # before compiling, which then fuses the float8 casts
         converted = convert_to_fp8(module.model)
         log.debug(f"speed.fp8: {converted} Linear layers run their matmuls in float8 (torchao Float8Linear)")
-    if speed.compiles(on_cuda, training):
+    if compiles:
         caches = use_compile_caches(cache_dir)
         mode = "" if speed.compile_mode == "default" else f", mode {speed.compile_mode}"
         why = "as set" if speed.compile is not None else "by default on a CUDA GPU; speed.compile=false turns it off"
