@@ -66,7 +66,9 @@ def model_config(name: str, dropout: float = 0.1) -> BertConfig:
     if not path.is_file():
         valid = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
         sys.exit(f"pretrain_step.py: unknown --model {name}; valid: {valid}")
-    sizes = yaml.safe_load(path.read_text())
+    base = yaml.safe_load((path.parent / "_default.yaml").read_text())  # the encoder's options at BERT's values
+    sizes = {**base, **yaml.safe_load(path.read_text())}
+    sizes.pop("defaults", None)  # Hydra's list, not a size
     sizes.update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     return BertConfig.from_dict({**sizes, "vocab_size": VOCAB_SIZE})
 

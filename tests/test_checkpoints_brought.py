@@ -254,7 +254,7 @@ def test_one_segment_models_on_sentence_pairs_are_refused_before_anything_is_wri
 @pytest.mark.parametrize(
     ("entry", "value", "message"),
     [
-        ("model_type", "albert", "has model_type 'albert'; lightbert loads BERT models only"),
+        ("model_type", "albert", "has model_type 'albert'; lightbert loads BERT and ModernBERT models only"),
         ("position_embedding_type", "relative_key", "position_embedding_type 'relative_key' is not supported"),
     ],
 )

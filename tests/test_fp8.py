@@ -34,7 +34,7 @@ def test_fp8_converts_the_encoder_linears_and_keeps_the_state_dict():
     plain = BertForSequenceClassification(CONFIG, num_labels=3)
     converted = BertForSequenceClassification(CONFIG, num_labels=3)
     converted.load_state_dict(plain.state_dict())
-    assert convert_to_fp8(converted) == 2 * 6 + 1  # per layer q, k, v, attention output, two feed-forward; pooler
+    assert convert_to_fp8(converted) == 2 * 4 + 1  # per layer the fused qkv, attention output, two feed-forward; pooler
     kinds = {name: type(module) for name, module in converted.named_modules() if isinstance(module, nn.Linear)}
     assert kinds.pop("classifier") is nn.Linear  # 3 outputs: not a size the kernels take
     assert set(kinds.values()) == {Float8Linear}
@@ -106,7 +106,9 @@ def test_every_fp8_matmul_of_a_step_is_one_a_cuda_gpu_takes(lengths, unpad):
     padded ones): CUDA's _scaled_mm wants that a multiple of 16, where the CPU kernel takes anything. Every call the
     step makes is replayed on fake CUDA tensors, through CUDA's own checks (torch's meta kernel)."""
     calls = fp8_step_matmuls(lengths, unpad)
-    assert len(calls.calls) == 3 * 13  # forward, input gradient, weight gradient of each converted Linear
+    assert (
+        len(calls.calls) == 3 * 9
+    )  # forward, input and weight gradients of each converted Linear (fused QKV: 4 a layer, 2 layers, the head)
     assert calls.refused() == []
 
 
@@ -129,5 +131,7 @@ def test_every_fp8_matmul_of_a_packed_pretraining_step_is_one_a_cuda_gpu_takes()
             packed=packed_rows(batch),
         )  # fmt: skip
         (mlm.float().sum() + nsp.float().sum()).backward()
-    assert len(calls.calls) == 3 * (6 * PACKED.num_hidden_layers + 2)  # the layers, the pooler, the MLM transform
+    assert len(calls.calls) == 3 * (
+        4 * PACKED.num_hidden_layers + 2
+    )  # the layers (fused qkv), the pooler, the MLM transform
     assert calls.refused() == []
