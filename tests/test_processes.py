@@ -94,8 +94,9 @@ def preparing(args: list[str]) -> subprocess.Popen:
 
 
 def pool_args(tmp_path: Path, seed: int) -> list[str]:
-    # 2,000 documents: enough for datasets.map to run on two processes (one per 1,000 rows).
-    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=2000, seed=seed)
+    # 8,000 documents (about 4 MB): enough for the tokenizing pool to run two processes (one per 2,000 documents'
+    # worth of bytes, datamodule.BYTES_PER_DOCUMENT).
+    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=8000, seed=seed)
     return [
         *BASE,
         f"corpus.paths=[{corpus}]",
