@@ -58,7 +58,9 @@ def write_classifier(directory: Path, model_name: str, texts: list[str], vocab_s
         valid = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
         sys.exit(f"predict_vs_pipeline.py: unknown --model {model_name}; valid: {valid}")
     tokenizer = train_wordpiece(texts, vocab_size=vocab_size)
-    config = BertConfig.from_dict({**yaml.safe_load(path.read_text()), "vocab_size": tokenizer.vocab_size})
+    sizes = {**yaml.safe_load((path.parent / "_default.yaml").read_text()), **yaml.safe_load(path.read_text())}
+    sizes.pop("defaults", None)  # Hydra's list over conf/model/_default.yaml, not a size
+    config = BertConfig.from_dict({**sizes, "vocab_size": tokenizer.vocab_size})
     torch.manual_seed(0)
     model = BertForSequenceClassification(config, len(LABELS)).eval()
     # Sentences up to the model's positions, uncut: the pipeline cuts nothing either.
