@@ -321,6 +321,11 @@ def stop_group(pid: int, alive: Callable[[], bool]) -> None:
             return
 
 
+def seconds(budget: float) -> str:
+    """A budget as the table says it: whole seconds, or the fraction a test gives (0.01)."""
+    return f"{budget:.0f}" if budget >= 1 else f"{budget:g}"
+
+
 def run_pytest(part: Part, args: argparse.Namespace, budget: float) -> dict[str, dict]:
     """`pytest -m gpu` in a subprocess of its own process group; its counts, from the summary line or, cut short,
     from the lines so far."""
@@ -335,7 +340,7 @@ def run_pytest(part: Part, args: argparse.Namespace, budget: float) -> dict[str,
             process.wait(timeout=budget)
             cut = None
         except subprocess.TimeoutExpired:
-            cut = f"ran past its budget of {budget:.0f} s"
+            cut = f"ran past its budget of {seconds(budget)} s"
         except StopSignal as error:
             interrupted = error
             cut = f"interrupted by {error}"
@@ -387,7 +392,7 @@ def run_part(part: Part, args: argparse.Namespace, budget: float) -> dict[str, d
             os.setpgid(process.pid, process.pid)
         process.join(timeout=budget)
         if process.is_alive():
-            why = f"the part ran past its budget of {budget:.0f} s"
+            why = f"the part ran past its budget of {seconds(budget)} s"
         elif process.exitcode != 0:
             why = f"the part's process ended with exit code {process.exitcode}"
     except StopSignal as error:
@@ -635,13 +640,13 @@ def main(argv: list[str] | None = None) -> int:
             left = args.budget - (time.perf_counter() - started)
             given = next((s for n, s in budgets.items() if part.name in named(n, names)), part.budget)
             budget = min(given, left)
-            if budget < 1:
+            if left < 1:  # a part's own budget may be shorter (a test's 0.01 s); the overall one is spent
                 report["parts"][part.name] = {
                     case: {"not run": f"the overall budget of {args.budget:.0f} s (--budget) was spent"}
                     for case in cases
                 }
             else:
-                print(f"[{time.perf_counter() - started:5.0f} s] {part.name} (budget {budget:.0f} s)", flush=True)
+                print(f"[{time.perf_counter() - started:5.0f} s] {part.name} (budget {seconds(budget)} s)", flush=True)
                 try:
                     report["parts"][part.name] = run_part(part, args, budget)
                 except StopSignal as error:

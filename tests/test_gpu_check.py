@@ -27,7 +27,7 @@ def test_gpu_check_runs_every_kind_of_part_and_reports_what_it_could_not_run(tmp
         "--parts", "pytest", "bert_tiny at 128 tokens", "fine-tuning", "inference",
         "--model", "bert_unknown",  # pretrain_step.py refuses it: the fine-tuning part raises
         "--large-model", "bert_tiny",
-        "--part-budget", "inference=1",  # less than a process takes to start: past its budget
+        "--part-budget", "inference=0.01",  # less than even a forked process takes to load a model: past its budget
         "--part-budget", "bert_tiny at 128 tokens=600",  # the session's fresh cache: the demo corpus prepared first
         "--part-budget", "pytest=600",  # its budget is a GPU's; a busy CI machine collects for longer
     ]  # fmt: skip
@@ -52,7 +52,7 @@ def test_gpu_check_runs_every_kind_of_part_and_reports_what_it_could_not_run(tmp
     assert abs(sum(k["share"] for k in profile["kinds"].values()) - 1) < 0.01
     assert all(profile["kinds"][k]["ms"] > 0 for k in ("GEMM", "attention", "normalization", "loss", "optimizer"))
     assert "unknown --model bert_unknown" in parts["fine-tuning step"]["eager"]["error"]
-    assert parts["inference"]["predict vs pipeline"] == {"not run": "the part ran past its budget of 1 s"}
+    assert parts["inference"]["predict vs pipeline"] == {"not run": "the part ran past its budget of 0.01 s"}
     # What a committed result needs: the device, torch, the commit, and the six targets (null on a CPU)
     assert report["device"] == "cpu" and report["torch"] == torch.__version__
     assert report["commit"] is None or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", report["commit"])
@@ -66,7 +66,7 @@ def test_gpu_check_runs_every_kind_of_part_and_reports_what_it_could_not_run(tmp
     assert rows[0].endswith(f"| {gpu_tests['counts']['skipped']} skipped |")
     assert rows[1].startswith("| bert_tiny at 128 tokens | eager | ") and "not run" not in rows[1]
     assert "not run: SystemExit: pretrain_step.py: unknown --model bert_unknown" in rows[2]
-    assert rows[3].endswith("| not run: the part ran past its budget of 1 s |")
+    assert rows[3].endswith("| not run: the part ran past its budget of 0.01 s |")
     profiled = table[table.index("Where one steady step's time goes (torch.profiler, aten ops' CPU time):") + 2 :]
     assert profiled[0].startswith("| part | case | step ms | launches | GEMM ms (share) | attention ms (share) |")
     assert profiled[2].startswith(f"| bert_tiny at 128 tokens | eager | {profile['step_ms']:.1f} | ")

@@ -216,9 +216,14 @@ def test_gpu_trainer_without_a_gpu_is_a_clear_error(tmp_path, corpus_file):
 
 
 @pytest.mark.slow
-def test_speed_switches_train_and_keep_checkpoint_names(tmp_path, corpus_file):
+def test_speed_switches_train_and_keep_checkpoint_names(tmp_path, corpus_file, monkeypatch):
     """speed.compile compiles in place (with the default unpadded path, whose token count changes every batch) and
     speed.unpad=false takes the padded path; checkpoints load as usual."""
+    from lightbert.run import speed as speed_module
+
+    # AOTAutograd's forward and backward graphs, as Inductor gets them, without a minute of C++ compiling on 2 cores
+    # (Inductor's own code for the step: tests/test_compiled_step.py).
+    monkeypatch.setattr(speed_module, "COMPILE_BACKEND", "aot_eager")
     overrides = [*FAST, *text_corpus_overrides(corpus_file), "trainer.max_steps=3", "trainer.val_check_interval=3"]
     for switches in (["speed.compile=true"], ["speed.unpad=false"]):
         results = train(compose_config([*overrides, *switches], tmp_path / switches[0]))
