@@ -25,7 +25,7 @@ from lightbert.model_config import BertConfig
 from lightbert.optim_config import OptimConfig
 from lightbert.run.config_checks import CheckedConfig
 from lightbert.run.phases import Phase, phases_of
-from lightbert.tasks.pretraining.objectives import OBJECTIVES, MaskingShares
+from lightbert.tasks.pretraining.objectives import OBJECTIVES, MaskingShares, check_examples
 
 # Lightning's precisions (lightning.fabric.connector._PRECISION_INPUT), here so that a refusal needs no torch.
 PRECISIONS = ("16-true", "16-mixed", "bf16-true", "bf16-mixed", "32-true", "64-true", "16", "bf16", "32", "64",
@@ -345,6 +345,7 @@ class RunSettings:
                 f"task.objective={self.task.objective} asks for another objective; drop it, or use task=pretrain for "
                 "BERT's MLM + NSP"
             )
+        self._check_examples()
         if self.trainer.precision == "16-mixed" and self.trainer.strategy == "fsdp":
             # Lightning's ModelParallelStrategy (FSDP2) refuses it: a loss scaler would judge each device's gradient
             # shard alone, and one device could skip a step that another takes.
@@ -360,6 +361,20 @@ class RunSettings:
                 "under trainer=fsdp; use trainer.precision=bf16-mixed with FSDP"
             )
         self._check_cuda_graphs()
+
+    def _check_examples(self) -> None:
+        """task.datamodule.examples (pairs or chunks) for the run and each of its phases, with the objective each
+        reads: chunks have no sentence pairs for NSP. Refused here, before anything is written."""
+        if self.task.objective is None:  # fine-tuning
+            return
+        run = {"examples": self.task.datamodule.get("examples", "pairs"), "objective": self.task.objective}
+        for number, phase in enumerate(self.phases):
+            asked = run | {key: phase.datamodule[key] for key in run if key in phase.datamodule}
+            try:
+                check_examples(**asked)
+            except ParameterError as error:
+                where = f"task.phases[{number}] sets {asked}: " if asked != run else ""
+                raise ConfigError(where + error.template.format("task.datamodule.examples")) from None
 
     def _check_cuda_graphs(self) -> None:
         """speed.compile_mode=reduce-overhead records CUDA graphs, which torch cannot combine with gradient

@@ -57,9 +57,15 @@ from lightbert.tasks.pretraining.corpus import (
     check_has_documents,
     read_pieces,
 )
-from lightbert.tasks.pretraining.examples import PairExamples, StoredDocuments, create_pretraining_pairs
+from lightbert.tasks.pretraining.examples import (
+    EXAMPLE_KINDS,
+    StoredDocuments,
+    StoredExamples,
+    create_pretraining_chunks,
+    create_pretraining_pairs,
+)
 from lightbert.tasks.pretraining.masking import MaskingCollator, NextTokenCollator, max_predictions_for
-from lightbert.tasks.pretraining.objectives import MaskingShares, check_objective
+from lightbert.tasks.pretraining.objectives import MaskingShares, check_examples, check_objective
 from lightbert.tasks.pretraining.packing import PackingCollator, fixed_row_counts
 from lightbert.tasks.pretraining.resumable import SeededExamples, StepSampler
 from lightbert.tasks.pretraining.streaming import StreamingExamples, held_out_examples
@@ -139,7 +145,8 @@ class CachedExamples:
     preprocessing_workers: int = 1
     tokenizer_documents: int = 100000  # the first documents, which a new vocabulary is trained on
     validation_documents: int = 1000  # at most this many held out
-    datasets: dict[str, PairExamples] | None = None
+    examples: str = "pairs"  # or "chunks" (`lightbert.tasks.pretraining.examples`)
+    datasets: dict[str, StoredExamples] | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.validation_fraction < 1:
@@ -186,14 +193,19 @@ class CachedExamples:
         return files(self.cache_dir) if files is not None else None
 
     def examples_dir(self, tokenizer: BertTokenizer) -> Path:
+        """The cache entry of these examples, keyed by everything they depend on. Chunks are keyed apart from pairs
+        (their kind is in the key, and their entry's MANIFEST says it again) and by what they depend on: not
+        `short_seq_prob` or `dupe_factor`, which only pairs read."""
+        tokens = hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest()
+        # Pairs keep the key they have always had, so their cache entries stay valid.
+        pairing = ["chunks"] if self.examples == "chunks" else [self.short_seq_prob, self.dupe_factor]
         key = digest(
             [
                 EXAMPLES_VERSION,
                 self.corpus.fingerprint,
-                hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest(),
+                tokens,
                 self.max_seq_length,
-                self.short_seq_prob,
-                self.dupe_factor,
+                *pairing,
                 self.validation_fraction,
                 self.validation_documents,
                 self.seed,
@@ -247,12 +259,14 @@ class CachedExamples:
             test_indices_cache_file_name=str(out / "validation_documents.arrow"),
         )
         pairing = {name: getattr(self, name) for name in ("max_seq_length", "short_seq_prob", "dupe_factor", "seed")}
-        files = {"documents": _file_names(documents)}
+        files = {"documents": _file_names(documents), "examples": self.examples}
         for name, split in (("train", splits["train"]), ("validation", splits["test"])):
-            pairs = create_pretraining_pairs(
-                split, **pairing, cache_file_name=str(out / f"{name}.arrow"), num_proc=self._num_proc(len(split))
-            )
-            files[name] = _file_names(pairs)
+            where = {"cache_file_name": str(out / f"{name}.arrow"), "num_proc": self._num_proc(len(split))}
+            if self.examples == "chunks":
+                made = create_pretraining_chunks(split, self.max_seq_length, **where)
+            else:
+                made = create_pretraining_pairs(split, **pairing, **where)
+            files[name] = _file_names(made)
         for name in ("train_documents.arrow", "validation_documents.arrow"):
             (out / name).unlink(missing_ok=True)  # the pairs name the documents' rows themselves
         (out / MANIFEST).write_text(json.dumps(files))  # last: a directory without it was never finished
@@ -286,15 +300,19 @@ class CachedExamples:
                 ) from None
         return datasets.concatenate_datasets([datasets.Dataset.from_file(str(out / name)) for name in names])
 
-    def _load(self, examples_dir: Path, tokenizer: BertTokenizer) -> dict[str, PairExamples]:
+    def _load(self, examples_dir: Path, tokenizer: BertTokenizer) -> dict[str, StoredExamples]:
         files = json.loads((examples_dir / MANIFEST).read_text())
+        kind = files.get("examples", "pairs")  # an entry written before chunks holds pairs
+        if kind != self.examples:  # never read as the other kind, whatever put it under this key
+            raise ValueError(f"the entry holds {kind}, not {self.examples}")
 
         def table(names: list[str]) -> datasets.Dataset:
             return datasets.concatenate_datasets([datasets.Dataset.from_file(str(examples_dir / n)) for n in names])
 
         documents = StoredDocuments(table(files["documents"]), "sentence_ids")
+        examples = EXAMPLE_KINDS[kind]
         return {
-            name: PairExamples(documents, table(files[name]), tokenizer.cls_id, tokenizer.sep_id)
+            name: examples(documents, table(files[name]), tokenizer.cls_id, tokenizer.sep_id)
             for name in ("train", "validation")
         }
 
@@ -320,6 +338,18 @@ class CachedExamples:
         self.prepare(tokenizer)
         self.datasets = self._load(examples_dir, tokenizer)
 
+    def describe(self) -> str | None:
+        """What the console says of chunks (`examples=chunks`), once the examples are loaded: how many were cut."""
+        if self.examples != "chunks" or self.datasets is None:
+            return None
+        train, validation = self.datasets["train"], self.datasets["validation"]
+        return (
+            f"examples: {len(train):,} training and {len(validation):,} held-out chunks of at most "
+            f"{self.max_seq_length} tokens, {len(train.documents):,} documents' tokens cut in order "
+            f"(task.datamodule.examples=chunks: [CLS] chunk [SEP], no sentence pairs; dupe_factor and short_seq_prob "
+            "do not apply)"
+        )
+
     def train(self, tokenizer: BertTokenizer, batch_size: int, position: Position) -> tuple[Dataset, Sampler]:
         assert self.datasets is not None, "call setup() first"
         train = self.datasets["train"]
@@ -344,6 +374,7 @@ class StreamedExamples:
     validation_documents: int = 1000  # the first documents of the stream, held out
     tokenizer_documents: int = 100000  # the first documents, which a new vocabulary is trained on
     shuffle_buffer: int = 10000  # examples shuffled together
+    examples: str = "pairs"  # or "chunks"
     validation_examples: list[dict] | None = None
 
     def stream(self, shard: tuple[int, int] | None = None):
@@ -360,8 +391,18 @@ class StreamedExamples:
         if self.validation_examples is None:
             documents = islice(self.stream(), self.validation_documents)
             self.validation_examples = held_out_examples(
-                documents, tokenizer, self.max_seq_length, self.short_seq_prob, self.seed
+                documents, tokenizer, self.max_seq_length, self.short_seq_prob, self.seed, self.examples
             )
+
+    def describe(self) -> str | None:
+        """What the console says of chunks (`examples=chunks`): the stream's are cut as it is read."""
+        if self.examples != "chunks" or self.validation_examples is None:
+            return None
+        return (
+            f"examples: chunks of at most {self.max_seq_length} tokens, each document's tokens cut in order as the "
+            f"stream is read, {len(self.validation_examples):,} held out (task.datamodule.examples=chunks: [CLS] "
+            "chunk [SEP], no sentence pairs; short_seq_prob does not apply)"
+        )
 
     def train(self, tokenizer: BertTokenizer, batch_size: int, position: Position) -> tuple[Dataset, None]:
         rank, world_size, accumulate, steps_done = position
@@ -377,6 +418,7 @@ class StreamedExamples:
             world_size=world_size,
             start_batch=steps_done * accumulate,
             shuffle_buffer=self.shuffle_buffer,
+            examples=self.examples,
         )
         return examples, None
 
@@ -483,6 +525,7 @@ class PretrainDataModule(L.LightningDataModule):
         streaming: bool = False,
         packing: bool = False,
         max_examples_per_row: int = 8,
+        examples: str = "pairs",
         # CachedExamples' settings
         dupe_factor: int = 10,
         validation_fraction: float = 0.05,
@@ -525,7 +568,8 @@ class PretrainDataModule(L.LightningDataModule):
         self.whole_word_masking = whole_word_masking
         self.masking = MaskingShares(**(masking or {}))
         check_objective(objective)
-        self.objective = objective  # the same sentence pairs for every objective; ltr's batches are not masked
+        check_examples(examples, objective)
+        self.objective = objective  # ltr's batches are not masked
         if packing and objective == "ltr":
             raise ParameterError("{0}=true packs examples for a bidirectional encoder; objective ltr reads no [CLS]",
                                  "packing")  # fmt: skip
@@ -543,7 +587,8 @@ class PretrainDataModule(L.LightningDataModule):
             raise ParameterError(f"{{0}} must be >= 1, got {tokenizer_documents}", "tokenizer_documents")
         self.validation_share, self.validation_documents = validation_share, validation_documents
         self._said_validation = False
-        shared = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "seed": seed}
+        shared = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "seed": seed,
+                  "examples": examples}  # fmt: skip
         self.examples: CachedExamples | StreamedExamples
         if streaming:
             self.examples = StreamedExamples(
@@ -638,7 +683,7 @@ class PretrainDataModule(L.LightningDataModule):
         return self.examples.documents
 
     @property
-    def datasets(self) -> dict[str, PairExamples] | None:
+    def datasets(self) -> dict[str, StoredExamples] | None:
         return self.examples.datasets
 
     def prepare_data(self) -> None:
@@ -646,7 +691,11 @@ class PretrainDataModule(L.LightningDataModule):
             self.examples.prepare(self.tokenizer)
 
     def setup(self, stage: str | None = None) -> None:
+        said = self.examples.describe()
         self.examples.setup(self.tokenizer)
+        described = self.examples.describe()
+        if described and described != said and (self.trainer is None or self.trainer.is_global_zero):
+            log.info(described)  # once: when the examples are first loaded
 
     # -- batches -----------------------------------------------------------------------------------------
 

@@ -15,6 +15,14 @@ A port of google-research/bert's `create_pretraining_data.py` (`create_instances
   found from the sentences' lengths alone. The cache keeps the spans (`create_pretraining_pairs`) and the
   tokenized documents once, and `PairExamples` reads the token ids back; `create_instances_from_document` gives
   the same examples as token ids.
+
+`task.datamodule.examples=chunks` makes the modern recipe's examples instead (ModernBERT, RoBERTa's FULL-SENTENCES
+within a document, MosaicBERT, cramming): each document's tokens cut in order into consecutive chunks of at most
+`max_seq_length - 2`, each read as `[CLS] chunk [SEP]` (one segment, no NSP label). Sentence boundaries are not
+looked at, a document is chunked once (no `dupe_factor`, no `short_seq_prob`: the last chunk of a document is as short
+as what is left, and packing fills rows with them), and a chunk never crosses into another document.
+`create_chunks_from_document` gives them as token ids, `create_pretraining_chunks` as offsets (`Chunk`), which
+`ChunkExamples` reads back.
 """
 
 from __future__ import annotations
@@ -451,47 +459,116 @@ def create_pretraining_pairs(
         )
 
 
-class PairExamples:
-    """Examples stored as `Span`s over tokenized documents stored once, read as `[CLS] A [SEP] B [SEP]` rows.
+class Chunk(NamedTuple):
+    """One `examples=chunks` example as offsets: `length` tokens of document `document` from token `start`."""
+
+    document: int
+    start: int
+    length: int
+
+
+def chunk_starts(num_tokens: int, max_seq_length: int) -> range:
+    """Where each chunk of a document of `num_tokens` tokens starts: every `max_seq_length - 2` tokens (room for
+    [CLS] and [SEP]), the last chunk holding what is left."""
+    return range(0, num_tokens, max_seq_length - 2)
+
+
+def create_chunks_from_document(tokens: Sequence[int], max_seq_length: int, cls_id: int, sep_id: int) -> list[dict]:
+    """The `[CLS] chunk [SEP]` examples of one document's tokens (its sentences end to end), in order."""
+    width = max_seq_length - 2
+    return [
+        {"input_ids": [cls_id, *tokens[start : start + width], sep_id],
+         "token_type_ids": [0] * (min(width, len(tokens) - start) + 2)}
+        for start in chunk_starts(len(tokens), max_seq_length)
+    ]  # fmt: skip
+
+
+CHUNK_FEATURES = datasets.Features(
+    {
+        "document": datasets.Value("uint32"),  # a row of the documents table
+        "start": datasets.Value("uint32"),
+        "length": datasets.Value("uint16"),
+    }
+)
+
+
+def _create_chunks_batch(batch: dict, documents: datasets.Dataset, max_seq_length: int) -> dict:
+    global _stored
+    if _stored is None or _stored[0] is not documents:  # built once per process and split, not once per batch
+        _stored = (documents, StoredDocuments(documents, "sentence_ids"))
+    stored = _stored[1]
+    rows: list[int] = []
+    for document_index in batch["document"]:
+        starts = stored.sentence_starts(document_index)
+        num_tokens = starts[-1] - starts[0]
+        for start in chunk_starts(num_tokens, max_seq_length):
+            rows += (document_index, start, min(max_seq_length - 2, num_tokens - start))
+    table = np.array(rows, dtype=np.int64).reshape(-1, len(CHUNK_FEATURES))
+    out = {name: table[:, i] for i, name in enumerate(CHUNK_FEATURES)}
+    if stored.rows is not None:  # the split's document numbers to the table's rows
+        out["document"] = stored.rows[out["document"]]
+    return out
+
+
+def create_pretraining_chunks(
+    documents: datasets.Dataset, max_seq_length: int, cache_file_name: str, num_proc: int | None = None
+) -> datasets.Dataset:
+    """The `examples=chunks` examples of `documents` (a view of a table with a `sentence_ids` column) as `Chunk`s,
+    document after document, written to `cache_file_name` (`ChunkExamples` reads them back)."""
+    numbers = datasets.Dataset.from_dict({"document": np.arange(len(documents), dtype=np.int64)})
+    with progress_bars_for(len(documents)):
+        return numbers.map(
+            _create_chunks_batch,
+            batched=True,
+            batch_size=1024,
+            remove_columns=["document"],
+            features=CHUNK_FEATURES,
+            num_proc=num_proc,
+            cache_file_name=cache_file_name,
+            load_from_cache_file=False,
+            fn_kwargs={"documents": documents, "max_seq_length": max_seq_length},
+            desc="Cutting documents into chunks",
+        )
+
+
+class StoredExamples:
+    """Examples stored as offsets (one row of `FEATURES` each) over tokenized documents stored once; a subclass says
+    how a row reads as token ids (`build`).
 
     Indexed as a `datasets.Dataset` is where the loaders and tests need it: a row number gives a row, a list of
     row numbers the columns of those rows, a column name that column; `select` keeps some rows."""
 
-    COLUMNS = ("input_ids", "token_type_ids", "next_sentence_label")
+    FEATURES: datasets.Features
+    COLUMNS: tuple[str, ...]
 
-    def __init__(self, documents: StoredDocuments, pairs: datasets.Dataset, cls_id: int, sep_id: int, rows=None):
-        self.documents, self.pairs, self.cls_id, self.sep_id = documents, pairs, cls_id, sep_id
+    def __init__(self, documents: StoredDocuments, stored: datasets.Dataset, cls_id: int, sep_id: int, rows=None):
+        self.documents, self.stored, self.cls_id, self.sep_id = documents, stored, cls_id, sep_id
         # Numpy views of the memory-mapped columns, one per Arrow chunk: nothing of the size of the split in memory.
-        self.columns = {name: [c.to_numpy() for c in pairs.data.column(name).chunks] for name in PAIR_FEATURES}
-        self.starts = np.cumsum([0] + [len(c) for c in self.columns["a_start"]])
+        self.columns = {name: [c.to_numpy() for c in stored.data.column(name).chunks] for name in self.FEATURES}
+        first = next(iter(self.FEATURES))
+        self.starts = np.cumsum([0] + [len(c) for c in self.columns[first]])
         self.rows = rows  # a selection of the stored rows, or None for all
 
     def __len__(self) -> int:
         return int(self.starts[-1]) if self.rows is None else len(self.rows)
 
     def __reduce__(self):  # as StoredDocuments
-        return PairExamples, (self.documents, self.pairs, self.cls_id, self.sep_id, self.rows)
+        return type(self), (self.documents, self.stored, self.cls_id, self.sep_id, self.rows)
 
-    def select(self, indices) -> PairExamples:
+    def select(self, indices) -> StoredExamples:
         rows = np.asarray(indices, dtype=np.int64) if self.rows is None else self.rows[np.asarray(indices)]
-        return PairExamples(self.documents, self.pairs, self.cls_id, self.sep_id, rows)
+        return type(self)(self.documents, self.stored, self.cls_id, self.sep_id, rows)
 
     def example(self, index: int) -> dict:
         row = int(index) if self.rows is None else int(self.rows[index])
         if not 0 <= row < self.starts[-1]:
             raise IndexError(index)
-        chunk = int(np.searchsorted(self.starts, row, side="right")) - 1
-        at = row - int(self.starts[chunk])
-        a_document, a_start, a_length, b_document, b_start, b_length, label = (
-            int(self.columns[name][chunk][at]) for name in PAIR_FEATURES
-        )
-        a = self.documents.tokens(a_document, a_start, a_length).tolist()
-        b = self.documents.tokens(b_document, b_start, b_length).tolist()
-        return {
-            "input_ids": [self.cls_id, *a, self.sep_id, *b, self.sep_id],
-            "token_type_ids": [0] * (a_length + 2) + [1] * (b_length + 1),
-            "next_sentence_label": label,
-        }
+        part = int(np.searchsorted(self.starts, row, side="right")) - 1  # the Arrow chunk
+        at = row - int(self.starts[part])
+        return self.build(*(int(self.columns[name][part][at]) for name in self.FEATURES))
+
+    def build(self, *values: int) -> dict:
+        raise NotImplementedError
 
     def __getitem__(self, key):
         if isinstance(key, str):
@@ -502,3 +579,33 @@ class PairExamples:
             return self.example(key if key >= 0 else key + len(self))
         rows = [self.example(i) for i in key]
         return {name: [row[name] for row in rows] for name in self.COLUMNS}
+
+
+class PairExamples(StoredExamples):
+    """Examples stored as `Span`s, read as `[CLS] A [SEP] B [SEP]` rows with their NSP label."""
+
+    FEATURES = PAIR_FEATURES
+    COLUMNS = ("input_ids", "token_type_ids", "next_sentence_label")
+
+    def build(self, a_document, a_start, a_length, b_document, b_start, b_length, label) -> dict:
+        a = self.documents.tokens(a_document, a_start, a_length).tolist()
+        b = self.documents.tokens(b_document, b_start, b_length).tolist()
+        return {
+            "input_ids": [self.cls_id, *a, self.sep_id, *b, self.sep_id],
+            "token_type_ids": [0] * (a_length + 2) + [1] * (b_length + 1),
+            "next_sentence_label": label,
+        }
+
+
+class ChunkExamples(StoredExamples):
+    """Examples stored as `Chunk`s, read as `[CLS] chunk [SEP]` rows: one segment, no NSP label."""
+
+    FEATURES = CHUNK_FEATURES
+    COLUMNS = ("input_ids", "token_type_ids")
+
+    def build(self, document, start, length) -> dict:
+        tokens = self.documents.tokens(document, start, length).tolist()
+        return {"input_ids": [self.cls_id, *tokens, self.sep_id], "token_type_ids": [0] * (length + 2)}
+
+
+EXAMPLE_KINDS = {"pairs": PairExamples, "chunks": ChunkExamples}  # task.datamodule.examples

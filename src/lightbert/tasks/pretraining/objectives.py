@@ -1,9 +1,9 @@
 """The pre-training objectives the paper compares (§5.1, Table 5), chosen by `task.objective`, and the masking
-procedure's shares (Appendix C.2, Table 8), `task.datamodule.masking`. Light to import: the entry point checks
-both before torch loads.
+procedure's shares (Appendix C.2, Table 8), `task.datamodule.masking`; and the examples they read,
+`task.datamodule.examples`. Light to import: the entry point checks them before torch loads.
 
-The data (sentence pairs, 50% with a random sentence B) is the same for all three; they differ in the batches'
-labels, the attention's direction and the heads:
+The data (sentence pairs, 50% with a random sentence B: `examples=pairs`) is the same for all three; they differ in
+the batches' labels, the attention's direction and the heads:
 - `mlm_nsp`: BERT. 15% of tokens masked and predicted, plus next sentence prediction from the pooled [CLS].
 - `mlm`: "No NSP". The same masked LM; no NSP head, no NSP loss, no pooler.
 - `ltr`: "LTR & No NSP", as OpenAI GPT. Every token attends to its left only, in pre-training and in fine-tuning
@@ -27,6 +27,26 @@ OBJECTIVES = {
 def check_objective(objective: str) -> None:
     if objective not in OBJECTIVES:
         raise ParameterError(f"{{0}}={objective!r} is not known; valid: {list(OBJECTIVES)}", "objective")
+
+
+# task.datamodule.examples (lightbert.tasks.pretraining.examples)
+EXAMPLES = {
+    "pairs": "the paper's [CLS] A [SEP] B [SEP] sentence pairs, half with a random B (NSP's labels)",
+    "chunks": "each document's tokens cut in order into [CLS] chunk [SEP] examples (the modern recipe's)",
+}
+
+
+def check_examples(examples: str, objective: str | None) -> None:
+    """`examples` known, and not chunks for next sentence prediction (they have no second segment). The message names
+    the parameter as `{0}`: the DataModule's `examples`, the config's `task.datamodule.examples`."""
+    if examples not in EXAMPLES:
+        raise ParameterError(f"{{0}}={examples!r} is not known; valid: {list(EXAMPLES)}", "examples")
+    if examples == "chunks" and objective == "mlm_nsp":
+        raise ParameterError(
+            "{0}=chunks has no sentence pairs, and task.objective=mlm_nsp asks for next sentence prediction: set "
+            "task.objective=mlm (masked LM alone), or {0}=pairs for BERT's sentence pairs",
+            "examples",
+        )
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ pairs go through a shuffle buffer. How this differs from the cached path:
   device runs out of data before another, which would stall DDP.
 - The first `validation_documents` documents are held out as the validation split, in memory; each reader reads
   them too, and skips every document of its share with the same text (by a 16-byte digest).
+With `examples="chunks"` a reader cuts each document into consecutive chunks (`create_chunks_from_document`)
+instead of making sentence pairs; then nothing is drawn from other documents.
 - A resumed run fast-forwards: each reader makes its examples again up to the batch after the checkpoint, and
   masking and the training step are skipped for them. Reading the stream again costs time, not correctness.
 """
@@ -31,7 +33,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
-from lightbert.tasks.pretraining.examples import create_instances_from_document
+from lightbert.tasks.pretraining.examples import create_chunks_from_document, create_instances_from_document
 from lightbert.tasks.pretraining.resumable import example_seed
 
 
@@ -40,10 +42,19 @@ def tokenized(document: list[str], tokenizer: BertTokenizer) -> list[list[int]]:
 
 
 def held_out_examples(
-    documents: Iterable[list[str]], tokenizer: BertTokenizer, max_seq_length: int, short_seq_prob: float, seed: int
+    documents: Iterable[list[str]],
+    tokenizer: BertTokenizer,
+    max_seq_length: int,
+    short_seq_prob: float,
+    seed: int,
+    examples: str = "pairs",
 ) -> list[dict]:
-    """The validation split: every pair of the first documents of the stream (NotNext drawn among them)."""
+    """The validation split: every pair of the first documents of the stream (NotNext drawn among them), or every
+    chunk of them (`examples="chunks"`)."""
     docs = [d for d in (tokenized(document, tokenizer) for document in documents) if d]
+    if examples == "chunks":
+        cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
+        return [c for d in docs for c in create_chunks_from_document(flat(d), max_seq_length, cls_id, sep_id)]
     examples = []
     for index in range(len(docs)):
         rng = random.Random(f"{seed}/validation/{index}")
@@ -51,6 +62,11 @@ def held_out_examples(
             docs, index, max_seq_length, short_seq_prob, rng, tokenizer.cls_id, tokenizer.sep_id
         )
     return examples
+
+
+def flat(sentences: list[list[int]]) -> list[int]:
+    """A tokenized document's sentences end to end."""
+    return [token for sentence in sentences for token in sentence]
 
 
 def _digest(document: list[str]) -> bytes:
@@ -74,11 +90,13 @@ class StreamingExamples(IterableDataset):
         start_batch: int = 0,
         shuffle_buffer: int = 10000,
         pair_buffer: int = 1000,
+        examples: str = "pairs",
     ):
         self.stream, self.tokenizer, self.seed = stream, tokenizer, seed
         self.max_seq_length, self.short_seq_prob, self.batch_size = max_seq_length, short_seq_prob, batch_size
         self.skip_documents, self.rank, self.world_size = skip_documents, rank, world_size
         self.start_batch, self.shuffle_buffer, self.pair_buffer = start_batch, shuffle_buffer, pair_buffer
+        self.examples = examples  # "pairs" or "chunks"
 
     def _reader(self) -> tuple[int, int, int, int]:
         """(this reader, readers in the run, this DataLoader worker, workers of this device)."""
@@ -100,13 +118,17 @@ class StreamingExamples(IterableDataset):
                 yield number, sentences
 
     def pairs(self, reader: int, readers: int) -> Iterator[dict]:
-        """Sentence pairs in stream order, pass after pass, each pass with its own draws."""
+        """Sentence pairs (or chunks) in stream order, pass after pass, each pass with its own draws."""
         epoch = 0
+        cls_id, sep_id = self.tokenizer.cls_id, self.tokenizer.sep_id
         while True:
             recent: deque[list[list[int]]] = deque(maxlen=self.pair_buffer)
             found = False
             for number, sentences in self.documents(reader, readers):
                 found = True
+                if self.examples == "chunks":
+                    yield from create_chunks_from_document(flat(sentences), self.max_seq_length, cls_id, sep_id)
+                    continue
                 recent.append(sentences)
                 rng = random.Random(f"{self.seed}/{epoch}/{reader}/{number}")
                 yield from create_instances_from_document(
