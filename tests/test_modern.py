@@ -196,12 +196,12 @@ SMALL_MODERN = [
     "task.max_seq_length=64",
     "task.datamodule.num_workers=0",
     "task.datamodule.vocab_size=400",
-    "task.datamodule.dupe_factor=2",
     "model.local_attention=16",
 ]
 
 
-def test_modern_recipe_pretrains_in_phases_and_fine_tunes(tmp_path, corpus_file):
+def test_modern_recipe_pretrains_in_phases_and_fine_tunes(tmp_path, corpus_file, caplog):
+    caplog.set_level("INFO", logger="lightbert")
     phases = (
         "[{until: 0.5, datamodule: {max_seq_length: 32}}, "
         "{until: 1.0, datamodule: {max_seq_length: 64, batch_size: 2}}]"
@@ -214,6 +214,9 @@ def test_modern_recipe_pretrains_in_phases_and_fine_tunes(tmp_path, corpus_file)
     results = train(cfg)
     assert results["global_step"] == 4
     assert "val/mlm_accuracy" in results["metrics"] and "val/nsp_loss" not in results["metrics"]
+    # Each phase's examples are its documents cut into chunks of its length, said once when they are loaded.
+    said = [r.message for r in caplog.records if r.message.startswith("examples: ")]
+    assert len(said) == 2 and "chunks of at most 32 tokens" in said[0] and "chunks of at most 64 tokens" in said[1]
     checkpoint = torch.load(results["last_checkpoint"], weights_only=True, map_location="cpu")
     model = checkpoint["hyper_parameters"]["model"]
     assert (model["norm_position"], model["mlp"], model["position_embedding_type"]) == ("pre", "geglu", "rotary")

@@ -150,14 +150,22 @@ def test_mlm_alone_has_no_nsp_parameters_and_no_nsp_loss():
     [
         ("task.objective=nsp_only", "task.objective='nsp_only' is not known"),
         ("task.datamodule.masking.same=0.3", "task.datamodule.masking must be three shares"),
+        ("task.datamodule.examples=sentences", "task.datamodule.examples='sentences' is not known"),
+        # NSP (task=pretrain's objective) asked of chunks, which have no sentence pairs: for the run, or in a phase.
+        ("task.datamodule.examples=chunks", "^task.datamodule.examples=chunks has no sentence pairs, and "
+         "task.objective=mlm_nsp asks for next sentence prediction: set task.objective=mlm"),
+        ("task.phases=[{until: 0.5, datamodule: {}}, {until: 1.0, datamodule: {examples: chunks}}]",
+         "^task.phases\\[1\\] sets {'examples': 'chunks', 'objective': 'mlm_nsp'}: task.datamodule.examples=chunks "
+         "has no sentence pairs"),
     ],
-)
-def test_an_unknown_objective_or_bad_masking_is_refused_before_anything_is_written(
+)  # fmt: skip
+def test_an_unknown_objective_bad_masking_or_nsp_of_chunks_is_refused_before_anything_is_written(
     override, message, corpus_file, tmp_path
 ):
-    overrides = [*TINY_PRETRAIN, f"corpus.paths=[{corpus_file}]", override]
-    with pytest.raises(ConfigError, match=message):
+    overrides = [*TINY_PRETRAIN, f"corpus.paths=[{corpus_file}]", "trainer.max_steps=4", override]
+    with pytest.raises(ConfigError, match=message) as error:
         train(compose_config(overrides, tmp_path / "run"))
+    assert "\n" not in str(error.value)
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 

@@ -1,7 +1,10 @@
 """The pre-training DataModule: prepared once and cached, held-out documents, masked batches."""
 
+import math
+import shutil
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from helpers.runs import write_bert_corpus
@@ -254,3 +257,88 @@ def test_a_tokenizing_process_that_is_killed_ends_the_preparation_in_one_line(tm
     with pytest.raises(UserError, match="one of its 2 processes ended without a word; if it ran out of memory"):
         dm.prepare_data()
     assert not any((tmp_path / "cache" / "examples").iterdir())  # nothing half-written left
+
+
+# -- task.datamodule.examples=chunks: each document's tokens cut in order (the modern recipe's examples) ------------
+
+
+def chunked(path, cache, **kwargs) -> PretrainDataModule:
+    dm = datamodule(path, cache, examples="chunks", objective="mlm", **kwargs)
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+def test_chunks_are_each_documents_tokens_in_order_once(tmp_path, corpus_file, caplog):
+    """Through the real DataModule: every chunk is [CLS] tokens [SEP]; the chunks of a document, in the order they
+    are stored, are its tokens (its sentences end to end) with nothing lost, duplicated, reordered or taken from
+    another document; every chunk but a document's last is full. Said once on the console."""
+    caplog.set_level("INFO", logger="lightbert")
+    dm = chunked(corpus_file, tmp_path, max_seq_length=24, validation_fraction=0.25)
+    tokenizer = dm.tokenizer
+    width = 24 - 2
+    joined, counts = [], []
+    for name in ("train", "validation"):
+        split = dm.datasets[name]
+        owners = np.concatenate([c.to_numpy() for c in split.stored.data.column("document").chunks])
+        assert len(owners) == len(split) > 0
+        tokens: dict[int, list[int]] = {}
+        previous = None
+        for owner, example in zip(owners.tolist(), (split[i] for i in range(len(split))), strict=True):
+            ids = example["input_ids"]
+            assert ids[0] == tokenizer.cls_id and ids[-1] == tokenizer.sep_id and len(ids) <= 24
+            assert example["token_type_ids"] == [0] * len(ids) and set(example) == {"input_ids", "token_type_ids"}
+            assert tokenizer.sep_id not in ids[1:-1] and tokenizer.cls_id not in ids[1:-1]
+            if owner in tokens:  # a document's chunks are consecutive, and all but its last one full
+                assert owner == previous and len(tokens[owner]) % width == 0
+            tokens.setdefault(owner, []).extend(ids[1:-1])
+            previous = owner
+        joined += tokens.values()
+        counts += [math.ceil(len(t) / width) for t in tokens.values()]
+    expected = [[t for s in tokenizer.encode_batch(d) for t in s] for d in read_bert_format(corpus_file)]
+    assert sorted(joined) == sorted(expected)  # every document once, each exactly its tokens in order
+    assert sum(counts) == len(dm.datasets["train"]) + len(dm.datasets["validation"])
+    assert max(counts) >= 5 and min(map(len, expected)) > width  # the corpus's documents are cut, into many chunks
+    said = [r.message for r in caplog.records if r.message.startswith("examples: ")]
+    assert said == [f"examples: {len(dm.datasets['train'])} training and {len(dm.datasets['validation'])} held-out "
+                    "chunks of at most 24 tokens, 40 documents' tokens cut in order (task.datamodule.examples=chunks: "
+                    "[CLS] chunk [SEP], no sentence pairs; dupe_factor and short_seq_prob do not apply)"]  # fmt: skip
+    # Masked and packed as any examples: MLM labels only, every row within the width.
+    batch = next(iter(chunked(corpus_file, tmp_path, max_seq_length=24, packing=True).train_dataloader()))
+    assert "next_sentence_label" not in batch and batch["input_ids"].shape[1] == 24
+    assert (batch["labels"] != IGNORE_INDEX).sum() > 0
+
+
+def test_chunks_and_pairs_are_cached_apart_and_never_read_as_each_other(tmp_path, corpus_file, caplog):
+    pairs = datamodule(corpus_file, tmp_path)
+    pairs.prepare_data()
+    chunks = chunked(corpus_file, tmp_path)
+    assert chunks.examples_dir != pairs.examples_dir
+    pairs.setup("fit")
+    assert (
+        "next_sentence_label" in pairs.datasets["train"][0] and "next_sentence_label" not in chunks.datasets["train"][0]
+    )
+    # Chunks are keyed by what they read: short_seq_prob and dupe_factor are the pairs' alone.
+    assert datamodule(corpus_file, tmp_path, examples="chunks", objective="mlm", dupe_factor=3,
+                      short_seq_prob=0.5).examples_dir == chunks.examples_dir  # fmt: skip
+    # A pairs entry found under the chunks' key (copied there by hand, an older version's): rebuilt, not read.
+    shutil.rmtree(chunks.examples_dir)
+    shutil.copytree(pairs.examples_dir, chunks.examples_dir)
+    caplog.set_level("WARNING", logger="lightbert")
+    again = chunked(corpus_file, tmp_path)
+    assert "the entry holds pairs, not chunks" in caplog.text and "it is rebuilt" in caplog.text
+    assert len(again.datasets["train"]) == len(chunks.datasets["train"])
+    assert again.datasets["train"][0] == chunks.datasets["train"][0]
+
+
+def test_next_sentence_prediction_on_chunks_is_refused_in_one_line(tmp_path, corpus_file):
+    from lightbert.errors import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        datamodule(corpus_file, tmp_path, examples="chunks")  # the default objective: mlm_nsp
+    assert str(error.value) == (
+        "examples=chunks has no sentence pairs, and task.objective=mlm_nsp asks for next sentence prediction: set "
+        "task.objective=mlm (masked LM alone), or examples=pairs for BERT's sentence pairs"
+    )
+    with pytest.raises(ConfigError, match="examples='sentences' is not known; valid: \\['pairs', 'chunks'\\]"):
+        datamodule(corpus_file, tmp_path, examples="sentences", objective="mlm")

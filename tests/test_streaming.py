@@ -1,6 +1,7 @@
 """Streaming pre-training data: every reader its own documents, endless passes, exact fast-forward on resume."""
 
 import json
+import math
 from itertools import islice
 
 import pytest
@@ -10,7 +11,7 @@ from lightbert import train
 from lightbert.data.tokenizer import iter_sentences, train_wordpiece
 from lightbert.errors import UserError
 from lightbert.tasks.pretraining.corpus import HFCorpus, TextCorpus, read_bert_format, read_shard
-from lightbert.tasks.pretraining.streaming import StreamingExamples, tokenized
+from lightbert.tasks.pretraining.streaming import StreamingExamples, held_out_examples, tokenized
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +90,22 @@ def test_the_stream_repeats_and_a_resumed_reader_fast_forwards_exactly(corpus_an
     resumed = list(islice(iter(examples(path, tokenizer, start_batch=5)), 100))
     assert resumed == fresh[20:120]  # from batch 5 on (batch size 4), the masks' seeds included
     assert len({e["mask_seed"] for e in fresh}) == 300
+
+
+def test_streamed_chunks_are_each_documents_tokens_in_order(corpus_and_tokenizer):
+    """examples=chunks on the stream: one pass's chunks (before the shuffle buffer), and the held-out ones, are each
+    document's tokens cut in order into [CLS] chunk [SEP] of at most max_seq_length tokens, nothing lost or repeated."""
+    path, tokenizer = corpus_and_tokenizer
+    cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
+    documents = [[t for s in tokenized(d, tokenizer) for t in s] for d in read_bert_format(path)]
+    passes = examples(path, tokenizer, skip_documents=3, max_seq_length=24, examples="chunks").pairs(0, 1)
+    one_pass = list(islice(passes, sum(math.ceil(len(d) / 22) for d in documents[3:])))
+    assert all(c["input_ids"][0] == cls_id and c["input_ids"][-1] == sep_id for c in one_pass)
+    assert max(len(c["input_ids"]) for c in one_pass) == 24 and "next_sentence_label" not in one_pass[0]
+    assert [t for c in one_pass for t in c["input_ids"][1:-1]] == [t for d in documents[3:] for t in d]
+    assert next(passes)["input_ids"][1:-1] == documents[3][:22]  # the next pass starts again
+    held_out = held_out_examples(read_bert_format(path), tokenizer, 24, 0.1, 7, examples="chunks")
+    assert [t for c in held_out for t in c["input_ids"][1:-1]] == [t for d in documents for t in d]
 
 
 @pytest.mark.parametrize("source", ["text", "hf-json"])
