@@ -1,12 +1,14 @@
-"""The pre-training DataModule: corpus -> WordPiece tokenizer -> sentence-pair examples -> masked batches.
+"""The pre-training DataModule: corpus -> WordPiece tokenizer -> examples -> masked batches.
 
-The examples come from one of two sources, chosen by `streaming`:
+The examples are the paper's sentence pairs (`examples="pairs"`) or each document's tokens cut in order into chunks
+(`examples="chunks"`, the modern recipe's; `lightbert.tasks.pretraining.examples`), from one of two sources, chosen
+by `streaming`:
 
 - `CachedExamples` (the default): built once in `prepare_data` (local rank 0 of each node) from the whole corpus
   (a corpus of files tokenized as it is read, with no copy of the text; a Hugging Face one through `datasets.map`)
   and saved under the cache directory, keyed by everything they depend on; `setup` only loads them. The tokenized
-  documents are stored once and each example as offsets into them (`PairExamples`), so `dupe_factor` pairings per
-  document cost 21 bytes an example. `validation_fraction` of the documents held out (at most
+  documents are stored once and each example as offsets into them (`PairExamples`, `ChunkExamples`), so
+  `dupe_factor` pairings per document cost 21 bytes an example. `validation_fraction` of the documents held out (at most
   `validation_documents`).
 - `StreamedExamples`: made on the fly from the corpus read as a stream, for corpora larger than the disk cache
   (`lightbert.tasks.pretraining.streaming` says how it differs); the first `validation_documents` are held out.
