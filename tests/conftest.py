@@ -48,14 +48,15 @@ def share_the_cores() -> None:
 
 
 # The files that take longest, longest first (measured with `pytest --durations=0` on 2 cores): xdist hands out whole
-# files (`--dist loadfile`, so that a file's module fixtures are built once), in collection order, to whichever worker
-# is free; a long file handed out last keeps one worker busy long after the other has finished. The other files follow
+# files (`--dist loadfile`, so that a file's module fixtures are built once), in collection order
+# (`--no-loadscope-reorder`: by default it orders them by their number of tests instead), to whichever worker is free;
+# a long file handed out last keeps one worker busy long after the other has finished. The other files follow
 # in their usual order. A name missing here only runs later; a stale order costs minutes, not correctness.
 LONGEST_FIRST = (
-    "test_bench.py", "test_resume.py", "test_processes.py", "test_notebooks.py", "test_trainers.py",
-    "test_readme.py", "test_train.py", "test_preemption.py", "test_cluster.py", "test_packaging.py",
-    "test_multinode.py", "test_elastic_resume.py", "test_fsdp.py", "test_bad_input.py", "test_precision.py",
-    "test_run_record.py", "test_benchmark.py", "test_sweep.py", "test_one_path.py", "test_gpu_check.py",
+    "test_trainers.py", "test_train.py", "test_bench.py", "test_resume.py", "test_bad_input.py", "test_processes.py",
+    "test_notebooks.py", "test_preemption.py", "test_readme.py", "test_export.py", "test_benchmark.py",
+    "test_packaging.py", "test_fsdp.py", "test_multinode.py", "test_gpu_check.py", "test_precision.py",
+    "test_cluster.py", "test_elastic_resume.py", "test_run_record.py", "test_one_path.py", "test_sweep.py",
 )  # fmt: skip
 
 
