@@ -7,7 +7,6 @@ traceback. Anything else is a bug in lightbert and keeps its traceback.
 from __future__ import annotations
 
 import functools
-import math
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -21,47 +20,6 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A config value that can't work, e.g. a hidden size not divisible by the number of heads."""
-
-
-def checked_number(
-    key: str,
-    value: Any,
-    kind: type = int,
-    minimum: float = 0,
-    nullable: bool = False,
-    positive: bool = False,
-    largest: float | None = None,
-    or_auto: bool = False,
-) -> Any:
-    """`value` as a `kind`, or one message naming `key`: a value of the wrong kind or out of range fails here, not in
-    a traceback from deep in Lightning or the data code (`trainer.max_steps=abc`, `task.batch_size=0`)."""
-    if (value is None and nullable) or (or_auto and value == "auto"):
-        return value
-    number = as_number(value, kind)
-    if number is None:
-        what = ("an integer" if kind is int else "a number") + (" or auto" if or_auto else "")
-        raise ConfigError(f"{key} must be {what}, got {value!r}")
-    if number < minimum or (positive and number <= 0) or (largest is not None and number > largest):
-        bound = "> 0" if positive else f">= {minimum:g}"
-        if largest is not None:
-            bound = f"from {minimum:g} to {largest:.0f}" if largest != 1 else f"{bound} and <= 1"
-        raise ConfigError(f"{key} must be {bound}, got {value!r}")
-    return kind(number)
-
-
-def as_number(value: Any, kind: type) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    if not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    if kind is int and value != int(value):
-        return None
-    return value
 
 
 # pyproject.toml's extras: what only one option needs, and the module that shows it is installed.

@@ -1,12 +1,13 @@
-"""The optimiser's settings (the config's `optim` node), typed and checked once. Light to import (no torch): a run's
-settings hold them, and a bad value is refused before torch loads. `lightbert.optim` builds the optimiser from them."""
+"""The optimiser's settings (the config's `optim` node), typed. Light to import (no torch): a run's settings hold them,
+and a bad value is refused before torch loads: each number's kind and range where the run's numbers are checked
+(`run.config_checks.NUMBERS`), how they go together here. `lightbert.optim` builds the optimiser from them."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from lightbert.errors import ConfigError, checked_number
+from lightbert.errors import ConfigError
 
 OPTIMIZERS = {"adamw", "lamb"}
 
@@ -28,29 +29,20 @@ class OptimConfig:
     total_steps: int | None = None  # the schedule's length; None: the trainer's (a recipe spans several phases)
 
     def __post_init__(self) -> None:
-        """Each value checked here, once, naming its config key: a run's settings are refused before anything is
-        written (`RunSettings.optim`), and a module read back from a checkpoint is held to the same rules."""
+        """How the values go together, checked here, naming their config keys: a run's settings are refused before
+        anything is written (`RunSettings.optim`), and a module read back from a checkpoint is held to the same rules.
+        Each number's kind and range is checked once, where the run's numbers are (`run.config_checks.NUMBERS`)."""
         if self.name not in OPTIMIZERS:
             raise ConfigError(f"optim.name {self.name!r} is not known; valid: {sorted(OPTIMIZERS)}")
-        checked = {
-            "lr": checked_number("optim.lr", self.lr, float, positive=True),
-            "weight_decay": checked_number("optim.weight_decay", self.weight_decay, float, 0),
-            "warmup_ratio": checked_number("optim.warmup_ratio", self.warmup_ratio, float, 0),
-            "warmup_steps": checked_number("optim.warmup_steps", self.warmup_steps, int, 0, nullable=True),
-            "decay_power": checked_number("optim.decay_power", self.decay_power, float, positive=True, nullable=True),
-            "decay_ratio": checked_number("optim.decay_ratio", self.decay_ratio, float, positive=True, nullable=True),
-        }
-        if checked["warmup_ratio"] >= 1:  # no step would be left to decay over
+        if self.warmup_ratio >= 1:  # no step would be left to decay over
             raise ConfigError(f"optim.warmup_ratio must be >= 0 and < 1, got {self.warmup_ratio!r}")
-        if checked["decay_ratio"] is not None and checked["decay_ratio"] > 1:
+        if self.decay_ratio is not None and self.decay_ratio > 1:
             raise ConfigError(f"optim.decay_ratio is a share of the steps, in (0, 1]; got {self.decay_ratio!r}")
-        if checked["decay_ratio"] is not None and checked["decay_power"] is not None:
+        if self.decay_ratio is not None and self.decay_power is not None:
             raise ConfigError(
                 "optim.decay_ratio (warmup-stable-decay) and optim.decay_power (polynomial decay) are two schedules: "
                 "set one of them"
             )
-        for name, value in checked.items():
-            object.__setattr__(self, name, value)  # frozen: the checked value, e.g. 1e-4 from the string "1e-4"
 
     @classmethod
     def from_config(cls, values: dict[str, Any]) -> OptimConfig:

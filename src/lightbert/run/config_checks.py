@@ -6,6 +6,7 @@ written. Torch-free, as the settings are."""
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError
 
-from lightbert.errors import ConfigError, as_number, checked_number
+from lightbert.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,9 @@ def checked_config(cfg: DictConfig) -> CheckedConfig:
 
 
 # Every number of a run's config, checked once (`checked_numbers`) before any part of the settings is built: key ->
-# what `lightbert.errors.checked_number` allows (kind, smallest value, null, "auto", ...). A key the config does not
-# hold keeps its part's default, but for REQUIRED_NUMBERS. (The optimiser's are `OptimConfig`'s.)
+# what `checked_number` allows (kind, smallest value, null, "auto", ...). A key the config does not hold keeps its
+# part's default, but for REQUIRED_NUMBERS. How values go together is their part's to check (`OptimConfig`: a warmup
+# shorter than the run, one decay schedule).
 NUMBERS = {
     "seed": {"kind": int, "largest": 2**32 - 1},  # numpy's and Python's seeds
     "trainer.max_steps": {"kind": int, "minimum": -1},
@@ -57,6 +59,12 @@ NUMBERS = {
     "task.datamodule.vocab_size": {"kind": int, "minimum": 1},
     # A share of the training batches between two validations (pre-training); null reads the whole held-out split.
     "task.datamodule.validation_share": {"kind": float, "positive": True, "largest": 1, "nullable": True},
+    "optim.lr": {"kind": float, "positive": True},
+    "optim.weight_decay": {"kind": float},
+    "optim.warmup_ratio": {"kind": float},  # and < 1 (`OptimConfig`)
+    "optim.warmup_steps": {"kind": int, "nullable": True},  # null: from warmup_ratio
+    "optim.decay_power": {"kind": float, "positive": True, "nullable": True},
+    "optim.decay_ratio": {"kind": float, "positive": True, "nullable": True},  # and <= 1 (`OptimConfig`)
 }
 REQUIRED_NUMBERS = ("seed", "task.batch_size")
 ABSENT = object()
@@ -95,6 +103,49 @@ def checked_add_words(key: str, value: Any) -> int | str | None:
     if count is None or count < 0:
         raise ConfigError(f"{key} must be a count of words (0 or more) or a file of words, got {value!r}")
     return int(count)
+
+
+def checked_number(
+    key: str,
+    value: Any,
+    kind: type = int,
+    minimum: float = 0,
+    nullable: bool = False,
+    positive: bool = False,
+    largest: float | None = None,
+    or_auto: bool = False,
+) -> Any:
+    """`value` as a `kind`, or one message naming `key`: a value of the wrong kind or out of range fails here, not in
+    a traceback from deep in Lightning or the data code (`trainer.max_steps=abc`, `task.batch_size=0`)."""
+    if (value is None and nullable) or (or_auto and value == "auto"):
+        return value
+    number = as_number(value, kind)
+    if number is None:
+        what = ("an integer" if kind is int else "a number") + (" or auto" if or_auto else "")
+        raise ConfigError(f"{key} must be {what}, got {value!r}")
+    if number < minimum or (positive and number <= 0) or (largest is not None and number > largest):
+        bound = "> 0" if positive else f">= {minimum:g}"
+        if largest is not None:
+            bound = f"from {minimum:g} to {largest:.0f}" if largest != 1 else f"{bound} and <= 1"
+        raise ConfigError(f"{key} must be {bound}, got {value!r}")
+    return kind(number)
+
+
+def as_number(value: Any, kind: type) -> float | None:
+    """`value` as a number of `kind` (a text that reads as one too: `'1e3'`), or None: a bool, a non-finite number, a
+    fraction where an int is asked for."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    if kind is int and value != int(value):
+        return None
+    return value
 
 
 # task.datamodule keys a phase cannot change: the vocabulary is made once, before the first phase, and every phase

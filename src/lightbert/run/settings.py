@@ -2,9 +2,9 @@
 of the run as typed, frozen fields. The config is checked as a whole first (`run.config_checks`: it resolves, has
 its parts, and every number is checked once, in one pass over one table); then each part checks how its values go
 together in `__post_init__` (litgpt's `args.py` way), and the optimiser's and the model's settings are their typed
-configs (`OptimConfig`, `BertConfig`), each checking its own values as it is made. A command with a bad value is
-refused with one message naming the key the command line accepts, before anything is read or written; no stage
-below this module reads the config by its string keys.
+configs (`OptimConfig`, `BertConfig`), each checking how its values go together as it is made. A command with a bad
+value is refused with one message naming the key the command line accepts, before anything is read or written; no
+stage below this module reads the config by its string keys.
 
 Torch-free at import, so that a refused command is refused before torch loads; the devices a trainer resolves to
 (`-1`, `auto`) are worked out on first use (`TrainerSettings.devices_per_node`), by Lightning's own parsing.
@@ -42,6 +42,11 @@ MATMUL_PRECISIONS = {"highest": "full fp32 matmuls", "high": "TF32 matmuls", "me
 def _choice(group: str) -> str | None:
     """The option the command line (or the defaults) chose for a config group, e.g. `glue/mrpc` for task."""
     return HydraConfig.get().runtime.choices.get(group) if HydraConfig.initialized() else None
+
+
+def _part(numbers: dict[str, Any], part: str) -> dict[str, Any]:
+    """The checked numbers of one part of the config (`trainer`, `optim`), by their keys in it."""
+    return {key.removeprefix(f"{part}."): v for key, v in numbers.items() if key.startswith(f"{part}.")}
 
 
 def _plain(node: Any) -> Any:
@@ -168,7 +173,7 @@ class TrainerSettings:
     @classmethod
     def from_config(cls, trainer: DictConfig, numbers: dict[str, Any]) -> TrainerSettings:
         """`numbers`: the config's numbers, checked (`run.config_checks.checked_config`)."""
-        checked = {key.removeprefix("trainer."): v for key, v in numbers.items() if key.startswith("trainer.")}
+        checked = _part(numbers, "trainer")
         strategy = trainer.get("strategy", "auto")
         if OmegaConf.is_dict(strategy):
             target = str(strategy.get("_target_", ""))
@@ -327,7 +332,7 @@ class RunSettings:
     task: TaskSettings
     trainer: TrainerSettings
     speed: SpeedSettings
-    optim: OptimConfig  # checked as it is made
+    optim: OptimConfig  # its numbers as checked (`run.config_checks.NUMBERS`)
     phases: tuple[Phase, ...]
     callbacks: tuple[DictConfig, ...] = field(repr=False)
     corpus: DictConfig | None = field(repr=False)  # pre-training's corpus= group
@@ -464,6 +469,7 @@ class RunSettings:
         task = TaskSettings.from_config(cfg.task, numbers)
         overrides = tuple(str(o) for o in cfg.get("overrides") or [])
         speed = cfg.get("speed") or {}
+        optim = {**OmegaConf.to_container(cfg.optim, resolve=True), **_part(numbers, "optim")}
         return cls(
             config=cfg,
             output_dir=Path(cfg.paths.output_dir),
@@ -477,7 +483,7 @@ class RunSettings:
             task=task,
             trainer=trainer,
             speed=SpeedSettings(**{k: _plain(v) for k, v in speed.items()}),
-            optim=OptimConfig.from_config(OmegaConf.to_container(cfg.optim, resolve=True)),
+            optim=OptimConfig.from_config(optim),
             phases=tuple(phases_of(cfg.task.get("phases"), trainer.max_steps)),
             callbacks=tuple((cfg.get("callbacks") or {}).values()),
             corpus=cfg.get("corpus"),
