@@ -51,7 +51,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         from lightbert.plugins.loggers import finish_wandb, summarise_in_wandb
         from lightbert.run import building, machine_checks
         from lightbert.run.outputs import write_results, write_test_predictions
-        from lightbert.run.record import data_sources, record_run, recorded_config
+        from lightbert.run.record import record_run, recorded_config
         from lightbert.run.run_line import describe_run
         from lightbert.run.weights import check_head, run_model
 
@@ -60,7 +60,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         # The checks on this machine (no fp8's: evaluation trains nothing).
         machine_checks.check_devices(settings)
         machine_checks.check_cache_dir(settings)
-        sources = data_sources(settings)
+        sources = machine_checks.data_sources(settings)  # the data read here, each source with its identity
         # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         L.seed_everything(settings.seed, workers=True)

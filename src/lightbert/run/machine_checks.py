@@ -1,18 +1,23 @@
 """The checks that refuse a command on this machine, before anything is written: the devices the trainer asks for, the
-cache every run writes, fp8's tensor cores, and a resume on a job of another shape than the checkpoint's."""
+cache every run writes, fp8's tensor cores, a resume on a job of another shape than the checkpoint's, and the data the
+run reads here (its sources, each with its identity, for the record: `data_sources`)."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from lightbert.data.local_files import file_identity
 from lightbert.errors import ConfigError, UserError
 from lightbert.files import cannot_be_made
 from lightbert.model.fp8 import MIN_CAPABILITY, import_torchao
 from lightbert.plugins.checkpointing import saved_job_shape
+from lightbert.run.building import instantiate_config
 from lightbert.run.settings import RunSettings, Start
+from lightbert.tasks.pretraining.corpus import TextCorpus
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +92,22 @@ def check_job_shape(settings: RunSettings, start: Start) -> bool:
             f"{batches.global_batch} ({now}), and the data continues at step {start.step}"
         )
     return world != shape["world_size"] or batches.accumulate != shape["accumulate"]
+
+
+def data_sources(settings: RunSettings) -> dict[str, Any]:
+    """What the run's data is read from on this machine, each with its identity (`data.local_files.file_identity`:
+    size, time, inode), which the record keeps and a resume is checked against (`record.record_run`): the fine-tuning
+    files, or the pre-training corpus's files (its fingerprint for the hub's or the demo). The corpus is built from
+    its node here, so a corpus file that is missing, empty or not UTF-8 is refused before init_from is read."""
+    task = settings.task
+    if task.fine_tuning:
+        given = {split: Path(path).expanduser() for split, path in task.data_files.items()}
+        if not given:
+            return {"task.datamodule.hub_dataset": task.hub_dataset}
+        return {f"task.data_files.{s}": file_identity(p) if p.is_file() else str(p) for s, p in given.items()}
+    if settings.corpus is None:
+        return {}
+    corpus = instantiate_config(settings.corpus)
+    if isinstance(corpus, TextCorpus):
+        return {str(path): file_identity(path) for path in corpus.paths}
+    return {"corpus": corpus.fingerprint}

@@ -1,8 +1,8 @@
 """The record a run writes into its run directory before it trains (`run.run_dir` holds the directory): `.hydra/`
-(the config as recorded, the overrides, Hydra's config, the data's sources, the SLURM job), checked against what a
-resumed run continues; and the temporary files a killed save left, removed. The config as recorded is also what the
-loggers get: it names the model that runs (`recorded_config`: the run's name and W&B tags too). What a finished run
-writes is `run.outputs`'s."""
+(the config as recorded, the overrides, Hydra's config, the data's sources as `machine_checks.data_sources` found
+them, the SLURM job), checked against what a resumed run continues; and the temporary files a killed save left,
+removed. The config as recorded is also what the loggers get: it names the model that runs (`recorded_config`: the
+run's name and W&B tags too). What a finished run writes is `run.outputs`'s."""
 
 from __future__ import annotations
 
@@ -18,14 +18,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightbert.cluster.environment import is_global_zero
-from lightbert.data.local_files import file_identity
 from lightbert.errors import UserError
 from lightbert.files import write_atomically
 from lightbert.model_config import BertConfig
-from lightbert.run.building import instantiate_config
 from lightbert.run.run_dir import DATA_RECORD, RECORD_DIR, SLURM_RECORD
 from lightbert.run.settings import RunSettings
-from lightbert.tasks.pretraining.corpus import TextCorpus
 
 log = logging.getLogger(__name__)
 
@@ -63,23 +60,6 @@ def recorded_config(settings: RunSettings, model: BertConfig, name: str | None) 
         if wandb is not None and settings.model_option in (wandb.get("tags") or []):
             wandb.tags = [name if tag == settings.model_option else tag for tag in wandb.tags]
     return config
-
-
-def data_sources(settings: RunSettings) -> dict[str, Any]:
-    """What the run's data is read from, each with its identity (lightbert.data.local_files.file_identity): the
-    fine-tuning files, or the pre-training corpus's files (its fingerprint for the hub's or the demo)."""
-    task = settings.task
-    if task.fine_tuning:
-        given = {split: Path(path).expanduser() for split, path in task.data_files.items()}
-        if not given:
-            return {"task.datamodule.hub_dataset": task.hub_dataset}
-        return {f"task.data_files.{s}": file_identity(p) if p.is_file() else str(p) for s, p in given.items()}
-    if settings.corpus is None:
-        return {}
-    corpus = instantiate_config(settings.corpus)
-    if isinstance(corpus, TextCorpus):
-        return {str(path): file_identity(path) for path in corpus.paths}
-    return {"corpus": corpus.fingerprint}
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:

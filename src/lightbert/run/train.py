@@ -76,7 +76,7 @@ def train_in(cfg: DictConfig) -> dict[str, Any]:
         from lightbert.plugins.loggers import finish_wandb, summarise_in_wandb
         from lightbert.run import building, machine_checks
         from lightbert.run.outputs import results, write_results, write_test_predictions
-        from lightbert.run.record import data_sources, record_run, recorded_config
+        from lightbert.run.record import record_run, recorded_config
         from lightbert.run.run_line import describe_run
         from lightbert.run.weights import run_model
 
@@ -91,7 +91,7 @@ def train_in(cfg: DictConfig) -> dict[str, Any]:
             resized = machine_checks.check_job_shape(settings, start)
             if settings.speed.fp8:
                 machine_checks.check_fp8_device(settings)
-            sources = data_sources(settings)
+            sources = machine_checks.data_sources(settings)  # the data read here, each source with its identity
             # Set before any DataLoader or datasets.map worker forks, so the Rust tokenizer never deadlocks in one.
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
             L.seed_everything(settings.seed, workers=True)
