@@ -111,10 +111,12 @@ def apply_speed_switches(
     training: bool = True,
     cache_dir: str | Path | None = None,
 ) -> None:
-    """The switches on a built module, before Lightning moves it: fp32's matmuls, unpadding (said on the console),
-    fp8, compile when `compiles` (as the run decided it once: `run.building.compiles`; said on the console, its caches
-    in `cache_dir`; how long it took: `plugins.callbacks.CompileTime`)."""
+    """The switches of a run: torch's own for the process first (fp32's matmuls; where the step compiles, its caches in
+    `cache_dir`), then the built module's, before Lightning moves it: unpadding (said on the console), fp8, compile
+    when `compiles` (as the run decided it once: `run.building.step_compiles`; said on the console; how long it took:
+    `plugins.callbacks.CompileTime`)."""
     set_fp32_matmuls(speed, trainer)
+    caches = use_compile_caches(cache_dir) if compiles else None
     on_cuda = trainer.on_cuda
     flash = on_cuda and flash_varlen_device(torch.cuda.current_device())
     how, line = unpadding_for(speed.unpad, on_cuda, trainer.precision, packing, flash, trainer.strategy == "fsdp")
@@ -124,7 +126,6 @@ def apply_speed_switches(
         converted = convert_to_fp8(module.model)
         log.debug(f"speed.fp8: {converted} Linear layers run their matmuls in float8 (torchao Float8Linear)")
     if compiles:
-        caches = use_compile_caches(cache_dir)
         mode = "" if speed.compile_mode == "default" else f", mode {speed.compile_mode}"
         why = "as set" if speed.compile is not None else "by default on a CUDA GPU; speed.compile=false turns it off"
         log.info(
