@@ -236,7 +236,7 @@ def test_the_settings_leave_the_vocabulary_to_the_tokenizer(tmp_path):
 
     from helpers.runs import compose_config, run_settings
 
-    from lightbert.run.weights import with_vocabulary
+    from lightbert.run.building import with_vocabulary
 
     model = run_settings(compose_config(["trainer=cpu", "model=bert_tiny"], tmp_path / "run")).model
     assert isinstance(model, BertConfig) and (model.hidden_size, model.vocab_size) == (128, None)

@@ -167,7 +167,7 @@ class BertEmbeddings(nn.Module, CheckpointLayout):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        if config.vocab_size is None:  # a run's settings leave it to the tokenizer (run.weights.with_vocabulary)
+        if config.vocab_size is None:  # a run's settings leave it to the tokenizer (run.building.with_vocabulary)
             raise ValueError("the model config's vocab_size is not set: give the tokenizer's vocabulary size")
         self.vocab_size = config.vocab_size
         rows = padded_vocab(config.vocab_size)

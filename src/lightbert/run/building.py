@@ -1,7 +1,7 @@
 """A run's objects, built from its settings' config nodes (`hydra.utils.instantiate`, with errors that name the
-config keys to change): the DataModule, the LightningModule holding init_from's weights with the speed switches
-applied, the callbacks, the loggers and the Trainer. `run.train` and `run.evaluate` call them in the order a run
-needs them."""
+config keys to change): the DataModule, the LightningModule holding init_from's weights (the model `run.weights`
+decided, with the tokenizer's vocabulary) with the speed switches applied, the callbacks, the loggers and the Trainer.
+`run.train` and `run.evaluate` call them in the order a run needs them."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import lightning as L
@@ -19,7 +20,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, Pr
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from lightbert.checkpoints.reading import Pretrained
+from lightbert.checkpoints.reading import Pretrained, load_into
 from lightbert.data.batches import length_buckets
 from lightbert.errors import ConfigError, ParameterError, UserError, message_of
 from lightbert.model_config import BertConfig
@@ -35,8 +36,8 @@ from lightbert.plugins.launcher import use_run_launcher
 from lightbert.plugins.loggers import RunCSVLogger
 from lightbert.run.settings import RunSettings, SpeedSettings, Start
 from lightbert.run.speed import apply_speed_switches
-from lightbert.run.weights import load_pretrained_weights, with_vocabulary
-from lightbert.tasks.pretraining.continued import with_added_words
+from lightbert.tasks.heads import carry_head, task_head
+from lightbert.tasks.pretraining.continued import Growth, carried_line, with_added_words
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +93,10 @@ def step_compiles(settings: RunSettings, training: bool) -> bool:
     return settings.compiles if training else bool(settings.speed.compile)
 
 
-def datamodule(settings: RunSettings, kwargs: dict, changes: dict | None = None, training: bool = True):
-    """The task's DataModule (a phase's `changes` to task.datamodule applied), with batches of the shapes the speed
-    switches need (said once, for the first). Partial, then called: objects passed through instantiate() would be
-    turned into configs."""
-    compiles = step_compiles(settings, training)
+def datamodule(settings: RunSettings, kwargs: dict, compiles: bool, changes: dict | None = None):
+    """The task's DataModule (a phase's `changes` to task.datamodule applied), with batches of the shapes a step
+    compiled or not (`compiles`) needs (said once, for the first). Partial, then called: objects passed through
+    instantiate() would be turned into configs."""
     with parameters_named_by(settings.task.datamodule):
         built = instantiate_config(settings.task.datamodule, **(changes or {}), _partial_=True)(**kwargs)
         built.tokenizer  # noqa: B018  (its first use: a bad tokenizer_path is named as the key here)
@@ -108,7 +108,7 @@ def datamodule(settings: RunSettings, kwargs: dict, changes: dict | None = None,
     return built
 
 
-def phase_datamodules(settings: RunSettings, first: L.LightningDataModule) -> dict[int, Any]:
+def phase_datamodules(settings: RunSettings, first: L.LightningDataModule, compiles: bool) -> dict[int, Any]:
     """Each of `task.phases`' DataModules (by its number from 1), with the run's tokenizer (`first`'s: the words it
     began with), built before the first phase trains: a value a phase's DataModule refuses is refused at the start,
     naming the phase, not after the phases before it trained (90% of the paper's recipe). None without phases."""
@@ -119,7 +119,7 @@ def phase_datamodules(settings: RunSettings, first: L.LightningDataModule) -> di
     for number, phase in enumerate(phases, start=1):
         kwargs = {"tokenizer": first.tokenizer, "first_step": phase.first_step, "add_words": None}
         try:
-            built[number] = datamodule(settings, kwargs, phase.datamodule)
+            built[number] = datamodule(settings, kwargs, compiles, phase.datamodule)
         except UserError as error:
             raise UserError(f"task.phases[{number - 1}] {phase.datamodule}: {message_of(error)}") from None
         capped = getattr(built[number], "capped_slots", None)
@@ -160,11 +160,16 @@ def fix_batch_shapes(datamodule: L.LightningDataModule, speed: SpeedSettings, co
 def data_and_module(
     settings: RunSettings, pretrained: Pretrained | None, model_config: BertConfig, kwargs: dict, training: bool = True
 ):
-    """The task's DataModule and LightningModule, the module holding init_from's weights; and the fresh ones."""
-    data = datamodule(settings, kwargs, training=training)
+    """A run's data and its LightningModule. The data: the task's DataModule, and for training each phase's
+    (`phase_datamodules`; none without phases), their batches of the shapes the step needs. The module: the model
+    `run.weights` decided, with the tokenizer's vocabulary, holding init_from's weights, with the speed switches
+    applied. Returns the DataModule, the phases' DataModules by number, the module and the weights that start fresh."""
+    compiles = step_compiles(settings, training)  # decided once, for the batches' shapes and the module
+    data = datamodule(settings, kwargs, compiles)
     growth = None
-    if pretrained is not None:  # rows for the words task.datamodule.add_words added to its tokenizer
+    if pretrained is not None:  # rows for the words the tokenizer added (task.datamodule.add_words) to init_from's
         pretrained, growth = with_added_words(pretrained, data.tokenizer)
+    phases = phase_datamodules(settings, data, compiles) if training else {}
     module = instantiate_config(
         settings.task.module,
         model=with_vocabulary(model_config, data.tokenizer, pretrained),
@@ -172,16 +177,35 @@ def data_and_module(
         _convert_="all",
     )
     fresh = load_pretrained_weights(settings, module, pretrained, growth) if pretrained is not None else []
-    apply_speed_switches(
-        module,
-        settings.speed,
-        settings.trainer,
-        settings.task.packing,
-        step_compiles(settings, training),
-        training,
-        settings.task.cache_dir,
-    )
-    return data, module, fresh
+    speed, trainer = settings.speed, settings.trainer
+    apply_speed_switches(module, speed, trainer, settings.task.packing, compiles, training, settings.task.cache_dir)
+    return data, phases, module, fresh
+
+
+def with_vocabulary(config: BertConfig, tokenizer, pretrained: Pretrained | None) -> dict:
+    """The architecture as the LightningModule takes it, with its vocabulary: the size files leave it to the
+    tokenizer; a checkpoint brings its own embedding size (grown by the words `task.datamodule.add_words` added:
+    `with_added_words`), which its tokenizer fits (`run.weights.vocabulary`)."""
+    if pretrained is None:
+        return replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id).to_dict()
+    return replace(config, vocab_size=pretrained.config["vocab_size"]).to_dict()
+
+
+def load_pretrained_weights(
+    settings: RunSettings, module: L.LightningModule, pretrained: Pretrained, growth: Growth | None = None
+) -> list[str]:
+    """init_from's weights into the task's model: the encoder, and its fine-tuned head where that head means what
+    the task's does (one console line says whether it was carried, how its labels matched, or why not). Returns
+    the weights that start fresh."""
+    wanted = task_head(settings.task.module_class, settings.task.module_arguments)
+    carry = carry_head(pretrained, *wanted) if wanted is not None else None
+    if carry is not None:
+        log.info(carry.line)
+    # Without a fine-tuned head (pre-training), what is carried and what starts fresh is said after, in one line.
+    fresh = load_into(module.model, pretrained, carry, say=carry is not None)
+    if carry is None:
+        log.info(carried_line(module.model, pretrained, fresh, growth))
+    return fresh
 
 
 # What evaluation runs without: it saves no checkpoint and trains no step.

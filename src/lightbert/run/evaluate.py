@@ -79,7 +79,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         try:
             # The DataModule (fine-tuning data: no training split needed) and the LightningModule with the weights.
             kwargs = {**model.tokenizer, **({"fit": False} if task.fine_tuning else {})}
-            datamodule, module, fresh = building.data_and_module(
+            datamodule, _, module, fresh = building.data_and_module(
                 settings, model.pretrained, model.config, kwargs, training=False
             )
             if fresh:

@@ -325,7 +325,7 @@ class RunSettings:
     resume: bool  # resume=true: continue from checkpoints/last.ckpt
     overrides: tuple[str, ...]  # the command line's
     # The sizes and regularisation asked for, checked as it is made; its vocab_size is the tokenizer's (None until the
-    # DataModule has one: run.weights.with_vocabulary). init_from's checkpoint decides its own sizes.
+    # DataModule has one: run.building.with_vocabulary). init_from's checkpoint decides its own sizes.
     model: BertConfig
     model_option: str | None  # the model= choice
     model_overrides: tuple[str, ...]  # the command line's model=... and model.<key>=... (asking for sizes)

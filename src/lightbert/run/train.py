@@ -107,16 +107,14 @@ def train_in(cfg: DictConfig) -> dict[str, Any]:
             log.info(describe_run(settings, model.config, False, model.left_to_right, start))
 
             try:
-                # The DataModule and the LightningModule, with init_from's weights.
-                datamodule, module, _ = building.data_and_module(
+                # The DataModule (each phase's too, with the tokenizer the run began with: a phase's data is refused
+                # now, not after a phase trained) and the LightningModule, with init_from's weights.
+                datamodule, phase_data, module, _ = building.data_and_module(
                     settings, model.pretrained, model.config, model.tokenizer
                 )
                 if not start.resuming and is_global_zero():
                     # Next to the checkpoints, so a run directory is enough to load the model again.
                     datamodule.tokenizer.save(output_dir / "tokenizer.json")
-
-                # Each phase's data, with the tokenizer the run began with: refused now, not after a phase trained.
-                phase_data = building.phase_datamodules(settings, datamodule)
 
                 # From the first collective to the last (the end's barrier): a process of the job that dies is
                 # named here.

@@ -1,35 +1,31 @@
-"""The model a run trains: its sizes checked before any data work (init_from's checkpoint decides them), its name,
-its vocabulary (the tokenizer's, fitting init_from's embeddings), and init_from's weights loaded into it, with the
-fine-tuned head where that head means what the task's does."""
+"""The model a run trains, decided before any data work: its sizes (init_from's checkpoint decides them), its name,
+its tokenizer (fitting init_from's embeddings), and for an evaluation whether init_from's head is the task's. The
+module that holds it, with init_from's weights, is built by `run.building`."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
-import lightning as L
 from omegaconf import OmegaConf
 
-from lightbert.checkpoints.reading import Pretrained, load_into
+from lightbert.checkpoints.reading import Pretrained
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import ConfigError, UserError
 from lightbert.model_config import REGULARISATION_FIELDS, SIZE_FIELDS, BertConfig
 from lightbert.run.configs import CONF_DIR
 from lightbert.run.settings import RunSettings, Start
-from lightbert.tasks.heads import Head, HeadArguments, carry_head, head_of, head_of_module
-from lightbert.tasks.pretraining.continued import Growth, carried_line, check_added_words_fit
+from lightbert.tasks.heads import carry_head, head_of, task_head
+from lightbert.tasks.pretraining.continued import check_added_words_fit
 from lightbert.tasks.pretraining.domain_words import read_word_file
-
-log = logging.getLogger(__name__)
 
 
 class RunModel(NamedTuple):
     """The model a run trains, decided before any data work."""
 
     pretrained: Pretrained | None  # init_from, with the tokenizer words are added to (`vocabulary`)
-    config: BertConfig  # the architecture; its vocabulary is the tokenizer's (`with_vocabulary`)
+    config: BertConfig  # the architecture; its vocabulary is the tokenizer's (`run.building.with_vocabulary`)
     tokenizer: dict  # what the DataModule is given of the tokenizer (`vocabulary`)
     name: str | None  # init_from's conf/model/ size (`size_name`), for the record; None: the model= the config names
     left_to_right: str | None  # why the model attends left to right, for the run line; None: both ways
@@ -123,15 +119,6 @@ def size_name(model: BertConfig, conf_dir: Path = CONF_DIR) -> str:
     return f"L{model.num_hidden_layers}-H{model.hidden_size}-A{model.num_attention_heads}"
 
 
-def with_vocabulary(config: BertConfig, tokenizer, pretrained: Pretrained | None) -> dict:
-    """The architecture as the LightningModule takes it, with its vocabulary: the size files leave it to the
-    tokenizer; a checkpoint brings its own embedding size (grown by the words `task.datamodule.add_words` added:
-    `with_added_words`), which its tokenizer fits (`vocabulary`)."""
-    if pretrained is None:
-        return replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id).to_dict()
-    return replace(config, vocab_size=pretrained.config["vocab_size"]).to_dict()
-
-
 def vocabulary(settings: RunSettings, start: Start, pretrained: Pretrained | None) -> tuple[Pretrained | None, dict]:
     """The tokenizer the run reads, where it is known before the data: a resumed run's own (its tokenizer.json, whose
     ids its checkpoint was trained on, whatever the corpus now holds, with the words it added), else init_from's, or
@@ -171,35 +158,10 @@ def vocabulary(settings: RunSettings, start: Start, pretrained: Pretrained | Non
     return pretrained, {"tokenizer": tokenizer} if tokenizer is not None else {}
 
 
-def wanted_head(settings: RunSettings) -> tuple[Head, HeadArguments] | None:
-    """The fine-tuned head the task trains, and what it is built with (its labels); None for pre-training."""
-    head = head_of_module(settings.task.module_class)
-    if head is None:
-        return None
-    return head, head.arguments(settings.task.module_arguments)
-
-
-def load_pretrained_weights(
-    settings: RunSettings, module: L.LightningModule, pretrained: Pretrained, growth: Growth | None = None
-) -> list[str]:
-    """init_from's weights into the task's model: the encoder, and its fine-tuned head where that head means what
-    the task's does (one console line says whether it was carried, how its labels matched, or why not). Returns
-    the weights that start fresh."""
-    wanted = wanted_head(settings)
-    carry = carry_head(pretrained, *wanted) if wanted is not None else None
-    if carry is not None:
-        log.info(carry.line)
-    # Without a fine-tuned head (pre-training), what is carried and what starts fresh is said after, in one line.
-    fresh = load_into(module.model, pretrained, carry, say=carry is not None)
-    if carry is None:
-        log.info(carried_line(module.model, pretrained, fresh, growth))
-    return fresh
-
-
 def check_head(settings: RunSettings, pretrained: Pretrained) -> None:
     """Refuses, before anything is written, a checkpoint whose head is not the task's, or whose labels are not the
     task's: evaluating it would score a head that starts untrained, or name its predictions wrongly."""
-    wanted = wanted_head(settings)
+    wanted = task_head(settings.task.module_class, settings.task.module_arguments)
     if wanted is None:
         return  # pre-training is evaluated on its own heads; the fresh-weights check after loading still holds
     head, arguments = wanted

@@ -151,6 +151,15 @@ def head_of_module(module: type) -> Head | None:
     return HEADS.get(name) if name else None
 
 
+def task_head(module: type, arguments: Mapping[str, Any]) -> tuple[Head, HeadArguments] | None:
+    """The fine-tuned head a task's LightningModule class trains, and what it is built with (its labels, from the
+    module's `arguments`); None for pre-training."""
+    head = head_of_module(module)
+    if head is None:
+        return None
+    return head, head.arguments(arguments)
+
+
 def head_of_hf_class(architecture: str) -> Head | None:
     """The first registered head whose Hugging Face class is `architecture` (or its ModernBERT twin: the modern
     encoder's `ModernBertForSequenceClassification` is BERT's `BertForSequenceClassification` head)."""
