@@ -16,9 +16,8 @@ from test_packing import CONFIG, VOCAB, WIDTH, sentence_pairs
 
 from lightbert.data.batches import PaddingCollator, length_buckets, padded_length
 from lightbert.run import speed as speed_module
-from lightbert.run.building import fix_batch_shapes
 from lightbert.run.settings import SpeedSettings
-from lightbert.run.speed import apply_speed_switches, use_compile_caches
+from lightbert.run.speed import apply_speed_switches, fix_batch_shapes, use_compile_caches
 from lightbert.tasks.glue.module import SequenceClassificationModule
 from lightbert.tasks.pretraining.masking import MaskingCollator
 from lightbert.tasks.pretraining.module import PreTrainingModule

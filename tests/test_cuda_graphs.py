@@ -13,8 +13,8 @@ from helpers.runs import compose_config, run_settings
 from test_packing import CONFIG, WIDTH, masking, model, sentence_pairs
 
 from lightbert.errors import ConfigError
-from lightbert.run.building import fix_batch_shapes
 from lightbert.run.settings import SpeedSettings
+from lightbert.run.speed import fix_batch_shapes
 from lightbert.tasks.pretraining.module import PreTrainingModule
 from lightbert.tasks.pretraining.packing import PackingCollator, first_fit, fixed_row_counts
 

@@ -40,7 +40,7 @@ SHORTEST_BUCKET = 32
 
 
 def length_buckets(max_seq_length: int) -> tuple[int, ...]:
-    """The lengths a compiled step's batches are padded up to (`speed.compile`, `run.building.fix_batch_shapes`):
+    """The lengths a compiled step's batches are padded up to (`speed.compile`, `run.speed.fix_batch_shapes`):
     powers of two from `SHORTEST_BUCKET`, then max_seq_length, which no sequence exceeds (128: 32, 64, 128; 384:
     32, 64, 128, 256, 384). Dynamo compiles one graph per bucket, where every batch length would be one graph each;
     a batch pads at most to twice its longest row, and attention masks the padding."""

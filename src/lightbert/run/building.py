@@ -13,7 +13,6 @@ from dataclasses import replace
 from typing import Any
 
 import lightning as L
-import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
@@ -21,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from lightbert.checkpoints.reading import Pretrained, load_into
-from lightbert.data.batches import length_buckets
+from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import ConfigError, ParameterError, UserError, message_of
 from lightbert.model_config import BertConfig
 from lightbert.plugins.agreement import SameResumeOnEveryNode
@@ -34,10 +33,10 @@ from lightbert.plugins.checkpointing import (
 )
 from lightbert.plugins.launcher import use_run_launcher
 from lightbert.plugins.loggers import RunCSVLogger
-from lightbert.run.settings import RunSettings, SpeedSettings, Start
+from lightbert.run.settings import RunSettings, Start
 from lightbert.run.speed import apply_speed_switches
 from lightbert.tasks.heads import carry_head, task_head
-from lightbert.tasks.pretraining.continued import Growth, carried_line, with_added_words
+from lightbert.tasks.pretraining.continued import carried_line, with_added_words
 
 log = logging.getLogger(__name__)
 
@@ -93,22 +92,19 @@ def step_compiles(settings: RunSettings, training: bool) -> bool:
     return settings.compiles if training else bool(settings.speed.compile)
 
 
-def datamodule(settings: RunSettings, kwargs: dict, compiles: bool, changes: dict | None = None):
-    """The task's DataModule (a phase's `changes` to task.datamodule applied), with batches of the shapes a step
-    compiled or not (`compiles`) needs (said once, for the first). Partial, then called: objects passed through
-    instantiate() would be turned into configs."""
+def datamodule(settings: RunSettings, kwargs: dict, changes: dict | None = None):
+    """The task's DataModule (a phase's `changes` to task.datamodule applied); its batches' shapes are the speed
+    switches' (`run.speed.apply_speed_switches`). Partial, then called: objects passed through instantiate() would
+    be turned into configs."""
     with parameters_named_by(settings.task.datamodule):
         built = instantiate_config(settings.task.datamodule, **(changes or {}), _partial_=True)(**kwargs)
         built.tokenizer  # noqa: B018  (its first use: a bad tokenizer_path is named as the key here)
-    shapes = fix_batch_shapes(built, settings.speed, compiles)
-    if shapes and changes is None:
-        log.info(shapes)
     if changes is None and getattr(built, "capped_slots", None):
         log.info(built.capped_slots)
     return built
 
 
-def phase_datamodules(settings: RunSettings, first: L.LightningDataModule, compiles: bool) -> dict[int, Any]:
+def phase_datamodules(settings: RunSettings, first: L.LightningDataModule) -> dict[int, Any]:
     """Each of `task.phases`' DataModules (by its number from 1), with the run's tokenizer (`first`'s: the words it
     began with), built before the first phase trains: a value a phase's DataModule refuses is refused at the start,
     naming the phase, not after the phases before it trained (90% of the paper's recipe). None without phases."""
@@ -119,7 +115,7 @@ def phase_datamodules(settings: RunSettings, first: L.LightningDataModule, compi
     for number, phase in enumerate(phases, start=1):
         kwargs = {"tokenizer": first.tokenizer, "first_step": phase.first_step, "add_words": None}
         try:
-            built[number] = datamodule(settings, kwargs, compiles, phase.datamodule)
+            built[number] = datamodule(settings, kwargs, phase.datamodule)
         except UserError as error:
             raise UserError(f"task.phases[{number - 1}] {phase.datamodule}: {message_of(error)}") from None
         capped = getattr(built[number], "capped_slots", None)
@@ -129,74 +125,47 @@ def phase_datamodules(settings: RunSettings, first: L.LightningDataModule, compi
     return built
 
 
-def fix_batch_shapes(datamodule: L.LightningDataModule, speed: SpeedSettings, compiles: bool) -> str | None:
-    """Batches of a few shapes for a compiled step (`compiles`), which compiles one graph per shape. Under CUDA
-    graphs (compile_mode=reduce-overhead), which record one graph per input shape: packed rows padded up to a few
-    row counts (`fixed_row_counts`), other batches padded to the full max_seq_length. Otherwise unpacked batches
-    are padded up to a length bucket (`length_buckets`; packed rows have one width already). Returns what the
-    console says, or None where shapes are left as they are."""
-    if not compiles:
-        return None
-    packed = getattr(datamodule, "packing", False)
-    if speed.cuda_graphs(compiles):
-        if packed:
-            datamodule.fixed_rows = True
-            return "CUDA graphs: packed row counts padded up to a few fixed ones"
-        datamodule.pad_to_multiple_of = datamodule.max_seq_length
-        return f"CUDA graphs: every batch padded to {datamodule.max_seq_length} tokens"
-    if packed:
-        return None
-    buckets = length_buckets(datamodule.max_seq_length)
-    datamodule.pad_to_multiple_of = buckets
-    # Training and evaluation graphs of each length, and a batch of one row's: within Dynamo's limit of graphs per
-    # function, past which it would run the rest eagerly.
-    graphs = 2 * len(buckets) + 2
-    if torch._dynamo.config.recompile_limit < graphs:
-        torch._dynamo.config.recompile_limit = graphs
-    lengths = ", ".join(map(str, buckets))
-    return f"torch.compile: each batch padded up to {lengths} tokens, one compiled graph per length"
-
-
 def data_and_module(
     settings: RunSettings, pretrained: Pretrained | None, model_config: BertConfig, kwargs: dict, training: bool = True
 ):
     """A run's data and its LightningModule. The data: the task's DataModule, and for training each phase's
-    (`phase_datamodules`; none without phases), their batches of the shapes the step needs. The module: the model
-    `run.weights` decided, with the tokenizer's vocabulary, holding init_from's weights, with the speed switches
-    applied. Returns the DataModule, the phases' DataModules by number, the module and the weights that start fresh."""
+    (`phase_datamodules`; none without phases). The module: the model `run.weights` decided, with the tokenizer's
+    vocabulary, holding init_from's weights. Then the speed switches, on the data's batches and the module. Returns
+    the DataModule, the phases' DataModules by number, the module and the weights that start fresh."""
     compiles = step_compiles(settings, training)  # decided once, for the batches' shapes and the module
-    data = datamodule(settings, kwargs, compiles)
-    growth = None
-    if pretrained is not None:  # rows for the words the tokenizer added (task.datamodule.add_words) to init_from's
-        pretrained, growth = with_added_words(pretrained, data.tokenizer)
-    phases = phase_datamodules(settings, data, compiles) if training else {}
+    data = datamodule(settings, kwargs)
+    phases = phase_datamodules(settings, data) if training else {}
     module = instantiate_config(
         settings.task.module,
         model=with_vocabulary(model_config, data.tokenizer, pretrained),
         optim=settings.optim.hyperparameters(),
         _convert_="all",
     )
-    fresh = load_pretrained_weights(settings, module, pretrained, growth) if pretrained is not None else []
-    speed, trainer = settings.speed, settings.trainer
-    apply_speed_switches(module, speed, trainer, settings.task.packing, compiles, training, settings.task.cache_dir)
+    fresh = load_pretrained_weights(settings, module, pretrained, data.tokenizer) if pretrained is not None else []
+    speed, trainer, task = settings.speed, settings.trainer, settings.task
+    datamodules = (data, *phases.values())
+    apply_speed_switches(module, speed, trainer, task.packing, compiles, training, task.cache_dir, datamodules)
     return data, phases, module, fresh
 
 
 def with_vocabulary(config: BertConfig, tokenizer, pretrained: Pretrained | None) -> dict:
     """The architecture as the LightningModule takes it, with its vocabulary: the size files leave it to the
-    tokenizer; a checkpoint brings its own embedding size (grown by the words `task.datamodule.add_words` added:
-    `with_added_words`), which its tokenizer fits (`run.weights.vocabulary`)."""
+    tokenizer; a checkpoint brings its own embedding rows, which its tokenizer fits (`run.weights.vocabulary`), or as
+    many as the run's tokenizer has tokens where it has more (the words `task.datamodule.add_words` added:
+    `load_pretrained_weights` grows init_from's rows for them, `with_added_words`)."""
     if pretrained is None:
         return replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id).to_dict()
-    return replace(config, vocab_size=pretrained.config["vocab_size"]).to_dict()
+    return replace(config, vocab_size=max(pretrained.config["vocab_size"], tokenizer.vocab_size)).to_dict()
 
 
 def load_pretrained_weights(
-    settings: RunSettings, module: L.LightningModule, pretrained: Pretrained, growth: Growth | None = None
+    settings: RunSettings, module: L.LightningModule, pretrained: Pretrained, tokenizer: BertTokenizer
 ) -> list[str]:
-    """init_from's weights into the task's model: the encoder, and its fine-tuned head where that head means what
-    the task's does (one console line says whether it was carried, how its labels matched, or why not). Returns
-    the weights that start fresh."""
+    """init_from's weights into the task's model: its rows grown for the words `tokenizer` added to its own
+    (`with_added_words`), the encoder, and its fine-tuned head where that head means what the task's does (one
+    console line says whether it was carried, how its labels matched, or why not). Returns the weights that start
+    fresh."""
+    pretrained, growth = with_added_words(pretrained, tokenizer)
     wanted = task_head(settings.task.module_class, settings.task.module_arguments)
     carry = carry_head(pretrained, *wanted) if wanted is not None else None
     if carry is not None:

@@ -31,7 +31,7 @@ from lightbert.tasks.pretraining.objectives import OBJECTIVES, MaskingShares, ch
 PRECISIONS = ("16-true", "16-mixed", "bf16-true", "bf16-mixed", "32-true", "64-true", "16", "bf16", "32", "64",
               "transformer-engine", "transformer-engine-float16")  # fmt: skip
 # torch.compile's modes: reduce-overhead captures CUDA graphs (a launch-bound step, e.g. the paper's per-device
-# batch), one per input shape: `building.fix_batch_shapes` gives its batches a few shapes, and `SpeedSettings` and
+# batch), one per input shape: `speed.fix_batch_shapes` gives its batches a few shapes, and `SpeedSettings` and
 # `RunSettings` refuse what changes them every batch.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # speed.unpad -> BertModel.unpad; true picks by the device (`run.speed.unpadding_for`).

@@ -1,6 +1,7 @@
-"""The `speed.*` switches of a run (conf/train.yaml): checked before anything is written, applied to the module once
-it is built, with fp32's matmuls (the batch shapes CUDA graphs need are the
-DataModule's: `run.building.fix_batch_shapes`). Each is measured by bench/pretrain_step.py (bench/RESULTS.md)."""
+"""The `speed.*` switches of a run (conf/train.yaml): checked before anything is written (`run.settings`), applied
+once the DataModules and the module are built: torch's fp32 matmuls and compile caches, the batch shapes a compiled
+step needs (`fix_batch_shapes`), unpadding, fp8, compile. Each is measured by bench/pretrain_step.py
+(bench/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from lightbert.data.batches import length_buckets
 from lightbert.model.fp8 import convert_to_fp8
 from lightbert.model.varlen import flash_varlen_device
 from lightbert.run.settings import UNPAD_SETTINGS, SpeedSettings, TrainerSettings
@@ -96,6 +98,34 @@ def use_compile_caches(cache_dir: str | Path | None) -> Path:
     return Path(inductor_cache_dir())
 
 
+def fix_batch_shapes(datamodule: L.LightningDataModule, speed: SpeedSettings, compiles: bool) -> str | None:
+    """Batches of a few shapes for a compiled step (`compiles`), which compiles one graph per shape. Under CUDA
+    graphs (compile_mode=reduce-overhead), which record one graph per input shape: packed rows padded up to a few
+    row counts (`fixed_row_counts`), other batches padded to the full max_seq_length. Otherwise unpacked batches
+    are padded up to a length bucket (`length_buckets`; packed rows have one width already). Returns what the
+    console says, or None where shapes are left as they are."""
+    if not compiles:
+        return None
+    packed = getattr(datamodule, "packing", False)
+    if speed.cuda_graphs(compiles):
+        if packed:
+            datamodule.fixed_rows = True
+            return "CUDA graphs: packed row counts padded up to a few fixed ones"
+        datamodule.pad_to_multiple_of = datamodule.max_seq_length
+        return f"CUDA graphs: every batch padded to {datamodule.max_seq_length} tokens"
+    if packed:
+        return None
+    buckets = length_buckets(datamodule.max_seq_length)
+    datamodule.pad_to_multiple_of = buckets
+    # Training and evaluation graphs of each length, and a batch of one row's: within Dynamo's limit of graphs per
+    # function, past which it would run the rest eagerly.
+    graphs = 2 * len(buckets) + 2
+    if torch._dynamo.config.recompile_limit < graphs:
+        torch._dynamo.config.recompile_limit = graphs
+    lengths = ", ".join(map(str, buckets))
+    return f"torch.compile: each batch padded up to {lengths} tokens, one compiled graph per length"
+
+
 def what_compiles(module: L.LightningModule) -> str:
     """What `compile_step` compiles, for the console."""
     losses = " and the pre-training losses" if hasattr(module, "losses") else ""
@@ -110,11 +140,13 @@ def apply_speed_switches(
     compiles: bool,
     training: bool = True,
     cache_dir: str | Path | None = None,
+    datamodules: tuple[L.LightningDataModule, ...] = (),
 ) -> None:
     """The switches of a run: torch's own for the process first (fp32's matmuls; where the step compiles, its caches in
-    `cache_dir`), then the built module's, before Lightning moves it: unpadding (said on the console), fp8, compile
-    when `compiles` (as the run decided it once: `run.building.step_compiles`; said on the console; how long it took:
-    `plugins.callbacks.CompileTime`)."""
+    `cache_dir`), then the built module's, before Lightning moves it, and its `datamodules`' batches: unpadding (said
+    on the console), the batches' shapes for a compiled step (`fix_batch_shapes`, said once, for the first), fp8,
+    compile when `compiles` (as the run decided it once: `run.building.step_compiles`; said on the console; how long
+    it took: `plugins.callbacks.CompileTime`)."""
     set_fp32_matmuls(speed, trainer)
     caches = use_compile_caches(cache_dir) if compiles else None
     on_cuda = trainer.on_cuda
@@ -122,6 +154,9 @@ def apply_speed_switches(
     how, line = unpadding_for(speed.unpad, on_cuda, trainer.precision, packing, flash, trainer.strategy == "fsdp")
     log.info(line)
     module.model.bert.set_unpadding(how)  # every head holds its encoder as `bert` (Hugging Face's names)
+    said = [fix_batch_shapes(datamodule, speed, compiles) for datamodule in datamodules]
+    if said and said[0]:
+        log.info(said[0])
     if speed.fp8 and training:  # before compiling, which then fuses the float8 casts
         converted = convert_to_fp8(module.model)
         log.debug(f"speed.fp8: {converted} Linear layers run their matmuls in float8 (torchao Float8Linear)")

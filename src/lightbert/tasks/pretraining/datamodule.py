@@ -581,7 +581,7 @@ class PretrainDataModule(L.LightningDataModule):
             packing,
             max_examples_per_row,
         )  # lightbert/tasks/pretraining/packing.py
-        self.fixed_rows = False  # packed row counts padded up to a few (CUDA graphs: `run.building.fix_batch_shapes`)
+        self.fixed_rows = False  # packed row counts padded up to a few (CUDA graphs: `run.speed.fix_batch_shapes`)
         self.batch_size, self.num_workers = batch_size, num_workers
         self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
         self.first_step = first_step  # the global step this data starts at (a recipe's later phase)
