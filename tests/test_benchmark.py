@@ -19,6 +19,7 @@ from helpers.squad_files import squad_articles, write_official
 from lightbert.analysis.benchmark import AVERAGED, COLUMNS, PAPER_ROWS, build, glue_average, main, write_tables
 from lightbert.analysis.benchmark import write_submissions as submissions
 from lightbert.analysis.benchmark_plan import PLAN_FILE, BenchmarkJob, checkpoint_key, plan
+from lightbert.cluster import processes
 from lightbert.errors import UserError
 from lightbert.tasks.glue.tasks import TASKS
 
@@ -250,7 +251,8 @@ def test_a_second_benchmark_into_a_running_ones_directory_writes_nothing(tmp_pat
     held = _hold(sweep)  # as the first benchmark's process holds it
     try:
         result = run_train_forked(*command)
-    finally:
+    finally:  # let go as the process's end would: no longer closed in this worker's children (the fd is reused)
+        processes.release(held)
         os.close(held)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
