@@ -47,19 +47,6 @@ def test_slurm_config_shows_the_submitit_settings():
 
 
 @pytest.mark.slow
-def test_run_through_submitits_local_executor_completes(tmp_path):
-    corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=12)
-    sweep = tmp_path / "sweep"
-    result = run_train_script(
-        "-m", "cluster=submitit_local", *TINY_RUN, "corpus=text", f"corpus.paths=[{corpus}]", f"hydra.sweep.dir={sweep}"
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads((sweep / "0" / "results.json").read_text())
-    assert results["global_step"] == 3
-    assert list((sweep / ".submitit").iterdir()), "submitit ran the job"
-
-
-@pytest.mark.slow
 def test_ddp_inside_a_multirun_keeps_each_jobs_processes_in_its_directory(tmp_path):
     corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=12)
     sweep = tmp_path / "sweep"

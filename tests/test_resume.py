@@ -130,10 +130,8 @@ def test_two_process_ddp_equals_one_process_with_the_same_global_batch(tmp_path,
             assert two[(step, part)] == pytest.approx(one[2 * (step - 1) + part], abs=1e-5), (step, part)
 
 
-@pytest.mark.parametrize("name", ["TERM", "USR2", "INT"])
-def test_stop_signal_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp_path, corpus, name):
-    """SIGTERM, USR2 in a job that submitit started on SLURM (its warning before the time limit), or Ctrl-C."""
-    args = [
+def signal_run_args(corpus: Path) -> list[str]:
+    return [
         *BASE,
         f"corpus.paths=[{corpus}]",
         "trainer.max_steps=9",
@@ -141,10 +139,23 @@ def test_stop_signal_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp
         "task.checkpoint_every_n_steps=100",  # no periodic checkpoint: only SIGTERM's
         "+callbacks.record._target_=helpers.loss_recorder.RecordLosses",
     ]
+
+
+@pytest.fixture(scope="module")
+def unstopped_losses(corpus, tmp_path_factory) -> dict:
+    """The per-step losses of the signal tests' run left to finish: one reference for every signal."""
+    where = tmp_path_factory.mktemp("unstopped")
     whole = run_train_recorded(
-        *args, f"+callbacks.record.path={tmp_path / 'whole.txt'}", f"hydra.run.dir={tmp_path / 'whole'}"
+        *signal_run_args(corpus), f"+callbacks.record.path={where / 'whole.txt'}", f"hydra.run.dir={where / 'run'}"
     )
     assert whole.returncode == 0, whole.stderr[-3000:]
+    return recorded(where / "whole.txt")
+
+
+@pytest.mark.parametrize("name", ["TERM", "USR2", "INT"])
+def test_stop_signal_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp_path, corpus, unstopped_losses, name):
+    """SIGTERM, USR2 in a job that submitit started on SLURM (its warning before the time limit), or Ctrl-C."""
+    args = signal_run_args(corpus)
     stopped = tmp_path / "stopped"
     terminated = run_train_script(  # the signal's subject is the process: `python src/train.py` itself
         *args,
@@ -167,7 +178,7 @@ def test_stop_signal_saves_the_latest_checkpoint_and_the_run_resumes_exactly(tmp
         *args, f"+callbacks.record.path={tmp_path / 'after.txt'}", f"hydra.run.dir={stopped}", "resume=true"
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    reference, after = recorded(tmp_path / "whole.txt"), recorded(tmp_path / "after.txt")
+    reference, after = unstopped_losses, recorded(tmp_path / "after.txt")
     assert sorted(after) == [(step, 0) for step in range(6, 10)]
     assert all(after[key] == reference[key] for key in after)
 
