@@ -196,3 +196,22 @@ class KillRankAtTrainEnd(L.Callback):
     def on_train_end(self, trainer, module):
         if trainer.global_rank == self.rank:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SignalWhileLaunching(L.Callback):
+    """In the first DDP process, right after Lightning has started the other processes and before its launch is
+    over (the moment a stop left them behind): sends the whole process group SIGINT, as a terminal's Ctrl-C, or
+    SIGKILLs this process alone, as the out-of-memory killer."""
+
+    def __init__(self, name: str = "INT"):
+        from lightbert.plugins.launcher import RunLauncher
+
+        signum, start_children = getattr(signal, f"SIG{name}"), RunLauncher._call_children_scripts
+
+        def start_then_signal(launcher):
+            start_children(launcher)
+            if signum == signal.SIGKILL:
+                os.kill(os.getpid(), signum)
+            os.killpg(os.getpgid(0), signum)
+
+        RunLauncher._call_children_scripts = start_then_signal

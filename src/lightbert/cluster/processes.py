@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,9 @@ def _stop_now(signum: int, frame: Any) -> None:
         os.kill(os.getpid(), signum)
         return
     if _phase not in ("preparing", "finishing"):
+        return
+    if _signals_during_launch is not None:  # Lightning is starting this process's DDP children: once they are all
+        _signals_during_launch.append(signum)  # known, `launching` stops the run here and they end with it
         return
     when = "after training, before its results were written" if _phase == "finishing" else "before training started"
     message = (
@@ -172,32 +175,43 @@ GRACE_SECONDS = 60.0
 
 
 @contextmanager
-def launching(first_rank: int, world_size: int) -> Iterator[None]:
-    """Around Lightning's start of this process's DDP children: they learn who launched them, start with Ctrl-C
-    blocked (a terminal's Ctrl-C, sent to the whole group, is the first process's to take: in the second before a
-    child's own code runs it was a KeyboardInterrupt traceback), and keep torch's C++ warnings to errors (a child
-    printed c10d's frame dump about its launcher's closed connection before Python could say one line)."""
-    global _world_size, _first_rank
+def launching(first_rank: int, world_size: int, children: Callable[[], list[subprocess.Popen]]) -> Iterator[None]:
+    """Around Lightning's start of this process's DDP children (`children()` once they are started): they learn who
+    launched them, start with Ctrl-C blocked (a terminal's Ctrl-C, sent to the whole group, is the first process's
+    to take: in the second before a child's own code runs it was a KeyboardInterrupt traceback), and keep torch's
+    C++ warnings to errors (a child printed c10d's frame dump about its launcher's closed connection before Python
+    could say one line). A stop that comes meanwhile waits until every child is known, and ends them: taken at once,
+    the children started so far were left behind, waiting 30 minutes for a rendezvous (seen in CI)."""
+    global _world_size, _first_rank, _signals_during_launch
     _world_size, _first_rank = world_size, first_rank
     added = {LAUNCHER_VARIABLE: f"{os.getpid()}:{first_rank}"}
     if "TORCH_CPP_LOG_LEVEL" not in os.environ:
         added["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     os.environ.update(added)
+    # Blocked in this thread only: the children inherit the mask; a signal another thread takes still runs the
+    # handler here, in the main thread, so `_stop_now` holds it back until the children are known.
+    _signals_during_launch = []
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        _launched[:] = children()
         for name in added:
             os.environ.pop(name, None)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a Ctrl-C held back by the mask is taken now
+        stops, _signals_during_launch = _signals_during_launch, None
+        if stops:
+            _stop_now(stops[0], None)
+
+
+_signals_during_launch: list[int] | None = None  # while `launching`: the stops that came, taken at its end
 
 
 _first_rank = 0  # the rank of this node's first process (its launched children follow it)
 
 
-def watch_launched(children: list[subprocess.Popen]) -> None:
-    """In a first process, once Lightning has started its DDP children: they are watched (`_Watch`)."""
-    _launched[:] = children
+def watch_launched() -> None:
+    """In a first process, once Lightning has started its DDP children (`launching`): they are watched (`_Watch`)."""
     _Watch().start()
 
 
@@ -206,9 +220,14 @@ def adopt_launch() -> None:
     (`launching` started this one with SIGINT blocked; now ignored, and unblocked), and the launcher is watched."""
     global _launcher_pid, _launcher_rank, _world_size
     pid, _, rank = os.environ.get(LAUNCHER_VARIABLE, "").partition(":")
-    if pid != str(os.getppid()) or not rank.isdigit():
+    if not (pid.isdigit() and rank.isdigit()):
         return
-    _launcher_pid, _launcher_rank = os.getppid(), int(rank)
+    # Not this process's parent: a process the launched one started (it inherited the variable) while its launcher
+    # lives on; or the launcher already died (kill -9 in the seconds this one spent starting), and then the watch
+    # ends this one at once, which otherwise waited 30 minutes for it at the rendezvous.
+    if int(pid) != os.getppid() and _alive(int(pid)):
+        return
+    _launcher_pid, _launcher_rank = int(pid), int(rank)
     _world_size = int(os.environ.get("WORLD_SIZE", "0") or 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -27,9 +27,9 @@ class RunLauncher(_SubprocessScriptLauncher):
         self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
         if not self.cluster_environment.creates_processes_externally:
             first_rank = self.cluster_environment.node_rank() * self.num_processes
-            with processes.launching(first_rank, self.num_processes * self.num_nodes):
+            with processes.launching(first_rank, self.num_processes * self.num_nodes, children=lambda: self.procs):
                 self._call_children_scripts()
-            processes.watch_launched(self.procs)
+            processes.watch_launched()
         _set_num_threads_if_needed(num_processes=self.num_processes)
         return function(*args, **kwargs)
 
