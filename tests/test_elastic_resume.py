@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers.runs import TINY_PRETRAIN, run_train_recorded, write_bert_corpus
+from helpers.runs import TINY_PRETRAIN, run_train_recorded, snapshot, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -31,15 +31,26 @@ def corpus(tmp_path_factory) -> Path:
     return write_bert_corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt", num_documents=10)
 
 
-@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
-def test_a_resume_on_another_device_count_trains_each_example_once(tmp_path, corpus, before, after):
-    base = [*TINY_PRETRAIN, f"corpus.paths=[{corpus}]", "task.global_batch_size=8", "trainer.val_check_interval=4",
+def recording(corpus: Path) -> list[str]:
+    return [*TINY_PRETRAIN, f"corpus.paths=[{corpus}]", "task.global_batch_size=8", "trainer.val_check_interval=4",
             "task.checkpoint_every_n_steps=4",
             "+callbacks.record._target_=helpers.loss_recorder.RecordExamples"]  # fmt: skip
-    # The reference, unbroken, on one device: a step's global batch is the same examples on any number of devices.
-    whole = run_train_recorded(*base, *devices(1), "trainer.max_steps=8", f"hydra.run.dir={tmp_path / 'whole'}",
-                               f"+callbacks.record.path={tmp_path / 'whole.txt'}")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, corpus) -> Path:
+    """The reference, unbroken, on one device (a step's global batch is the same examples on any number of devices):
+    the examples of each of its 8 steps, one run for both resumes (it is the same command for both)."""
+    where = tmp_path_factory.mktemp("reference")
+    recorded = [f"hydra.run.dir={where / 'whole'}", f"+callbacks.record.path={where / 'whole.txt'}"]
+    whole = run_train_recorded(*recording(corpus), *devices(1), "trainer.max_steps=8", *recorded)
     assert whole.returncode == 0, whole.stderr[-3000:]
+    return where / "whole.txt"
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+def test_a_resume_on_another_device_count_trains_each_example_once(tmp_path, corpus, reference, before, after):
+    base = recording(corpus)
     run = tmp_path / "run"
     first = run_train_recorded(*base, *devices(before), "trainer.max_steps=8", f"hydra.run.dir={run}",
                                f"+callbacks.record.path={tmp_path / 'killed.txt'}",
@@ -51,7 +62,7 @@ def test_a_resume_on_another_device_count_trains_each_example_once(tmp_path, cor
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     out = resumed.stdout + resumed.stderr
     assert out.count(f"resuming on {after} device(s), the checkpoint's job had {before}: the global batch stays 8") == 1
-    reference = examples_by_step(tmp_path / "whole.txt")
+    reference = examples_by_step(reference)
     killed, continued = examples_by_step(tmp_path / "killed.txt"), examples_by_step(tmp_path / "resumed.txt")
     assert sorted(continued) == [5, 6, 7, 8]  # from the checkpoint of step 4 (validation), not from the start
     for step in range(1, 9):
@@ -60,14 +71,25 @@ def test_a_resume_on_another_device_count_trains_each_example_once(tmp_path, cor
     assert sum(seen.values()) == 8 * 8 and set(seen) == set(Counter(d for c in reference.values() for d in c))
 
 
-@pytest.mark.parametrize("resize", [["trainer.devices=2", "trainer.strategy=ddp"], ["task.batch_size=8"]])
-def test_a_resume_with_another_global_batch_is_refused_naming_the_key(tmp_path, corpus, resize):
-    base = [*TINY_PRETRAIN, f"corpus.paths=[{corpus}]", "trainer.val_check_interval=2", f"hydra.run.dir={tmp_path}"]
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory, corpus) -> list[str]:
+    """A 4-step run on one device, as if stopped after its last checkpoint: its command, for both refusals (a
+    refused resume leaves its directory as it was: each test checks it)."""
+    run = tmp_path_factory.mktemp("stopped")
+    base = [*TINY_PRETRAIN, f"corpus.paths=[{corpus}]", "trainer.val_check_interval=2", f"hydra.run.dir={run}"]
     first = run_train_recorded(*base, "trainer.max_steps=4")
     assert first.returncode == 0, first.stderr[-3000:]
-    (tmp_path / "results.json").unlink()  # as if stopped after its last checkpoint
-    again = run_train_recorded(*base, "trainer.max_steps=4", *resize, "resume=true")
+    (run / "results.json").unlink()  # as if stopped after its last checkpoint
+    return base
+
+
+@pytest.mark.parametrize("resize", [["trainer.devices=2", "trainer.strategy=ddp"], ["task.batch_size=8"]])
+def test_a_resume_with_another_global_batch_is_refused_naming_the_key(stopped_run, resize):
+    run = Path(stopped_run[-1].removeprefix("hydra.run.dir="))
+    before = snapshot(run)
+    again = run_train_recorded(*stopped_run, "trainer.max_steps=4", *resize, "resume=true")
     assert again.returncode == 2, again.stderr[-3000:]
+    assert snapshot(run) == before  # nothing written: the next refusal finds the same run
     error = again.stderr.strip().splitlines()[-1]
     assert "was trained with 4 sequences per step (4 per device x 1 device(s) x 1 accumulated)" in error, error
     assert "task.global_batch_size=4" in error
