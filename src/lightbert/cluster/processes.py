@@ -172,6 +172,8 @@ _saving = 0  # checkpoint writes in progress (`writing_checkpoint`): the watch d
 # How long the watch lets a process whose peer died go on once the process group exists: gloo raises at the next
 # collective at once, NCCL only at its timeout (30 minutes). Long enough for the main thread to say it first.
 GRACE_SECONDS = 60.0
+# How long the watch of a launched process whose launcher died as it started waits for its run directory to be known.
+_RUN_DIRECTORY_SECONDS = 10.0
 
 
 @contextmanager
@@ -474,6 +476,10 @@ class _Watch(threading.Thread):
                 return  # the job finished
         end_launched()
         died = time.monotonic()
+        # A launched process whose launcher died while this one started: its main thread is still composing the
+        # command's config; the line names the run directory to go on from once it is known (a moment later).
+        while _launcher_pid and not (_where or _job) and time.monotonic() - died < _RUN_DIRECTORY_SECONDS:
+            time.sleep(0.05)
         while _distributed_initialized() and (time.monotonic() - died < GRACE_SECONDS or _saving):
             time.sleep(0.2)  # the main thread meets the death at its next collective and says it
         if not _watching or not _claimed.acquire(blocking=False):
