@@ -6,7 +6,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from helpers.runs import run_train_script, write_bert_corpus
+from helpers.runs import run_train_forked, run_train_script, write_bert_corpus
 
 from lightbert.cluster import processes
 from lightbert.plugins.checkpointing import AtomicCheckpointIO
@@ -102,7 +102,7 @@ def test_a_multirun_jobs_ddp_process_runs_that_job_alone(monkeypatch):
 
 def test_fsdp_without_a_gpu_says_how_to_run_it_on_cpu():
     """trainer=fsdp asks for GPUs; FSDP2 also runs on CPU processes (gloo), which the message offers."""
-    result = run_train_script("trainer=fsdp", "logger=csv", "trainer.max_steps=1")
+    result = run_train_forked("trainer=fsdp", "logger=csv", "trainer.max_steps=1")
     assert result.returncode == 2
     assert "trainer=fsdp needs a CUDA GPU" in result.stderr
     assert "trainer.accelerator=cpu trainer.devices=2" in result.stderr and "Traceback" not in result.stderr
@@ -158,7 +158,7 @@ def test_a_two_device_sweep_runs_through_submitits_local_executor(tmp_path):
     of them records the run, both train it."""
     corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=12)
     sweep = tmp_path / "sweep"
-    result = run_train_script(
+    result = run_train_forked(  # the sweep's own process forked: submitit's tasks are fresh interpreters
         "-m", "cluster=submitit_local", *TINY_RUN, "corpus=text", f"corpus.paths=[{corpus}]", "trainer.devices=2",
         "trainer.strategy=ddp", "seed=1,2", f"hydra.sweep.dir={sweep}",
     )  # fmt: skip
