@@ -7,16 +7,14 @@ from __future__ import annotations
 import csv
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from helpers import runtime
 from helpers.runs import (
     BASE,
     REPO,
-    default_sigint,
+    forked,
     pythonpath_with_tests,
     run_train_recorded,
     snapshot,
@@ -111,25 +109,25 @@ def test_a_fresh_run_into_a_directory_with_a_users_metrics_csv_is_refused(tmp_pa
 def test_two_runs_in_one_directory_the_second_is_refused(tmp_path, corpus):
     run_dir = tmp_path / "run"
     args = [*BASE, f"corpus.paths=[{corpus}]", "trainer.max_steps=100000", f"hydra.run.dir={run_dir}"]
-    first = subprocess.Popen(
-        [runtime.python(), str(REPO / "src" / "train.py"), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": pythonpath_with_tests()},
-        preexec_fn=default_sigint,
-    )
+    # The first run: `python src/train.py` forked (helpers.fork_server), a process of its own that is still training
+    # while the second starts; the subject is the second command's refusal, not how the first was started.
+    files = tmp_path / "first"
+    files.mkdir()
+    task = {"env": {**os.environ, "PYTHONPATH": pythonpath_with_tests()}, "cwd": str(REPO), "stdin": None,
+            "stdout": str(files / "stdout"), "stderr": str(files / "stderr"), "new_session": False,
+            "file_size_limit": None}  # fmt: skip
+    job, pids = forked.start("train", args, [task])
     try:
         deadline = time.time() + 300
         while not (run_dir / ".hydra" / "config.yaml").is_file():  # the first has passed its checks
-            assert first.poll() is None and time.time() < deadline, "the first run ended before it started"
+            assert forked.replies[job].empty() and time.time() < deadline, "the first run ended before it started"
             time.sleep(0.2)
         second = run_train_recorded(*args)
         assert second.returncode == 2 and "another run is training in" in second.stderr
     finally:
-        first.send_signal(signal.SIGINT)
-        first.communicate(timeout=300)
-    assert first.returncode in (0, 130)  # stopped by Ctrl-C with its checkpoint, or finished
+        os.kill(pids[0], signal.SIGINT)
+        (returncode,) = forked.wait(job, pids, 300)
+    assert returncode in (0, 130), (files / "stderr").read_text()[-3000:]  # stopped by Ctrl-C, or finished
 
 
 def test_a_resume_without_a_checkpoint_keeps_the_earlier_attempts_metrics(tmp_path, corpus):
