@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing
 import torch.nn.functional as F
 from helpers.loss_recorder import global_norm
-from helpers.runs import compose_config, cpu_twin, free_port, pretrain_overrides, run_settings
+from helpers.runs import compose_config, cpu_twin, free_port, pretrain_overrides, run_settings, write_bert_corpus
 from helpers.sharded_step import step
 
 from lightbert import train
@@ -21,16 +21,23 @@ from lightbert.optim import MasterWeights, clip_gradients
 from lightbert.tasks.pretraining.module import PreTrainingModule
 
 
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """conftest's corpus_file (the same 40 documents), once for the module: its tokenizer and examples are made once
+    and cached (the cache knows a file by its path and times), not again for each test's own copy."""
+    return write_bert_corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt")
+
+
 def recorded_norms(path: Path) -> list[tuple[float, float]]:
     return [tuple(map(float, line.split())) for line in path.read_text().splitlines()]
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
-def test_bf16_clipping_caps_the_global_norm_the_optimizer_applies(corpus_file, tmp_path, optimizer):
+def test_bf16_clipping_caps_the_global_norm_the_optimizer_applies(corpus, tmp_path, optimizer):
     norms = tmp_path / "norms.txt"
     overrides = [
         *cpu_twin("gpu"),  # bf16-mixed, gradient_clip_val 1.0, the default optimizer (fused AdamW) or LAMB
-        *pretrain_overrides(corpus_file, optimizer, phases=1),
+        *pretrain_overrides(corpus, optimizer, phases=1),
         "trainer.max_steps=6",
         "+callbacks.grad_norms._target_=helpers.loss_recorder.RecordGradNorms",
         f"+callbacks.grad_norms.path={norms}",
@@ -95,9 +102,9 @@ def final_weights(tmp_path: Path, corpus: Path, extra: list[str], name: str) -> 
     return torch.load(results["last_checkpoint"], weights_only=True, map_location="cpu")["state_dict"]
 
 
-def test_bf16_fused_and_unfused_adamw_end_on_the_same_weights(corpus_file, tmp_path):
-    fused = final_weights(tmp_path, corpus_file, [*cpu_twin("gpu"), "optim.fused=true"], "fused")
-    plain = final_weights(tmp_path, corpus_file, [*cpu_twin("gpu"), "optim.fused=false"], "foreach")
+def test_bf16_fused_and_unfused_adamw_end_on_the_same_weights(corpus, tmp_path):
+    fused = final_weights(tmp_path, corpus, [*cpu_twin("gpu"), "optim.fused=true"], "fused")
+    plain = final_weights(tmp_path, corpus, [*cpu_twin("gpu"), "optim.fused=false"], "foreach")
     assert fused.keys() == plain.keys()
     # 8 steps at lr 1e-4 move a weight by up to ~8e-4. The two kernels round differently in fp32; where that flips
     # a bf16 rounding in a later forward pass, the gradients and so some weights differ a little more. Measured:
@@ -112,28 +119,39 @@ def losses(run: Path) -> list[float]:
         return [float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")]
 
 
-def test_bf16_pretraining_tracks_fp32(corpus_file, tmp_path):
+def tracking_overrides(corpus: Path) -> list[str]:
+    """30 steps of the GPU trainer's twin at lr 1e-3, each step's loss logged: the runs the fp32 one is compared to."""
+    common = [*pretrain_overrides(corpus, "adamw", phases=1), "trainer.max_steps=30", "optim.lr=1e-3"]
+    return [*cpu_twin("gpu"), *common, "trainer.log_every_n_steps=1", "trainer.val_check_interval=30"]
+
+
+@pytest.fixture(scope="module")
+def fp32_reference(corpus, tmp_path_factory) -> tuple[Path, list[float]]:
+    """The corpus and the per-step losses of its fp32 run: one reference for both bf16 precisions (the same
+    command as each test's own run but for trainer.precision=32-true)."""
+    where = tmp_path_factory.mktemp("fp32")
+    train(compose_config([*tracking_overrides(corpus), "trainer.precision=32-true"], where / "run"))
+    return corpus, losses(where / "run")
+
+
+def test_bf16_pretraining_tracks_fp32(fp32_reference, tmp_path):
     """Same seed, data and dropout: bf16 autocast changes the per-step losses by at most 0.01 over 30 steps."""
-    common = [*pretrain_overrides(corpus_file, "adamw", phases=1), "trainer.max_steps=30", "optim.lr=1e-3"]
-    common += ["trainer.log_every_n_steps=1", "trainer.val_check_interval=30"]
-    train(compose_config([*cpu_twin("gpu"), *common], tmp_path / "bf16"))
-    train(compose_config([*cpu_twin("gpu"), *common, "trainer.precision=32-true"], tmp_path / "fp32"))
-    bf16, fp32 = losses(tmp_path / "bf16"), losses(tmp_path / "fp32")
+    corpus, fp32 = fp32_reference
+    train(compose_config(tracking_overrides(corpus), tmp_path / "bf16"))
+    bf16 = losses(tmp_path / "bf16")
     assert len(bf16) == len(fp32) == 30
     assert fp32[-1] < fp32[0] - 0.5  # the run learns, so tracking it means something
     differences = [abs(a - b) for a, b in zip(bf16, fp32, strict=True)]
     assert max(differences) < 0.01, differences  # measured: 7.7e-4 at most, on losses of 6.0 -> 5.15
 
 
-def test_a_bf16_model_with_fp32_master_weights_tracks_fp32(corpus_file, tmp_path):
+def test_a_bf16_model_with_fp32_master_weights_tracks_fp32(fp32_reference, tmp_path):
     """trainer.precision=bf16-true: the model in bf16 (no autocast casts), AdamW on fp32 master weights. Same seed,
     data and dropout as an fp32 run: the per-step losses stay close, and the checkpoint's weights are the fp32
     masters (what init_from and an export read), the same tensors the optimizer state holds for a resume."""
-    common = [*pretrain_overrides(corpus_file, "adamw", phases=1), "trainer.max_steps=30", "optim.lr=1e-3"]
-    common += ["trainer.log_every_n_steps=1", "trainer.val_check_interval=30"]
-    results = train(compose_config([*cpu_twin("gpu"), *common, "trainer.precision=bf16-true"], tmp_path / "bf16"))
-    train(compose_config([*cpu_twin("gpu"), *common, "trainer.precision=32-true"], tmp_path / "fp32"))
-    bf16, fp32 = losses(tmp_path / "bf16"), losses(tmp_path / "fp32")
+    corpus, fp32 = fp32_reference
+    results = train(compose_config([*tracking_overrides(corpus), "trainer.precision=bf16-true"], tmp_path / "bf16"))
+    bf16 = losses(tmp_path / "bf16")
     assert len(bf16) == len(fp32) == 30
     assert fp32[-1] < fp32[0] - 0.5
     differences = [abs(a - b) for a, b in zip(bf16, fp32, strict=True)]
