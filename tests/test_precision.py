@@ -75,6 +75,14 @@ def test_fp16_clipping_unscales_the_fused_adamw_gradients_first():
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
 
 
+def forked_step(rank: int, *args) -> None:
+    """`step` in a process forked from this one, on one thread, as a DataLoader worker runs: OpenMP's threads do not
+    survive a fork, and a child that enters a parallel region after the parent used one waits for them forever
+    (seen: LayerNorm's kernel in gomp_team_barrier_wait_end, once the file's in-process runs had gone first)."""
+    torch.set_num_threads(1)
+    step(rank, *args)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("optimizer", "checkpointing"), [("adamw", False), ("lamb", True)])
 def test_fsdp_clips_the_global_norm_of_the_shards(optimizer, checkpointing):
@@ -88,7 +96,7 @@ def test_fsdp_clips_the_global_norm_of_the_shards(optimizer, checkpointing):
         # Forked from this process (torch and lightbert imported): the subject is the sharded step's arithmetic,
         # not the start of an interpreter, which spawn's two fresh ones cost about 10 s of CPU for.
         arguments = (2, free_port(), optimizer, 0.01, checkpointing, results)
-        torch.multiprocessing.start_processes(step, args=arguments, nprocs=2, start_method="fork")
+        torch.multiprocessing.start_processes(forked_step, args=arguments, nprocs=2, start_method="fork")
         results = dict(results)
     assert results["norm"] > 0.01  # the clipping changes this step
     assert results["keys"] and results["tied"]  # the decoder still shares the word embeddings' weight
