@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers.glue_files import glue_data_files, glue_overrides, write_glue_file
 from helpers.models import write_hf_bert
-from helpers.runs import compose_config, run_train_forked
+from helpers.runs import compose_config, run_train_forked, run_train_script
 from helpers.wandb_files import offline_run
 from omegaconf import OmegaConf
 from scipy.stats import pearsonr, spearmanr
@@ -210,7 +210,7 @@ def test_fine_tuning_without_init_from_says_what_to_give(tmp_path):
 
 
 def test_unknown_task_name_lists_the_glue_tasks():
-    result = run_train_forked("task=glue/mrcp")
+    result = run_train_script("task=glue/mrcp")
     assert result.returncode == 2
     assert "Did you mean task=glue/mrpc?" in result.stderr and "glue/wnli" in result.stderr
 
@@ -218,7 +218,7 @@ def test_unknown_task_name_lists_the_glue_tasks():
 def test_unknown_split_name_is_refused(hf_dir, tmp_path):
     files = glue_data_files(tmp_path / "data", "sst2")
     files["dev"] = files.pop("validation")
-    result = run_train_forked(*glue_overrides("sst2", files, hf_dir), f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_train_script(*glue_overrides("sst2", files, hf_dir), f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2 and "task.data_files" in result.stderr and "dev" in result.stderr
 
 
