@@ -174,6 +174,7 @@ _saving = 0  # checkpoint writes in progress (`writing_checkpoint`): the watch d
 GRACE_SECONDS = 60.0
 # How long the watch of a launched process whose launcher died as it started waits for its run directory to be known.
 _RUN_DIRECTORY_SECONDS = 10.0
+_signals_during_launch: list[int] | None = None  # while `launching`: the stops that came, taken at its end
 
 
 @contextmanager
@@ -204,9 +205,6 @@ def launching(first_rank: int, world_size: int, children: Callable[[], list[subp
         stops, _signals_during_launch = _signals_during_launch, None
         if stops:
             _stop_now(stops[0], None)
-
-
-_signals_during_launch: list[int] | None = None  # while `launching`: the stops that came, taken at its end
 
 
 _first_rank = 0  # the rank of this node's first process (its launched children follow it)
