@@ -1,7 +1,9 @@
 """Preemption of multi-process jobs, with real processes and real signals at random moments of training, repeated:
 a signal only sets a flag, the processes agree at the next batch boundary, last.ckpt is written, and the job ends
 (or requeues itself) every time. Lightning's own handlers ran collectives inside the handler and deadlocked in about
-one trial of three or four; a deadlock that shows once in four is a deadlock, so each case runs ten times.
+one trial of three or four; a deadlock that shows once in four is a deadlock, so each case runs five times (twenty
+trials of the same agreement across the four cases: a one-in-four deadlock goes unseen with a chance of 0.3%).
+Before calling such a hang fixed, run LIGHTBERT_TEST_TRIALS=30.
 
 The SLURM jobs are simulated as srun runs them: one task per device with SLURM's variables, and a stand-in `scontrol`
 on PATH that records what it was asked."""
@@ -27,7 +29,7 @@ from helpers.tasks import tasks
 
 pytestmark = pytest.mark.slow
 
-TRIALS = int(os.environ.get("LIGHTBERT_TEST_TRIALS", 10))
+TRIALS = int(os.environ.get("LIGHTBERT_TEST_TRIALS", 5))
 SIDE_BY_SIDE = int(os.environ.get("LIGHTBERT_TEST_SIDE_BY_SIDE", 5))  # trials run at once (two processes each)
 # preempt -> requeue -> resume cycles of one job in a row; before a stop: LIGHTBERT_TEST_CYCLES=30 (issue 50)
 CYCLES = int(os.environ.get("LIGHTBERT_TEST_CYCLES", 3))
