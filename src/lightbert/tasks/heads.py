@@ -164,6 +164,8 @@ def head_of_hf_class(architecture: str) -> Head | None:
     """The first registered head whose Hugging Face class is `architecture` (or its ModernBERT twin: the modern
     encoder's `ModernBertForSequenceClassification` is BERT's `BertForSequenceClassification` head)."""
     bert = architecture.removeprefix("Modern")
+    if not bert:  # no class named (a lightbert checkpoint of pre-training): no family's head needs importing
+        return None
     return next((h for h in HEADS.values() if h.hf_class == bert), None)
 
 
