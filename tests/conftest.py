@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -64,6 +65,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest files first (`LONGEST_FIRST`); within a file, the tests keep their order."""
     rank = {name: position for position, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's garbage collected once, then every live object frozen: the interpreter's exit would otherwise
+    collect again over the millions of objects a worker holds (torch, Lightning, transformers), while the session
+    waits for its workers to end (measured: 1.5 CPU-s less per pytest process)."""
+    gc.collect()
+    gc.freeze()
 
 
 # The process state a test could leave to the next test of its worker, and whose handlers and settings are checked here.
