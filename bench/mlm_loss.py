@@ -30,6 +30,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="the logits' dtype")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--compile-backend", default="inductor", help="torch.compile's backend (aot_eager: the graphs, no kernels)"
+    )
     args = parser.parse_args()
     device, dtype = torch.device(args.device), {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
 
@@ -46,7 +49,7 @@ def main() -> None:
         out["loss"].backward()
         return out
 
-    compiled = torch.compile(pretraining_losses)
+    compiled = torch.compile(pretraining_losses, backend=args.compile_backend)
     eager_out, compiled_out = step(pretraining_losses), step(compiled)
     for name, value in eager_out.items():  # the same numbers before anything is timed
         torch.testing.assert_close(compiled_out[name], value, rtol=1e-4, atol=1e-4, msg=name)
