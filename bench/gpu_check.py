@@ -69,10 +69,18 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-import predict_vs_pipeline  # noqa: E402
-import pretrain_step  # noqa: E402
 import step_profile  # noqa: E402
 import switch_table  # noqa: E402
+
+
+def import_benchmarks() -> None:
+    """bench/pretrain_step.py and bench/predict_vs_pipeline.py as globals (Lightning, transformers: seconds of
+    imports): imported before the first part that runs them starts (a forked part inherits them), not by a check that
+    runs `pytest -m gpu` alone or refuses its arguments."""
+    global predict_vs_pipeline, pretrain_step
+    import predict_vs_pipeline
+    import pretrain_step
+
 
 # A side's line of pretrain_step.py's report: ms/step, tokens/s and the share of the peak.
 SIDE = re.compile(
@@ -244,6 +252,7 @@ def steady_rate(metrics: Path, steps: int) -> dict:
 
 def run_case(part: Part, flags: list[str], datamodules: dict) -> str:
     """The case's printed report."""
+    import_benchmarks()  # done already where the part was forked; a spawned part imports them here
     out = io.StringIO()
     if flags and "=" in flags[0]:  # src/train.py's overrides: the headline command
         return json.dumps(headline_case(flags, datamodules["out"] / "headline-run"))
@@ -284,6 +293,7 @@ def part_process(part: Part, path: Path) -> None:
         os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # not the check's handlers, inherited by a fork
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # blocked in the check while it started this process
     results: dict[str, dict] = {}
     datamodules: dict = {"out": path.parent.parent}
     for case, flags in part.cases.items():
@@ -381,15 +391,22 @@ def run_part(part: Part, args: argparse.Namespace, budget: float) -> dict[str, d
     process group and raises `StopSignal` holding what finished."""
     if part.kind == "pytest":
         return run_pytest(part, args, budget)
+    import_benchmarks()
     path = args.out / "parts" / (re.sub(r"\W+", "_", part.name) + ".json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     process = multiprocessing.get_context(args.start_method).Process(target=part_process, args=(part, path))
     why = interrupted = None
     try:
-        process.start()
-        with contextlib.suppress(OSError):  # the child does it too; whichever comes first (a spawned one has exec'd)
-            os.setpgid(process.pid, process.pid)
+        # Ctrl-C or SIGTERM while the part starts is taken once it has started: raised inside start(), after the fork
+        # but before multiprocessing records the child, it left a part running that this check could not stop.
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        try:
+            process.start()
+            with contextlib.suppress(OSError):  # the child does it too; whichever is first (a spawned one has exec'd)
+                os.setpgid(process.pid, process.pid)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
         process.join(timeout=budget)
         if process.is_alive():
             why = f"the part ran past its budget of {seconds(budget)} s"
