@@ -20,9 +20,15 @@ from helpers.filesystems import read_only_directory
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_gpu_check_runs_every_kind_of_part_and_reports_what_it_could_not_run(tmp_path):
+def test_gpu_check_runs_every_kind_of_part_and_reports_what_it_could_not_run(tmp_path, monkeypatch, capfd):
+    """gpu_check's `main` in this process: the check's results are the subject here (its own process, stopped by
+    Ctrl-C or SIGTERM, is the two signal tests'); `pytest -m gpu` is still a real subprocess and each part a process
+    forked from this one, on one thread (OpenMP's threads do not survive a fork: a parallel region this worker ran
+    before would leave a forked part waiting forever; pytest-xdist's workers on 2 cores run one thread already)."""
+    gpu_check = gpu_check_module(monkeypatch)
+    torch.set_num_threads(1)  # the parts' --threads (conftest's process_state restores the worker's)
     command = [
-        sys.executable, "bench/gpu_check.py", "--device", "cpu", "--out", str(tmp_path),
+        "--device", "cpu", "--out", str(tmp_path),
         "--pytest-paths", "tests/test_gpu.py",  # the marked tests live there; the whole suite's collection takes long
         "--parts", "pytest", "bert_tiny at 128 tokens", "fine-tuning", "inference",
         "--model", "bert_unknown",  # pretrain_step.py refuses it: the fine-tuning part raises
@@ -31,8 +37,10 @@ def test_gpu_check_runs_every_kind_of_part_and_reports_what_it_could_not_run(tmp
         "--part-budget", "bert_tiny at 128 tokens=600",  # the session's fresh cache: the demo corpus prepared first
         "--part-budget", "pytest=600",  # its budget is a GPU's; a busy CI machine collects for longer
     ]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    monkeypatch.chdir(REPO)  # as `python bench/gpu_check.py` runs from the checkout: --pytest-paths is relative
+    returncode = gpu_check.main(command)
+    stdout = capfd.readouterr().out
+    assert returncode == 0, stdout[-3000:]
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     parts = report["parts"]
     # A part's whole name picks that part alone ("bert_tiny at 128 tokens, batch 32" starts so too)
@@ -70,8 +78,8 @@ def test_gpu_check_runs_every_kind_of_part_and_reports_what_it_could_not_run(tmp
     profiled = table[table.index("Where one steady step's time goes (torch.profiler, aten ops' CPU time):") + 2 :]
     assert profiled[0].startswith("| part | case | step ms | launches | GEMM ms (share) | attention ms (share) |")
     assert profiled[2].startswith(f"| bert_tiny at 128 tokens | eager | {profile['step_ms']:.1f} | ")
-    assert done.stdout.strip().splitlines()[-1].startswith("gpu_check: ")
-    assert "2 case(s) not run" in done.stdout
+    assert stdout.strip().splitlines()[-1].startswith("gpu_check: ")
+    assert "2 case(s) not run" in stdout
 
 
 TARGETS = [
