@@ -10,6 +10,8 @@ fast.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import sys
 from pathlib import Path
 
@@ -82,9 +84,25 @@ def _check_before_hydra(argv: list[str], config_name: str, run_directory: bool =
         check_run_directory(argv)
 
 
+def _exit_without_collecting_the_heap() -> None:
+    """The command's last exit handler (registered first, it runs last): the garbage the command left is collected
+    here, once, as the interpreter's exit would (finalizers run, files flush); then every live object is frozen out
+    of the collector's reach. Left to the interpreter, its exit collected again as it tore the modules down, over
+    the half a million objects that torch, Lightning and Hydra hold: measured, 1.5 to 2.3 CPU-s and 4 to 14 s of
+    wall time after a `python src/train.py` had finished (a DDP process, its line said, took as long to end), 0.4
+    CPU-s with this. Freed by the exit itself, as every process's memory is."""
+    gc.collect()
+    gc.freeze()
+
+
+def _ends_quickly() -> None:
+    atexit.register(_exit_without_collecting_the_heap)
+
+
 def train_command() -> None:
     from lightbert.cluster.processes import adopt_launch, ddp_child_argv
 
+    _ends_quickly()
     adopt_launch()  # first: a DDP process the first one launched leaves Ctrl-C to it
     sys.argv[1:] = argv = ddp_child_argv(sys.argv[1:])  # a multirun job's DDP process runs that job alone
     answer_completion_query(argv)
@@ -95,6 +113,7 @@ def train_command() -> None:
 def evaluate_command() -> None:
     from lightbert.cluster.processes import adopt_launch, ddp_child_argv
 
+    _ends_quickly()
     adopt_launch()
     sys.argv[1:] = ddp_child_argv(sys.argv[1:])
     _check_before_hydra(sys.argv[1:], "evaluate")
@@ -102,10 +121,12 @@ def evaluate_command() -> None:
 
 
 def predict_command() -> None:
+    _ends_quickly()
     _check_before_hydra(sys.argv[1:], "predict", run_directory=False)
     _hydra_command(_predict, "predict")()
 
 
 def extract_features_command() -> None:
+    _ends_quickly()
     _check_before_hydra(sys.argv[1:], "extract_features", run_directory=False)
     _hydra_command(_extract_features, "extract_features")()
