@@ -22,7 +22,6 @@ from helpers.runs import (
     cpu_twin,
     pretrain_overrides,
     run_train_forked,
-    run_train_recorded,
     write_bert_corpus,
 )
 from helpers.squad_files import squad_data_files
@@ -240,20 +239,3 @@ def test_the_console_says_what_a_user_must_know(corpus, tmp_path):
     assert console_noise(finetune) == [] and "logging interval" not in finetune.stderr + out
     rows = list(csv.DictReader((tmp_path / "ner" / "metrics.csv").read_text().splitlines()))
     assert any(row.get("train/loss") for row in rows)
-
-
-def test_a_ddp_process_killed_by_the_oom_killer_is_named(corpus, tmp_path):
-    """The kernel's out-of-memory killer ends one rank with SIGKILL; the first process then says which rank, how,
-    and what to do, in one line (not gloo's traceback about a closed connection)."""
-    args = dry_run("ddp", corpus, tmp_path / "run")
-    kill_rank_1 = ["+callbacks.kill._target_=helpers.loss_recorder.KillRankAtStep", "+callbacks.kill.step=1"]
-    result = run_train_recorded(*args, *kill_rank_1)
-    assert result.returncode == 2, result.stderr[-3000:]
-    said = [line for line in result.stderr.splitlines() if line.startswith("lightbert: error:")]
-    assert said == [
-        "lightbert: error: DDP process 1 of 2 was killed by SIGKILL, which is what the kernel's out-of-memory killer "
-        "sends: each process holds the whole model, its gradients and the optimizer's state; use a smaller model= or "
-        f"fewer trainer.devices; no checkpoint was saved before it; rerun the same command with "
-        f"hydra.run.dir={tmp_path / 'run'} resume=true to start again"
-    ], result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
