@@ -22,6 +22,8 @@ from helpers.runs import (
 )
 from omegaconf import OmegaConf
 
+from lightbert.run.run_dir import RECORD_DIR, check_output_dir
+
 pytestmark = pytest.mark.slow
 
 
@@ -187,3 +189,20 @@ def test_a_resumed_run_logs_every_row_an_unbroken_run_logs(tmp_path, corpus):
     assert run_train_recorded(*crashed, *kill, new_session=True).returncode == -signal.SIGKILL
     assert run_train_recorded(*crashed, "resume=true").returncode == 0
     assert rows(tmp_path / "crashed") == rows(tmp_path / "whole")
+
+
+def test_a_record_the_jobs_first_process_writes_during_the_check_makes_it_a_runs_directory(tmp_path, monkeypatch):
+    """A SLURM job's tasks start at the same moment in one run directory: the first process writes the record
+    (.hydra/) while another task checks the directory. That record is a run's, not a foreign file: the task goes on
+    (it had refused, and the first process then waited at the rendezvous for a task that had ended)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    list_directory = Path.iterdir
+
+    def the_first_process_writes_the_record_meanwhile(self):
+        if self == run:
+            (run / RECORD_DIR).mkdir(exist_ok=True)
+        return list_directory(self)
+
+    monkeypatch.setattr(Path, "iterdir", the_first_process_writes_the_record_meanwhile)
+    assert check_output_dir(run, resume=False) is None

@@ -85,9 +85,15 @@ RUN_OUTPUTS = ("checkpoints", "metrics.csv", "results.json", "train.log", "hpara
 def _check_is_a_run_directory(output_dir: Path) -> None:
     """Refuses a directory that holds files lightbert did not write (a Hugging Face export, a project, the current
     directory): a run would add its record there and could replace a file of the same name (tokenizer.json)."""
-    if not output_dir.is_dir() or (output_dir / RECORD_DIR).is_dir():
+    if not output_dir.is_dir():
         return
-    foreign = sorted(p.name for p in output_dir.iterdir() if p.name not in RUN_OUTPUTS and not _is_temporary(p))
+    # One listing, judged as a whole: the job's first process may write the record while another process of the
+    # job (a SLURM task, started at the same moment in the same directory) checks it. A record seen in the listing
+    # makes it a run's directory, not a foreign file (seen once in 20 jobs, which then waited for a refused task).
+    entries = list(output_dir.iterdir())
+    if any(p.name == RECORD_DIR and p.is_dir() for p in entries):
+        return
+    foreign = sorted(p.name for p in entries if p.name not in RUN_OUTPUTS and not _is_temporary(p))
     if foreign:
         shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
         raise UserError(
