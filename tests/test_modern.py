@@ -10,7 +10,7 @@ from helpers.glue_files import glue_data_files, glue_overrides
 from helpers.models import MODERN_SPECIALS, random_batch, write_hf_modernbert
 from helpers.runs import compose_config
 
-from lightbert import train
+from lightbert import evaluate, train
 from lightbert.checkpoints.hf_format import hf_config_to_lightbert
 from lightbert.checkpoints.reading import load_into, load_pretrained
 from lightbert.data.encoding import IGNORE_INDEX
@@ -284,7 +284,8 @@ def test_modern_recipe_continues_a_modernbert_checkpoint_with_its_bpe_tokenizer(
 @pytest.mark.parametrize("task", ["squad_v2", "conll2003", "swag", "conll2003_features"])
 def test_each_task_family_fine_tunes_and_predicts_on_a_modernbert(tmp_path, task):
     """SQuAD, NER, SWAG and the feature-based NER model on a transformers ModernBERT directory (BPE, pre-LN, GeGLU,
-    rotary, sliding windows): three steps through the library verb, a validation metric, then `predict` on the run."""
+    rotary, sliding windows): three steps through the library verb, a validation metric, `evaluate` of the run giving
+    that metric again, then `predict` on the run."""
     from helpers.finetuned_runs import fine_tune
     from helpers.ner_files import ner_data_files
     from helpers.predictions import predict, records_of
@@ -302,7 +303,14 @@ def test_each_task_family_fine_tunes_and_predicts_on_a_modernbert(tmp_path, task
         files = ner_data_files(tmp_path / "data", fmt="jsonl", sizes=(24, 8, 8))
         extra = ["task.lstm_hidden_size=16"] if task == "conll2003_features" else []
     run = fine_tune(tmp_path, task, files, modern, [*common, *extra])
-    assert any(name.startswith("val/") for name in run.results["metrics"]), run.results["metrics"]
+    validated = {name: value for name, value in run.results["metrics"].items() if name.startswith("val/")}
+    assert validated, run.results["metrics"]
+    # Scored again without training (src/evaluate.py's verb): the one validation of the run, the same metrics.
+    given = [o for o in run.overrides if not o.startswith(("init_from=", "trainer.max", "task.data_files.train"))]
+    cfg = compose_config([f"init_from={run.dir}", *given], tmp_path / "eval", config_name="evaluate")
+    scored = evaluate(cfg)["metrics"]
+    for name, value in validated.items():
+        assert scored[name] == pytest.approx(value, abs=1e-6), name
     records = [{"words": ["Paris", "is", "big"]}] if task == "conll2003_features" else records_of(run)[:2]
     predictions = predict(run.dir, records, tmp_path)
     assert len(predictions) == len(records) and all(predictions)
