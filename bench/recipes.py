@@ -8,10 +8,11 @@ demo corpus, then both models scored on the same held-out masks.
    packed, warmup-stable-decay, the context doubled for the last 10%), each `--steps` steps of 8 x 64 tokens at lr
    1e-3, as a user runs them.
 2. Both runs train the same WordPiece vocabulary on the same corpus with the same settings (checked here), and hold
-   out the same documents (the same seed). The paper run's held-out examples (sentence pairs, the paper's inputs:
-   the modern model trained on chunks reads them too) are masked once per rate (15%, BERT's, and 30%, ModernBERT's;
-   the collator's 80/10/10 with a fixed seed) and both models predict the same masked tokens: the masked-token
-   accuracy of each model at each rate, on identical inputs.
+   out the same documents (the same seed). Those documents are cut both ways: into the paper run's held-out
+   sentence pairs (the paper's inputs) and into the modern run's held-out chunks (64 tokens of one document). Each
+   is masked once per rate (15%, BERT's, and 30%, ModernBERT's; the collator's 80/10/10 with a fixed seed) and both
+   models predict the same masked tokens: the masked-token accuracy of each model at each rate, on identical inputs,
+   of either kind (each model's own kind and the other's).
 
 3. Each model fine-tuned on the same small task (`--finetune-examples`, 0 for none): `task=glue/sst2` on
    `bench/finetune_vs_transformers.py`'s word-order task (sentences of the demo corpus as written, label 1, or with
@@ -31,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = {"paper": "quick_start", "modern": "modern_quick_start"}
 RATES = (0.15, 0.30)
+EXAMPLES = {"paper": "held-out pairs", "modern": "held-out chunks"}
 
 
 def train(experiment: str, steps: int, run_dir: Path) -> float:
@@ -45,15 +47,15 @@ def train(experiment: str, steps: int, run_dir: Path) -> float:
     return time.time() - started
 
 
-def held_out_batches(run_dir: Path, tokenizer, rate: float) -> list[dict]:
-    """The paper's run's held-out examples (its corpus, seed, split and cached pairs), masked at `rate`, 64 tokens,
-    unpacked."""
+def held_out_batches(name: str, run_dir: Path, tokenizer, rate: float) -> list[dict]:
+    """Recipe `name`'s held-out examples (its corpus, seed, split and examples: the paper's sentence pairs, the
+    modern recipe's chunks), masked at `rate`, 64 tokens, unpacked, masked language modelling alone."""
     from lightbert.run.building import datamodule
     from lightbert.run.config_checks import checked_config
     from lightbert.run.configs import compose_config
     from lightbert.run.settings import RunSettings
 
-    cfg = compose_config(["experiment=quick_start", "task.datamodule.num_workers=0"], run_dir / "eval")
+    cfg = compose_config([f"experiment={RECIPES[name]}", "task.datamodule.num_workers=0"], run_dir / "eval")
     settings = RunSettings.from_config(checked_config(cfg))
     changes = {"masked_lm_prob": rate, "objective": "mlm", "packing": False, "batch_size": 32, "validation_share": None}
     data = datamodule(settings, {"tokenizer": tokenizer}, changes)
@@ -100,13 +102,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3000, help="pre-training steps of each recipe (the quick start's)")
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "recipes")
     parser.add_argument("--report", type=Path, help="a Markdown file for the table")
-    parser.add_argument("--reuse", action="store_true", help="score runs already in --out instead of training")
+    parser.add_argument(
+        "--reuse",
+        nargs="*",
+        choices=list(RECIPES),
+        metavar="RECIPE",
+        help="score these recipes' runs already in --out instead of training them (none named: all)",
+    )
     parser.add_argument("--finetune-examples", type=int, default=2000, help="word-order training examples (0: none)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     walls = {}
+    reused = set(RECIPES) if args.reuse == [] else set(args.reuse or ())  # a bare --reuse: every recipe
     for name, experiment in RECIPES.items():
-        if not args.reuse:
+        if name not in reused:
             walls[name] = train(experiment, args.steps, args.out / name)
 
     from lightbert.data.tokenizer import load_tokenizer
@@ -114,13 +123,15 @@ def main() -> None:
     tokenizers = {name: load_tokenizer(args.out / name / "tokenizer.json") for name in RECIPES}
     if tokenizers["paper"].backend.get_vocab() != tokenizers["modern"].backend.get_vocab():
         sys.exit("recipes.py: the two runs trained different vocabularies; the masks would not be the same tokens")
-    scores = {}
-    for rate in RATES:
-        batches = held_out_batches(args.out / "paper", tokenizers["paper"], rate)
-        masked = sum(int((b["labels"] != -100).sum()) for b in batches)
-        for name in RECIPES:
-            scores[name, rate] = accuracy(args.out / name, batches)
-        print(f"masked at {rate:.0%}: {masked} tokens of {sum(len(b['input_ids']) for b in batches)} held-out examples")
+    scores, counted = {}, {}
+    for kind in RECIPES:  # the held-out documents as the paper's pairs, then as the modern recipe's chunks
+        for rate in RATES:
+            batches = held_out_batches(kind, args.out / kind, tokenizers[kind], rate)
+            masked = sum(int((b["labels"] != -100).sum()) for b in batches)
+            counted[kind, rate] = (masked, sum(len(b["input_ids"]) for b in batches))
+            for name in RECIPES:
+                scores[name, kind, rate] = accuracy(args.out / name, batches)
+            print(f"{EXAMPLES[kind]} masked at {rate:.0%}: {masked} tokens of {counted[kind, rate][1]} examples")
     tuned = {}
     if args.finetune_examples:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -130,19 +141,25 @@ def main() -> None:
         files = word_order_task(args.out / "cache", args.out / "word_order", examples, examples // 4, seed=0)
         for name in RECIPES:
             tuned[name] = finetune(args.out / name, files, args.out / f"{name}_word_order")
+    columns = [f"{EXAMPLES[kind]}, {rate:.0%} masked" for kind in RECIPES for rate in RATES]
     lines = [
-        f"| recipe | pre-training | masked at 15% | masked at 30% | word order (dev accuracy) | "
+        f"| recipe | pre-training | {' | '.join(columns)} | word order (dev accuracy) | "
         f"wall time ({args.steps} steps) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| --- | --- |" + " --- |" * (len(columns) + 2),
     ]
     own = {"paper": "bert_tiny, MLM 15% + NSP on pairs", "modern": "modernbert_tiny, MLM 30% alone on chunks, packed"}
     for name in RECIPES:
         wall = f"{walls[name] / 60:.1f} min" if name in walls else "(reused)"
         word_order = f"{tuned[name]:.4f}" if name in tuned else "-"
-        lines.append(
-            f"| {name} | {own[name]} | {scores[name, 0.15]:.4f} | {scores[name, 0.30]:.4f} | {word_order} | {wall} |"
-        )
-    table = "\n".join(lines)
+        accuracies = " | ".join(f"{scores[name, kind, rate]:.4f}" for kind in RECIPES for rate in RATES)
+        lines.append(f"| {name} | {own[name]} | {accuracies} | {word_order} | {wall} |")
+    held_out = "; ".join(
+        f"{EXAMPLES[kind]} at {rate:.0%}: {counted[kind, rate][0]:,} masked tokens in "
+        f"{counted[kind, rate][1]:,} examples"
+        for kind in RECIPES
+        for rate in RATES
+    )
+    table = "\n".join(lines) + f"\n\nThe held-out examples: {held_out}."
     print(table)
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
