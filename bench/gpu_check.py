@@ -137,6 +137,10 @@ def parts(args: argparse.Namespace) -> list[Part]:
     base = [*common, "--model", args.model, "--seq-len", "128" if gpu else "64", "--batch-size", "256" if gpu else "4"]
     large_len = "512" if gpu else "128"
     large = [*common, "--model", args.large_model, "--batch-size", "32" if gpu else "4"]
+    # The modern recipe's step (masked LM alone on packed chunks of documents, 30% masked) at its first phase's
+    # context, 1,024 tokens; 32 rows, the tokens of bert_base's batch of 256 x 128
+    modern = [*common, "--model", args.modern_model, "--seq-len", "1024" if gpu else "64", "--packing",
+              "--batch-size", "32" if gpu else "4"]  # fmt: skip
     switches = {
         "speed.unpad=groups": [*base, "--unpad", "groups"],
         "speed.unpad=varlen": [*base, "--unpad", "varlen"],
@@ -174,6 +178,11 @@ def parts(args: argparse.Namespace) -> list[Part]:
             kind="finetune",
         ),
         Part("inference", 50, {"predict vs pipeline": inference_flags(args)}, kind="inference"),
+        Part(
+            f"pre-training {args.modern_model}",
+            120,
+            {"eager": modern, "compiled": [*modern, "--compile", "--hf-compile"]},
+        ),
         Part("speed switches", 150, switches, not_run=not_run),
     ]
 
@@ -617,6 +626,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=480, help="seconds for everything; each part has its own too")
     parser.add_argument("--model", default=None, help="default bert_base on a GPU, bert_tiny on a CPU")
     parser.add_argument("--large-model", default=None, help="default bert_large on a GPU, bert_tiny on a CPU")
+    parser.add_argument(
+        "--modern-model",
+        default=None,
+        help="the modern encoder's size: default modernbert_base on a GPU, _tiny on a CPU",
+    )
     parser.add_argument("--parts", nargs="+", default=None, metavar="PART",
                         help="only these parts: a name, or its start (pytest, pre-training, speed, ...)")  # fmt: skip
     parser.add_argument("--pytest-paths", nargs="+", default=["tests"], help="what `pytest -m gpu` collects")
@@ -631,6 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     args.start_method = args.start_method or ("spawn" if gpu else "fork")
     args.model = args.model or ("bert_base" if gpu else "bert_tiny")
     args.large_model = args.large_model or ("bert_large" if gpu else "bert_tiny")
+    args.modern_model = args.modern_model or ("modernbert_base" if gpu else "modernbert_tiny")
     all_parts = parts(args)
     names = [part.name for part in all_parts]
     budgets = check_arguments(args, all_parts)

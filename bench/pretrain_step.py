@@ -7,8 +7,10 @@
   (`PreTrainingModule._step`: sparse MLM head, unpadding as configured) and of
   `transformers.BertForPreTraining` (attn_implementation="sdpa"), holding the same weights, on the same batch:
   sentence pairs made by our pipeline from real text (the demo corpus, Python's documentation), 15% masked by
-  our collator. Same sizes (vocab 30522), dtype, threads and optimiser (torch AdamW, the fused kernel where
-  the device has one, for both: the ratio is about the model). Before timing, both give the same loss on the
+  our collator. A modern size (`--model modernbert_base`, ...) runs its own recipe's step instead: masked LM alone
+  on contiguous chunks of the documents, 30% masked, against `transformers.ModernBertForMaskedLM`. Same sizes
+  (vocab 30522), dtype, threads and optimiser (torch AdamW, the fused kernel where the device has one, for both: the
+  ratio is about the model). Before timing, both give the same loss on the
   batch in eval mode, so they do the same work. Steps are interleaved after warm-up; medians are reported.
 - Fine-tuning step: sequence classification on a batch of single sentences of varied length, padded to the
   longest as a fine-tuning collator does; the same comparison.
@@ -18,9 +20,10 @@
   starts.
 
 FLOPs per step count useful work only, the same for both sides: per real token 6N + 12·L·H·T (N parameters
-in the Transformer blocks, T the sequence's real length), plus the MLM head (6·(H² + H·V)) on predicted
-positions only. On CPU the achieved FLOP/s are compared with a measured fp32 matmul peak on the same threads;
-on a GPU with its dense bf16 peak (MFU).
+in the Transformer blocks, T the sequence's real length; a sliding-window layer counts only the pairs in its window),
+plus the MLM head (6·(H² + H·V)) on predicted positions only (`lightbert.plugins.callbacks.step_flops`). On CPU the
+achieved FLOP/s are compared with a measured fp32 matmul peak on the same threads; on a GPU with its dense bf16 peak
+(MFU).
 """
 
 from __future__ import annotations
@@ -42,7 +45,13 @@ import transformers
 import yaml
 from omegaconf import open_dict
 
-from lightbert.checkpoints.hf_format import lightbert_config_to_hf, lightbert_state_dict_to_hf
+from lightbert.checkpoints.hf_format import (
+    hf_family,
+    lightbert_config_to_hf,
+    lightbert_config_to_modernbert,
+    lightbert_state_dict_to_hf,
+    lightbert_state_dict_to_modernbert,
+)
 from lightbert.data.batches import PaddingCollator
 from lightbert.model import BertConfig, BertForSequenceClassification
 from lightbert.model.fp8 import convert_to_fp8
@@ -73,15 +82,29 @@ def model_config(name: str, dropout: float = 0.1) -> BertConfig:
     return BertConfig.from_dict({**sizes, "vocab_size": VOCAB_SIZE})
 
 
-def hf_twin(ours: torch.nn.Module, config: BertConfig, hf_class) -> torch.nn.Module:
-    """The transformers model of `hf_class` holding exactly our weights (sdpa attention)."""
-    hf_config = transformers.BertConfig(**lightbert_config_to_hf(config.to_dict()), attn_implementation="sdpa")
-    if hf_class is transformers.BertForSequenceClassification:
+def modern(config: BertConfig) -> bool:
+    """Whether `config` is the modern encoder (transformers' ModernBERT), which runs the modern recipe's step."""
+    return hf_family(config.to_dict(), "--model") == "modernbert"
+
+
+def hf_twin(ours: torch.nn.Module, config: BertConfig, task: str, tokenizer) -> torch.nn.Module:
+    """transformers' model for `task` (pretraining, classification) holding exactly our weights (sdpa attention):
+    BERT's classes, or ModernBERT's for the modern encoder (with `tokenizer`'s special tokens' ids)."""
+    if modern(config):
+        architecture = {"pretraining": "ModernBertForMaskedLM", "classification": "ModernBertForSequenceClassification"}
+        values = lightbert_config_to_modernbert(config.to_dict(), tokenizer)
+        hf_config = transformers.ModernBertConfig(**values, attn_implementation="sdpa")
+        state = lightbert_state_dict_to_modernbert(ours.state_dict(), architecture[task])
+    else:
+        architecture = {"pretraining": "BertForPreTraining", "classification": "BertForSequenceClassification"}
+        hf_config = transformers.BertConfig(**lightbert_config_to_hf(config.to_dict()), attn_implementation="sdpa")
+        state = lightbert_state_dict_to_hf(ours.state_dict())
+    if task == "classification":
         hf_config.num_labels = 2
-    hf = hf_class(hf_config)
-    missing, unexpected = hf.load_state_dict(lightbert_state_dict_to_hf(ours.state_dict()), strict=False)
+    hf = getattr(transformers, architecture[task])(hf_config)
+    missing, unexpected = hf.load_state_dict(state, strict=False)
     # The MLM decoder is tied to the word embeddings; the loss check before timing shows the rest loaded.
-    assert not unexpected and all("position_ids" in k or "predictions.decoder" in k for k in missing), missing
+    assert not unexpected and all("position_ids" in k or "decoder." in k for k in missing), missing
     hf.tie_weights()
     return hf
 
@@ -186,14 +209,16 @@ def pretraining_batch(datamodule: PretrainDataModule, batch_size: int, seed: int
 def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, peak: float) -> float:
     config = model_config(args.model)
     torch.manual_seed(args.seed)
-    module = PreTrainingModule(config.to_dict(), {"lr": 1e-5}, sparse_mlm_head=not args.dense_mlm_head)
+    objective = "mlm" if modern(config) else "mlm_nsp"  # the modern recipe's masked LM alone
+    module = PreTrainingModule(config.to_dict(), {"lr": 1e-5}, not args.dense_mlm_head, objective)
     module.model.bert.set_unpadding(unpadding(args, device, packing=args.packing))
-    hf = hf_twin(module.model, config, transformers.BertForPreTraining)
+    hf = hf_twin(module.model, config, "pretraining", datamodule.tokenizer)
     module.to(device)
     hf.to(device)
     plain = {k: v.to(device) for k, v in pretraining_batch(datamodule, args.batch_size, args.seed).items()}
-    hf_inputs = {k: plain[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
-    hf_inputs.update(labels=plain["labels"], next_sentence_label=plain["next_sentence_label"])
+    hf_inputs = {k: plain[k] for k in ("input_ids", "attention_mask", "labels")}
+    if objective == "mlm_nsp":
+        hf_inputs.update(token_type_ids=plain["token_type_ids"], next_sentence_label=plain["next_sentence_label"])
     batch = plain
     if args.packing:  # the same examples, masked the same way, packed into rows of --seq-len (packing=true)
         collate = PackingCollator(datamodule.collator(), args.seq_len)
@@ -272,7 +297,7 @@ def bench_finetune(args, datamodule: PretrainDataModule, device: torch.device, p
     torch.manual_seed(args.seed)
     ours = BertForSequenceClassification(config, num_labels=2)
     ours.bert.set_unpadding(unpadding(args, device, packing=False))
-    hf = hf_twin(ours, config, transformers.BertForSequenceClassification)
+    hf = hf_twin(ours, config, "classification", datamodule.tokenizer)
     ours.to(device)
     hf.to(device)
     # Single sentences of the corpus, 3-60 words and at most 64 pieces, like SST-2's (its longest has 66 with
@@ -288,6 +313,8 @@ def bench_finetune(args, datamodule: PretrainDataModule, device: torch.device, p
     batch = PaddingCollator(tokenizer.pad_id, {"label": ("labels", torch.long)})(rows)
     batch = {k: v.to(device) for k, v in batch.items()}
     inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    if modern(config):  # no segment embeddings: transformers' ModernBERT takes no token_type_ids
+        del inputs["token_type_ids"]
     labels = batch["labels"]
     steps = {
         "lightbert": training_step(ours, lambda: F.cross_entropy(ours(**inputs).float(), labels), device, args),
@@ -508,7 +535,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def demo_datamodule(args: argparse.Namespace) -> PretrainDataModule:
-    """Sentence pairs of the demo corpus at --seq-len, prepared (cached under --cache-dir after the first time)."""
+    """The demo corpus's pre-training examples at --seq-len, prepared (cached under --cache-dir after the first time):
+    the paper's sentence pairs, 15% masked; for a modern size its recipe's (task=pretrain_modern): contiguous chunks
+    of each document, 30% masked, for masked LM alone."""
+    recipe = {}
+    if modern(model_config(args.model)):
+        recipe = {"examples": "chunks", "objective": "mlm", "masked_lm_prob": 0.3}
     datamodule = PretrainDataModule(
         DemoCorpus(),
         cache_dir=args.cache_dir,
@@ -517,6 +549,7 @@ def demo_datamodule(args: argparse.Namespace) -> PretrainDataModule:
         batch_size=args.batch_size,
         num_workers=0,
         seed=args.seed,
+        **recipe,
     )
     datamodule.prepare_data()
     datamodule.setup()

@@ -28,6 +28,21 @@ def test_step_flops_count_the_blocks_attention_and_predicted_head_rows():
     assert full == expected
 
 
+def test_step_flops_count_geglu_weights_and_only_the_windows_pairs_in_local_layers():
+    """The modern encoder: GeGLU's 3·H·I feed-forward weights, and a sliding-window layer's attention over the pairs
+    its window holds, counted here from the band itself."""
+    config = BertConfig(num_hidden_layers=4, mlp="geglu", intermediate_size=1152, global_attn_every_n_layers=3,
+                        local_attention=16, norm_position="pre", final_norm=True)  # fmt: skip
+    lengths = torch.tensor([5, 9, 40])  # shorter than the window's reach, about it, and well past it
+    positions = [torch.arange(int(t)) for t in lengths]
+    local_pairs = sum(int(((p[:, None] - p[None, :]).abs() <= 8).sum()) for p in positions)
+    global_pairs = sum(int(t) ** 2 for t in lengths)
+    blocks = 4 * (4 * 768**2 + 3 * 768 * 1152)
+    expected = 54 * 6 * blocks + 12 * 768 * (2 * global_pairs + 2 * local_pairs) + 6 * 7 * (768**2 + 768 * 30522)
+    assert local_pairs < global_pairs  # 40 tokens reach past the window: the count differs from a global layer's
+    assert step_flops(config, lengths, 7) == expected
+
+
 def run_bench(script: str, *args: str) -> list[str]:
     """The benchmark's output lines, after checking that it ran to the end (`python bench/SCRIPT ARGS`, forked from
     a process that has done the imports: `helpers.runs.forked_benchmarks`). pretrain_step.py on one thread (its
@@ -60,6 +75,22 @@ def test_benchmark_runs_and_ends_with_the_ratio_line():
     assert losses and abs(float(losses[1]) - float(losses[2])) < 1e-3
     assert sum("ms/step" in line and "tokens/s" in line for line in lines) == 4  # both sides of both steps
 
+
+
+def test_the_modern_step_runs_its_recipe_against_transformers_modernbert():
+    """A modern size runs the modern recipe's step (masked LM alone on chunks, 30% masked, packed) against
+    transformers' ModernBertForMaskedLM holding the same weights: the same loss before timing, and the ratio line."""
+    lines = run_bench(
+        "pretrain_step.py", "--model", "modernbert_tiny", "--seq-len", "64", "--batch-size", "4", "--packing",
+        "--part", "pretrain", "--warmup", "0", "--repeats", "1",
+    )  # fmt: skip
+    assert re.fullmatch(r"speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]
+    losses = re.search(r"loss lightbert ([\d.]+), transformers ([\d.]+)", "\n".join(lines))
+    assert losses and abs(float(losses[1]) - float(losses[2])) < 1e-3
+    # 30% of a chunk's tokens are predicted, where BERT's pairs would have 15%
+    shape = next(line for line in lines if line.startswith("pre-training modernbert_tiny: batch "))
+    real, predicted = map(int, re.search(r"(\d+) real tokens .* (\d+) predictions", shape).groups())
+    assert 0.25 < predicted / real < 0.35, shape
 
 def test_inference_benchmark_runs_checks_parity_and_ends_with_the_ratio_line():
     lines = run_bench(

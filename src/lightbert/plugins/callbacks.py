@@ -48,13 +48,23 @@ def gpu_peak_flops(device: torch.device) -> float | None:
 def step_flops(config: BertConfig, lengths: torch.Tensor, num_predictions: int | torch.Tensor = 0):
     """Useful FLOPs of a training step (forward + backward) of a fully trained encoder.
 
-    Per real token 6N + 12·L·H·T (N: the Transformer blocks' weights, T: the sequence's real length), plus the MLM
-    head, 6·(H² + H·V), on the predicted positions only. Padding is not useful work and is not counted.
+    Per real token 6N (N: the Transformer blocks' weights; GeGLU's feed-forward has 3·H·I of them, its (H, 2I) input
+    projection and (I, H) output, where GELU's has 2·H·I), plus attention's 12·H per (query, key) pair each layer
+    scores: T² pairs in a global layer (T: the sequence's real length), in a sliding-window layer only the pairs within
+    its window. Plus the MLM head, 6·(H² + H·V), on the predicted positions only. Padding is not useful work and is
+    not counted.
     """
     h, layers = config.hidden_size, config.num_hidden_layers
-    n = layers * (4 * h * h + 2 * h * config.intermediate_size)
+    mlp_weights = (3 if config.mlp == "geglu" else 2) * h * config.intermediate_size
+    n = layers * (4 * h * h + mlp_weights)
     lengths = lengths.double() if lengths.device.type == "cpu" else lengths.float()
-    per_sequence = lengths * (6 * n + 12 * layers * h * lengths)
+    global_layers = sum(config.is_global(layer) for layer in range(layers))
+    # A local layer's pairs (i, j) with |i - j| <= window: each token with itself, and both ways each distance d from
+    # 1 to min(window, T - 1), which T - d pairs are apart.
+    reach = (lengths - 1).clamp(max=config.window)
+    local_pairs = lengths + 2 * (reach * lengths - reach * (reach + 1) / 2)
+    attention = 12 * h * (global_layers * lengths**2 + (layers - global_layers) * local_pairs)
+    per_sequence = lengths * 6 * n + attention
     return per_sequence.sum() + 6 * num_predictions * (h * h + h * config.vocab_size)
 
 
