@@ -76,7 +76,6 @@ def test_benchmark_runs_and_ends_with_the_ratio_line():
     assert sum("ms/step" in line and "tokens/s" in line for line in lines) == 4  # both sides of both steps
 
 
-
 def test_the_modern_step_runs_its_recipe_against_transformers_modernbert():
     """A modern size runs the modern recipe's step (masked LM alone on chunks, 30% masked, packed) against
     transformers' ModernBertForMaskedLM holding the same weights: the same loss before timing, and the ratio line."""
@@ -91,6 +90,7 @@ def test_the_modern_step_runs_its_recipe_against_transformers_modernbert():
     shape = next(line for line in lines if line.startswith("pre-training modernbert_tiny: batch "))
     real, predicted = map(int, re.search(r"(\d+) real tokens .* (\d+) predictions", shape).groups())
     assert 0.25 < predicted / real < 0.35, shape
+
 
 def test_inference_benchmark_runs_checks_parity_and_ends_with_the_ratio_line():
     lines = run_bench(
