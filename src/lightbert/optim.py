@@ -9,6 +9,11 @@
   trust ratio. Its schedule is NVIDIA's `PolyWarmUpScheduler`: linear warmup, then (1 - step/total)^power.
   It steps all tensors of a group at once with torch's multi-tensor ops (`torch._foreach_*`), as NVIDIA's
   multi-tensor LAMB does in its own kernels; the trust ratios stay on the device.
+- `optim=stableadamw` (task=pretrain_modern's): StableAdamW (Wortsman et al. 2023), ModernBERT's optimiser, held to
+  torch-optimi's: AdamW with Adam's bias correction in its betas, its learning rate divided per tensor by
+  max(1, RMS of g / sqrt(v)) (Adafactor's update clipping, which ModernBERT uses in place of gradient clipping).
+- `optim.decouple_lr`: fully decoupled weight decay (StableAdamW and AdamW): each step decays the weights by
+  weight_decay x (the scheduled rate / optim.lr), not by lr x weight_decay (ModernBERT's "decoupled" 1e-5).
 - `optim.decay_ratio`: warmup-stable-decay instead (the modern recipe's, task=pretrain_modern): the peak rate held
   after warmup, then a 1-sqrt decay to 0 over that last share of the steps.
 - A bf16 model (`trainer.precision=bf16-true`) steps fp32 master weights (`MasterWeights`); its gradients are cast
@@ -173,6 +178,111 @@ def _lamb_foreach(group: dict, params: list[torch.Tensor], states: list[dict]) -
         trust = torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, 1.0)
         torch._foreach_mul_(update_blocks, trust.unbind(0))
     torch._foreach_add_(params, update, alpha=-group["lr"])
+
+
+class StableAdamW(torch.optim.Optimizer):
+    """StableAdamW (Wortsman et al. 2023), ModernBERT's optimiser: AdamW whose learning rate is clipped per tensor
+    as Adafactor clips its updates, held to torch-optimi's `StableAdamW` (tests/test_optim.py). Each step of a tensor:
+
+    - the moments with Adam's bias correction folded into the betas (optimi's `debias_beta`): m and v are Adam's
+      bias-corrected averages m_hat and v_hat;
+    - rms = sqrt(mean(g^2 / max(v, eps^2))) over the whole tensor, and lr_t = lr / max(1, rms): a gradient far larger
+      than its running average (a spike, or the first step of a tensor) moves the weight less;
+    - weight decay w *= 1 - lr_t * wd, or with a group's `decouple_lr` (optimi's, ModernBERT's "decoupled"
+      StableAdamW) w *= 1 - lr_t / max_lr * wd: wd a step at the peak rate `max_lr`, whatever that rate;
+    - w -= lr_t * m / (sqrt(v) + eps).
+
+    Each operation runs once over a group's tensors (`torch._foreach_*`), and the per-tensor rates stay on the device:
+    no host sync (optimi and ModernBERT's copy read each rms with .item(), which waits for the GPU once a tensor).
+    The step counts are CPU tensors in each weight's state, as torch's Adam keeps them (what distributed checkpoints
+    save). Sharded weights (FSDP2's DTensors) step their local shards, with each rms summed over the whole weight
+    (one all-reduce per group).
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float,
+        betas=(0.9, 0.99),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        decouple_lr: bool = False,
+        max_lr: float | None = None,
+    ):
+        """`max_lr`: the schedule's peak rate, which `decouple_lr` divides by (None: `lr`)."""
+        defaults = {
+            "lr": lr,
+            "betas": tuple(betas),
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "decouple_lr": decouple_lr,
+            "max_lr": lr if max_lr is None else max_lr,
+        }
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = _closure_loss(closure)
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if params:
+                _stable_adamw_foreach(group, params, [self.state[p] for p in params])
+        return loss
+
+
+def _stable_adamw_foreach(group: dict, params: list[torch.Tensor], states: list[dict]) -> None:
+    """One StableAdamW step of `params`, each operation once over all of them (`torch._foreach_*`)."""
+    beta1, beta2 = group["betas"]
+    steps = [s["step"] for s in states]
+    torch._foreach_add_(steps, 1)  # CPU tensors: reading them waits for no device
+    beta1_hats = [_debias_beta(beta1, int(t)) for t in steps]
+    beta2_hats = [_debias_beta(beta2, int(t)) for t in steps]
+    sharded = _sharded(params[0])
+    local = (lambda ts: [t.to_local() for t in ts]) if sharded else (lambda ts: ts)
+    weights, grads = local(params), local([p.grad for p in params])
+    m, v = local([s["exp_avg"] for s in states]), local([s["exp_avg_sq"] for s in states])
+    torch._foreach_lerp_(m, grads, [1 - b for b in beta1_hats])  # m_hat
+    torch._foreach_mul_(v, beta2_hats)
+    torch._foreach_addcmul_(v, grads, grads, [1 - b for b in beta2_hats])  # v_hat
+    # rms^2 = mean(g^2 / max(v, eps^2)): the sum of the (non-negative) ratios is their L1 norm
+    scratch = torch._foreach_maximum(v, group["eps"] ** 2)  # the step's one buffer of the weights' size
+    torch._foreach_reciprocal_(scratch)
+    torch._foreach_mul_(scratch, grads)
+    torch._foreach_mul_(scratch, grads)
+    sums = torch.stack(torch._foreach_norm(scratch, ord=1))
+    if sharded:  # each shard's sum is a part of the whole weight's
+        sums = _summed_over_shards(sums, params[0])
+    numels = torch.tensor([p.numel() for p in params], dtype=sums.dtype, device=sums.device)
+    lrs = group["lr"] / (sums / numels).sqrt().clamp(min=1.0)  # lr_t, one a tensor
+    if group["weight_decay"]:
+        decay = lrs / group["max_lr"] if group["decouple_lr"] else lrs
+        torch._foreach_mul_(weights, (1 - decay * group["weight_decay"]).unbind(0))
+    torch._foreach_copy_(scratch, v)
+    torch._foreach_sqrt_(scratch)
+    torch._foreach_add_(scratch, group["eps"])
+    torch._foreach_div_(scratch, lrs.unbind(0))  # (sqrt(v) + eps) / lr_t, as torch's capturable Adam divides
+    torch._foreach_addcdiv_(weights, m, scratch, value=-1.0)
+
+
+def _debias_beta(beta: float, step: int) -> float:
+    """Adam's bias correction folded into beta (optimi's `debias_beta`): beta (1 - beta^(t-1)) / (1 - beta^t), so
+    that beta_hat m + (1 - beta_hat) g is the bias-corrected average m_t / (1 - beta^t)."""
+    return (beta**step - beta) / (beta**step - 1)
+
+
+def _summed_over_shards(local_sums: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`local_sums` (this rank's sums over its shards of a group's weights, which share `weight`'s mesh and
+    placements) summed over the shards of each whole weight: one all-reduce over the mesh's sharded dimensions."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    placements = [Partial() if isinstance(p, Shard) else Replicate() for p in weight.placements]
+    return DTensor.from_local(local_sums, weight.device_mesh, placements, run_check=False).full_tensor()
 
 
 def _sharded(tensor: torch.Tensor) -> bool:
@@ -400,12 +510,23 @@ def build_optimizer(
         def make(groups):
             return Lamb(groups, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)
 
+    elif config.name == "stableadamw":
+        for group in groups:
+            del group["adapt"]  # LAMB's
+
+        def make(groups):
+            return StableAdamW(
+                groups, lr=config.lr, betas=config.betas, eps=config.eps, decouple_lr=config.decouple_lr
+            )  # max_lr: optim.lr, the schedule's peak
+
     else:
         fused = config.fused
         if fused is None:  # one kernel for all tensors: faster than foreach on CPU too (bench/RESULTS.md)
             fused = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
         for group in groups:
             del group["adapt"]  # LAMB's; AdamW would keep it in its state dict
+            if config.decouple_lr:  # AdamW decays by lr x weight_decay a step: wd / peak lr gives wd x lr / peak
+                group["weight_decay"] /= config.lr
 
         def make(groups):
             return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=fused)

@@ -9,16 +9,18 @@ from typing import Any
 
 from lightbert.errors import ConfigError
 
-OPTIMIZERS = {"adamw", "lamb"}
+OPTIMIZERS = {"adamw", "lamb", "stableadamw"}
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = "adamw"  # adamw | lamb
+    name: str = "adamw"  # adamw | lamb | stableadamw
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-6
     weight_decay: float = 0.01
+    # Fully decoupled weight decay (adamw, stableadamw): weight_decay x (scheduled lr / lr) a step, not lr x it.
+    decouple_lr: bool = False
     warmup_ratio: float = 0.01
     warmup_steps: int | None = None  # when set, overrides warmup_ratio
     fused: bool | None = None  # None: the fused kernel where torch has one for the device (CPU, CUDA)
@@ -34,6 +36,10 @@ class OptimConfig:
         Each number's kind and range is checked once, where the run's numbers are (`run.config_checks.NUMBERS`)."""
         if self.name not in OPTIMIZERS:
             raise ConfigError(f"optim.name {self.name!r} is not known; valid: {sorted(OPTIMIZERS)}")
+        if not isinstance(self.decouple_lr, bool):
+            raise ConfigError(f"optim.decouple_lr must be true or false, got {self.decouple_lr!r}")
+        if self.decouple_lr and self.name == "lamb":  # LAMB's decay is inside the step its trust ratio scales
+            raise ConfigError("optim.decouple_lr is for adamw and stableadamw; set optim.decouple_lr=false with lamb")
         if self.warmup_ratio >= 1:  # no step would be left to decay over
             raise ConfigError(f"optim.warmup_ratio must be >= 0 and < 1, got {self.warmup_ratio!r}")
         if self.decay_ratio is not None and self.decay_ratio > 1:
