@@ -84,21 +84,30 @@ def forked_step(rank: int, *args) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("optimizer", "checkpointing"), [("adamw", False), ("lamb", True)])
-def test_fsdp_clips_the_global_norm_of_the_shards(optimizer, checkpointing):
+@pytest.mark.parametrize(
+    ("optimizer", "checkpointing", "max_norm"),
+    [("adamw", False, 0.01), ("lamb", True, 0.01), ("stableadamw", False, 0)],
+)
+def test_fsdp_clips_the_global_norm_of_the_shards(optimizer, checkpointing, max_norm):
     """Under FSDP each of 2 processes holds half of every weight and gradient (DTensors): the step, clipped by the
     global norm (reduced across the processes, not each shard's own) and taken by AdamW or LAMB (whose trust ratio
     needs each whole weight's norm), ends on the weights of the unsharded step on the whole batch; so it does with
     activation checkpointing (trainer.strategy.activation_checkpointing=true), and from another initialisation on
-    the second process (every process starts from the first one's weights)."""
+    the second process (every process starts from the first one's weights). StableAdamW (unclipped, as the modern
+    recipe runs it) takes a second step on a gradient spike, whose update clipping needs the RMS over each whole
+    weight, not over a shard."""
     with multiprocessing.Manager() as manager:
         results = manager.dict()
         # Forked from this process (torch and lightbert imported): the subject is the sharded step's arithmetic,
         # not the start of an interpreter, which spawn's two fresh ones cost about 10 s of CPU for.
-        arguments = (2, free_port(), optimizer, 0.01, checkpointing, results)
+        spike = optimizer == "stableadamw"
+        arguments = (2, free_port(), optimizer, max_norm, checkpointing, results, spike)
         torch.multiprocessing.start_processes(forked_step, args=arguments, nprocs=2, start_method="fork")
         results = dict(results)
-    assert results["norm"] > 0.01  # the clipping changes this step
+    if max_norm:
+        assert results["norm"] > max_norm  # the clipping changes this step
+    else:
+        assert results["largest_rms"] > 1.2  # the spike's rate is clipped (measured 1.41; sqrt(2) at most at step 2)
     assert results["keys"] and results["tied"]  # the decoder still shares the word embeddings' weight
     assert results["checkpointed"] == (2 if checkpointing else 0)  # each block recomputed in the backward
     assert results["difference"] < 1e-6, results

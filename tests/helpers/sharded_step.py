@@ -28,12 +28,32 @@ class Stub:
     precision_plugin = None
 
 
+def largest_rms(optimizer: torch.optim.Optimizer) -> float:
+    """The largest RMS of g / sqrt(max(v_hat, eps^2)) over StableAdamW's tensors: above 1, its rate was clipped."""
+    ratios = [
+        (p.grad.pow(2) / state["exp_avg_sq"].clamp(min=group["eps"] ** 2)).mean().sqrt()
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if (state := optimizer.state[p])
+    ]
+    return float(max(ratios))
+
+
 def step(
-    rank: int, world_size: int, port: int, optimizer: str, max_norm: float, checkpointing: bool, results: dict
+    rank: int,
+    world_size: int,
+    port: int,
+    optimizer: str,
+    max_norm: float,
+    checkpointing: bool,
+    results: dict,
+    spike: bool = False,
 ) -> None:
     """Rank `rank`'s part: the model sharded by `shard_bert` (with activation checkpointing where `checkpointing`),
-    its step on this rank's share of the batch, clipped to `max_norm`; rank 0 puts the largest difference from the
-    unsharded step, the norm before clipping and whether the decoder is still tied in `results`."""
+    its step on this rank's share of the batch, clipped to `max_norm` (0: not clipped); with `spike`, a second step on
+    the loss x 1000 (StableAdamW's update clipping engages). Rank 0 puts the largest difference from the unsharded
+    steps, the norm before clipping, whether the decoder is still tied and, with `spike`, the largest RMS of
+    StableAdamW's last step in `results`."""
     from torch.distributed._composable.contract import _get_registry
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
@@ -50,13 +70,21 @@ def step(
         settings = OptimConfig(name=optimizer, warmup_ratio=0, lr=1e-2)
         expected = build_optimizer(reference, settings, 10)["optimizer"]
         sharded = build_optimizer(model, settings, 10)["optimizer"]
-        # The mean over devices of each device's mean loss: what FSDP's reduce-scatter averages.
-        sum(loss_of(reference, ids) for ids in input_ids.chunk(world_size)).div(world_size).backward()
-        norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
-        loss_of(model, input_ids.chunk(world_size)[rank]).backward()
-        clip_gradients(Stub(), sharded, max_norm, "norm")
-        expected.step()
-        sharded.step()
+        for scale in (1.0, 1000.0) if spike else (1.0,):
+            # The mean over devices of each device's mean loss: what FSDP's reduce-scatter averages.
+            sum(loss_of(reference, ids) for ids in input_ids.chunk(world_size)).div(world_size).mul(scale).backward()
+            if max_norm:
+                norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
+            else:
+                norm = torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()])
+            loss_of(model, input_ids.chunk(world_size)[rank]).mul(scale).backward()
+            clip_gradients(Stub(), sharded, max_norm, "norm")
+            expected.step()
+            sharded.step()
+            if spike and rank == 0:
+                results["largest_rms"] = largest_rms(expected)
+            expected.zero_grad()
+            sharded.zero_grad()
         with parameter_layout(model):  # gathered as the parameters are, then in the checkpoint's layout, as the
             full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         full = to_checkpoint(model, full)  # strategy's checkpoints are (FullyShardedStrategy)
