@@ -222,6 +222,11 @@ def test_modern_recipe_pretrains_in_phases_and_fine_tunes(tmp_path, corpus_file,
     assert (model["norm_position"], model["mlp"], model["position_embedding_type"]) == ("pre", "geglu", "rotary")
     assert not any("seq_relationship" in key or "position_embeddings" in key for key in checkpoint["state_dict"])
     assert checkpoint["hyper_parameters"]["objective"] == "mlm"
+    # ModernBERT's optimiser: StableAdamW, its weight decay fully decoupled, and no gradient clipping besides.
+    optim = checkpoint["hyper_parameters"]["optim"]
+    assert (optim["name"], optim["decouple_lr"], optim["weight_decay"]) == ("stableadamw", True, 1e-5)
+    assert [g["decouple_lr"] for g in checkpoint["optimizer_states"][0]["param_groups"]] == [True, True]
+    assert cfg.trainer.gradient_clip_val is None
 
     files = glue_data_files(tmp_path / "glue", "mrpc", num_rows=16)
     cfg = compose_config(
