@@ -255,11 +255,11 @@ def _stable_adamw_foreach(group: dict, params: list[torch.Tensor], states: list[
     torch._foreach_reciprocal_(scratch)
     torch._foreach_mul_(scratch, grads)
     torch._foreach_mul_(scratch, grads)
-    sums = torch.stack(torch._foreach_norm(scratch, ord=1))
-    if sharded:  # each shard's sum is a part of the whole weight's
-        sums = _summed_over_shards(sums, params[0])
-    numels = torch.tensor([p.numel() for p in params], dtype=sums.dtype, device=sums.device)
-    lrs = group["lr"] / (sums / numels).sqrt().clamp(min=1.0)  # lr_t, one a tensor
+    sums = torch._foreach_norm(scratch, ord=1)
+    mean_squares = torch.stack(torch._foreach_div(sums, [p.numel() for p in params]))  # numel: the whole weight's
+    if sharded:  # each shard's share is a part of the whole weight's mean
+        mean_squares = _summed_over_shards(mean_squares, params[0])
+    lrs = group["lr"] / mean_squares.sqrt().clamp(min=1.0)  # lr_t, one a tensor, on the device
     if group["weight_decay"]:
         decay = lrs / group["max_lr"] if group["decouple_lr"] else lrs
         torch._foreach_mul_(weights, (1 - decay * group["weight_decay"]).unbind(0))
@@ -278,7 +278,8 @@ def _debias_beta(beta: float, step: int) -> float:
 
 def _summed_over_shards(local_sums: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`local_sums` (this rank's sums over its shards of a group's weights, which share `weight`'s mesh and
-    placements) summed over the shards of each whole weight: one all-reduce over the mesh's sharded dimensions."""
+    placements) summed over the shards of each whole weight: one all-reduce over the mesh's sharded dimensions, none
+    over its replicated ones."""
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
     placements = [Partial() if isinstance(p, Shard) else Replicate() for p in weight.placements]
