@@ -38,6 +38,9 @@ def test_every_model_config_has_the_encoders_options_at_berts_defaults(tmp_path)
         assert set(ARCHITECTURE_FIELDS) <= set(model), name
         if name.startswith("bert_"):
             assert {f: model[f] for f in ARCHITECTURE_FIELDS} == {f: getattr(defaults, f) for f in ARCHITECTURE_FIELDS}
+        # each family starts from its own weights: BERT's N(0, 0.02), ModernBERT's truncated per-role normals
+        assert model.initializer == ("bert" if name.startswith("bert_") else "modernbert"), name
+        assert model.initializer_cutoff_factor == defaults.initializer_cutoff_factor == 2.0, name
     cfg = compose_config(["model=bert_tiny", "model.norm_position=pre", "model.final_norm=true"], tmp_path)
     assert BertConfig.from_dict(OmegaConf.to_container(cfg.model)).norm_position == "pre"
 

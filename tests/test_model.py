@@ -217,6 +217,8 @@ def test_unknown_model_key_lists_valid_keys():
         ("model.hidden_size=129", "model.hidden_size (129) must be divisible by model.num_attention_heads (2)"),
         ("model.num_hidden_layers=0", "model.num_hidden_layers must be a positive integer, got 0"),
         ("model.hidden_dropout_prob=1.5", "model.hidden_dropout_prob must be in [0, 1), got 1.5"),
+        ("model.initializer=xavier", "model.initializer must be one of ['bert', 'modernbert'], got 'xavier'"),
+        ("model.initializer_cutoff_factor=0", "model.initializer_cutoff_factor must be a positive number, got 0"),
         ("+model.hidden_layers=3", "unknown model config key(s) ['hidden_layers']"),
     ],
 )

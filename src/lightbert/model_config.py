@@ -5,8 +5,9 @@ encoder from it.
 The defaults are the paper's BERT. The other fields are the options of the one encoder that make the modern recipe
 (ModernBERT, Warner et al. 2024; conf/model/modernbert_*.yaml, docs/modern-encoder.md): pre-LayerNorm, no biases,
 GeGLU, rotary positions with one base for global layers and one for local ones, global attention every N layers
-and sliding-window attention between, a final norm, and a classifier head that pools then runs
-dense -> GELU -> LayerNorm. Their names follow Hugging Face's `ModernBertConfig` where it has one.
+and sliding-window attention between, a final norm, a classifier head that pools then runs
+dense -> GELU -> LayerNorm, and ModernBERT's weight initialisation (`initializer`). Their names follow Hugging Face's
+`ModernBertConfig` where it has one.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ MLPS = ("gelu", "geglu")  # GELU(xW1)W2 (BERT), or (GELU(xW) * xV)W2 with W and 
 POSITION_EMBEDDINGS = ("absolute", "rotary")  # a learned table (BERT), or rotary (RoPE) on queries and keys
 POOLERS = ("tanh", "head")  # dense + tanh at [CLS] (BERT), or pool (CLASSIFIER_POOLING) then dense -> GELU -> norm
 CLASSIFIER_POOLING = ("cls", "mean")  # what the "head" pooler reads: [CLS], or the mean of the real tokens
+# How the weights are drawn at the start (lightbert.model.bert.initialise): BERT's N(0, initializer_range) everywhere,
+# or ModernBERT's truncated normal with a std per role (the output projections scaled down by depth).
+INITIALIZERS = ("bert", "modernbert")
 # The fields that say which recipe's blocks the encoder is built of (none is a size: a checkpoint brings them).
 ARCHITECTURE_FIELDS = (
     "norm_position",
@@ -90,6 +94,8 @@ class BertConfig:
     final_norm: bool = False  # LayerNorm after the last layer (pre-LN encoders)
     pooler: str = "tanh"  # one of POOLERS
     classifier_pooling: str = "cls"  # one of CLASSIFIER_POOLING: what the "head" pooler reads
+    initializer: str = "bert"  # one of INITIALIZERS
+    initializer_cutoff_factor: float = 2.0  # modernbert: every weight drawn within +-(this x its std)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", *SIZE_FIELDS):
@@ -132,13 +138,14 @@ class BertConfig:
             ("position_embedding_type", POSITION_EMBEDDINGS),
             ("pooler", POOLERS),
             ("classifier_pooling", CLASSIFIER_POOLING),
+            ("initializer", INITIALIZERS),
         ):
             if getattr(self, name) not in valid:
                 raise ConfigError(f"model.{name} must be one of {list(valid)}, got {getattr(self, name)!r}")
         for name in ("attention_bias", "mlp_bias", "norm_bias", "head_bias", "embedding_norm", "final_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
-        for name in ("rope_theta", "local_rope_theta"):
+        for name in ("rope_theta", "local_rope_theta", "initializer_cutoff_factor"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"model.{name} must be a positive number, got {value!r}")

@@ -240,6 +240,7 @@ def hf_modernbert_config_to_lightbert(hf_config: dict, where: Path | str = "conf
             f"({hf_config.get('mlp_dropout')}) differ; lightbert's encoder has one hidden_dropout_prob for both"
         )
     layers = int(hf_config.get("num_hidden_layers", 22))
+    cutoff = hf_config.get("initializer_cutoff_factor", 2.0)
     values = {
         **MODERNBERT_BLOCKS,
         "vocab_size": hf_config.get("vocab_size", 50368),
@@ -251,7 +252,9 @@ def hf_modernbert_config_to_lightbert(hf_config: dict, where: Path | str = "conf
         "hidden_dropout_prob": float(hf_config.get("mlp_dropout", 0.0)),
         "attention_probs_dropout_prob": float(hf_config.get("attention_dropout", 0.0)),
         "layer_norm_eps": float(hf_config.get("norm_eps", 1e-5)),
+        "initializer": "modernbert",  # as transformers draws a ModernBERT's fresh weights (a new head's)
         "initializer_range": float(hf_config.get("initializer_range", 0.02)),
+        "initializer_cutoff_factor": 3.0 if cutoff is None else float(cutoff),  # null: transformers cuts at 3
         "pad_token_id": hf_config.get("pad_token_id") or 0,
         "attention_bias": bool(hf_config.get("attention_bias", False)),
         "mlp_bias": bool(hf_config.get("mlp_bias", False)),
@@ -301,6 +304,7 @@ def lightbert_config_to_modernbert(config: dict, tokenizer: BertTokenizer | None
         "attention_dropout": c.attention_probs_dropout_prob,
         "classifier_dropout": c.hidden_dropout_prob,
         "initializer_range": c.initializer_range,
+        "initializer_cutoff_factor": c.initializer_cutoff_factor,
         "pad_token_id": c.pad_token_id,
         "local_attention": c.local_attention,
         "layer_types": [

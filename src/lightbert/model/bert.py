@@ -50,6 +50,7 @@ packed row, C choices of a multiple-choice example.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import ClassVar
 
 import torch
@@ -649,10 +650,7 @@ class BertForPreTraining(nn.Module):
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=next_sentence)
         self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings, next_sentence)
-        self.apply(lambda module: init_weights(module, config.initializer_range))
-        with torch.no_grad():  # the tied decoder was re-drawn after the embedding: zero [PAD]'s row again
-            self.bert.embeddings.word_embeddings.weight[config.pad_token_id].zero_()
-            self.bert.embeddings.word_embeddings.weight[config.vocab_size :].zero_()  # the padding rows
+        initialise(self, config, classifiers=(self.cls.seq_relationship,) if next_sentence else ())
 
     def forward(
         self,
@@ -699,6 +697,77 @@ def init_weights(module: nn.Module, std: float) -> None:
             module.word_embeddings.weight[module.vocab_size :].zero_()  # the padding rows, which no token reads
 
 
+def initialise(model: nn.Module, config: BertConfig, classifiers: tuple[nn.Linear, ...] = ()) -> None:
+    """Draw the weights of `model` (an encoder and its heads, or any part) as `config.initializer` says: BERT's
+    (`init_weights`) or ModernBERT's (`init_modernbert`). `classifiers` are the task's last layers, the ones ModernBERT
+    draws wider ("final_out"); BERT draws them as every other layer."""
+    if config.initializer == "modernbert":
+        init_modernbert(model, config, classifiers)
+        return
+    model.apply(lambda module: init_weights(module, config.initializer_range))
+    with torch.no_grad():  # a tied MLM decoder was re-drawn after its embedding (apply visits it later): zero again
+        for embeddings in (m for m in model.modules() if isinstance(m, BertEmbeddings)):
+            embeddings.word_embeddings.weight[config.pad_token_id].zero_()
+            embeddings.word_embeddings.weight[embeddings.vocab_size :].zero_()
+
+
+def init_modernbert(model: nn.Module, config: BertConfig, classifiers: tuple[nn.Linear, ...] = ()) -> None:
+    """ModernBERT's initialisation ("full_megatron" in its repository's src/bert_layers/initialization.py), held to
+    transformers' `ModernBertPreTrainedModel._init_weights` (tests/test_modern.py): each weight drawn from a normal
+    truncated at +-initializer_cutoff_factor x its std, the std by the weight's role; biases zero, norms one.
+
+    - "in", initializer_range: the token embeddings (ModernBERT's `tok_embeddings`; BERT's position and segment
+      tables, which ModernBERT lacks, as its own code's positional "emb"), the fused Q/K/V (`Wqkv`) and the MLP's
+      first layer (`Wi`, GeGLU's whole (H, 2I) projection);
+    - "out", initializer_range / sqrt(2 L): the projections back into the residual stream, attention's and the
+      MLP's (`Wo`), and the dense layer of every dense -> activation -> norm head (ModernBERT's `head.dense`): the
+      MLM head's transform, the "head" pooler of the sentence-level heads, the token-level heads' `head` (and BERT's
+      tanh pooler, its nearest role);
+    - "final_out", in_features ** -0.5: `classifiers`, the task's last layer (hidden_size ** -0.5 in transformers'
+      four task classes, whose classifiers read H; the feature-based tagger's reads its BiLSTM's 2 x width).
+
+    The MLM decoder is tied to the token embeddings and keeps their "in" draw. transformers 5.24 draws its decoder
+    with the "out" std, then ties it to the embeddings, so its tied tensor ends with the embeddings' std (measured:
+    std 0.0176 = 0.02 x 0.88, the truncated normal's, and |w| up to 0.04 = 2 x 0.02, at H=256, L=4). [PAD]'s row is
+    drawn like the others, as transformers and ModernBERT leave it (padding_idx keeps its gradient at zero); the
+    rows past the vocabulary, lightbert's own, stay zero. LSTMs keep torch's default draw, as under BERT's init."""
+    std = config.initializer_range
+    stds: dict[nn.Module, float | None] = {}  # None: tied to a weight drawn elsewhere
+    for module in model.modules():
+        if isinstance(module, BertEmbeddings):
+            for table in (module.word_embeddings, module.position_embeddings, module.token_type_embeddings):
+                stds[table] = std
+        elif isinstance(module, BertSelfAttention):
+            stds[module.qkv] = std
+        elif isinstance(module, BertIntermediate):
+            stds[module.dense] = std
+        elif isinstance(module, BertSelfOutput | BertPredictionHeadTransform | BertPooler):  # BertOutput included
+            stds[module.dense] = std / math.sqrt(2.0 * config.num_hidden_layers)
+        elif isinstance(module, BertLMPredictionHead):
+            stds[module.decoder] = None
+    for classifier in classifiers:
+        stds[classifier] = classifier.in_features**-0.5
+    cutoff = config.initializer_cutoff_factor
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, BertLMPredictionHead):
+                nn.init.zeros_(module.bias)
+            if not isinstance(module, nn.Linear | nn.Embedding):
+                continue
+            if module not in stds:
+                raise TypeError(f"{name} ({type(module).__name__}) has no role in ModernBERT's initialisation")
+            if stds[module] is not None:
+                nn.init.trunc_normal_(module.weight, 0.0, stds[module], -cutoff * stds[module], cutoff * stds[module])
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for embeddings in (m for m in model.modules() if isinstance(m, BertEmbeddings)):
+            embeddings.word_embeddings.weight[embeddings.vocab_size :].zero_()
+
+
 def run_packed(lstm: nn.LSTM, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """A batch-first LSTM over each sequence's real tokens only (packed), so that padding never reaches the
     backward direction; zeros at padded positions, the input's length kept."""
@@ -743,7 +812,7 @@ class BertForSequenceClassification(nn.Module):
         self.bilstm = SequenceBiLSTM(config) if bilstm else None
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
-        self.apply(lambda module: init_weights(module, config.initializer_range))
+        initialise(self, config, classifiers=(self.classifier,))
 
     def forward(
         self,
@@ -771,7 +840,7 @@ class BertForQuestionAnswering(nn.Module):
         self.bilstm = SequenceBiLSTM(config) if bilstm else None
         self.head = token_head(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
-        self.apply(lambda module: init_weights(module, config.initializer_range))
+        initialise(self, config, classifiers=(self.qa_outputs,))
 
     def forward(
         self,
@@ -804,7 +873,7 @@ class BertForTokenClassification(nn.Module):
         self.head = token_head(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
-        self.apply(lambda module: init_weights(module, config.initializer_range))
+        initialise(self, config, classifiers=(self.classifier,))
 
     def forward(
         self,
@@ -831,7 +900,7 @@ class BertForMultipleChoice(nn.Module):
         self.bert = BertModel(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, 1)
-        self.apply(lambda module: init_weights(module, config.initializer_range))
+        initialise(self, config, classifiers=(self.classifier,))
 
     def forward(
         self,

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from lightbert.errors import ConfigError
-from lightbert.model.bert import BertModel, init_weights, run_packed
+from lightbert.model.bert import BertModel, initialise, run_packed
 from lightbert.model_config import BertConfig
 
 
@@ -94,8 +94,8 @@ class FeatureBasedTagger(nn.Module):
         )
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(2 * lstm_hidden_size, num_labels)
-        init_weights(self.classifier, config.initializer_range)
-        self.bert.apply(lambda module: init_weights(module, config.initializer_range))  # replaced by init_from
+        initialise(self.classifier, config, classifiers=(self.classifier,))  # first: the draws in their old order
+        initialise(self.bert, config)  # replaced by init_from
 
     def train(self, mode: bool = True) -> FeatureBasedTagger:
         super().train(mode)
