@@ -11,7 +11,11 @@ from helpers.models import MODERN_SPECIALS, random_batch, write_hf_modernbert
 from helpers.runs import compose_config
 
 from lightbert import evaluate, train
-from lightbert.checkpoints.hf_format import hf_config_to_lightbert
+from lightbert.checkpoints.hf_format import (
+    hf_config_to_lightbert,
+    lightbert_config_to_modernbert,
+    lightbert_state_dict_to_modernbert,
+)
 from lightbert.checkpoints.reading import load_into, load_pretrained
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.errors import ConfigError, UserError
@@ -24,6 +28,7 @@ from lightbert.model import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
+from lightbert.model.feature_based import FeatureBasedTagger
 from lightbert.model.layouts import UNPADDING
 from lightbert.tasks.pretraining.module import pretraining_losses
 
@@ -183,6 +188,134 @@ def test_bert_default_has_none_of_the_modern_blocks():
     assert "bert.embeddings.position_embeddings.weight" in names
     assert not any("norm." in n.lower() and "LayerNorm" not in n for n in names)
     assert not any(n.startswith("bert.final_norm") or ".attention_norm" in n or ".mlp_norm" in n for n in names)
+
+
+# -- the first draw of the weights: model.initializer=modernbert against transformers' ModernBERT ----------------
+
+# A ModernBERT config.json, large enough (H=256) that every weight's std is estimated to a few tenths of a percent.
+INIT_HF_CONFIG = {
+    "model_type": "modernbert",
+    "vocab_size": 500,
+    "hidden_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 256,
+    "max_position_embeddings": 512,
+    "local_attention": 64,
+    "pad_token_id": 3,
+}
+SPECIAL_IDS = {"cls_token_id": 1, "bos_token_id": 1, "sep_token_id": 2, "eos_token_id": 2}  # transformers' in range
+
+
+def modernbert_std(name: str, hf_config: dict) -> float | None:
+    """The std transformers' `ModernBertPreTrainedModel._init_weights` draws the weight `name` with (None: a norm's
+    ones or a bias's zeros): "in" for the embeddings, Wqkv and Wi, "out" for the Wo's and the heads' dense layer,
+    "final_out" for the classifier."""
+    std = hf_config["initializer_range"]
+    if name.endswith(("tok_embeddings.weight", "attn.Wqkv.weight", "mlp.Wi.weight")):
+        return std
+    if name.endswith(("attn.Wo.weight", "mlp.Wo.weight", "head.dense.weight")):
+        return std / (2 * hf_config["num_hidden_layers"]) ** 0.5
+    if name == "classifier.weight":
+        return hf_config["hidden_size"] ** -0.5
+    return None
+
+
+def feature_based_tagger(config, num_labels):  # its classifier reads 2 x 128 = H features, as transformers' does
+    return FeatureBasedTagger(config, num_labels, combination="last", lstm_hidden_size=config.hidden_size // 2)
+
+
+INITIALISED = [  # (transformers' class, lightbert's builder, its arguments, cutoff, transformers' weights it lacks)
+    ("ModernBertForMaskedLM", None, {}, 2.0, set()),
+    ("ModernBertForSequenceClassification", BertForSequenceClassification, {"num_labels": 64}, 3.0, set()),
+    ("ModernBertForTokenClassification", BertForTokenClassification, {"num_labels": 64}, 2.0, set()),
+    ("ModernBertForQuestionAnswering", BertForQuestionAnswering, {}, 2.0, set()),
+    ("ModernBertForMultipleChoice", BertForMultipleChoice, {}, 2.0, set()),
+    (
+        "ModernBertForTokenClassification",
+        feature_based_tagger,
+        {"num_labels": 64},
+        2.0,
+        {"head.dense.weight", "head.norm.weight"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("architecture", "build", "arguments", "cutoff", "lacks"), INITIALISED)
+def test_modernbert_initialisation_draws_each_weight_as_transformers(architecture, build, arguments, cutoff, lacks):
+    """Each weight of ours, under transformers' name (the `convert to-hf` map), against the same weight of the
+    transformers class built from the same config: exact zeros and ones in the same places, every value within
+    +-cutoff x the std of its role, and the empirical std within 3% of transformers' tensor's (or 4/sqrt(numel) for
+    the small QA and multiple-choice classifiers, about 5 standard errors of the ratio). With BERT's init the
+    embeddings, Wqkv and Wi are 14% too wide, the Wo's 3x, the classifiers 3x too narrow (measured: it fails)."""
+    config = BertConfig.from_dict(hf_config_to_lightbert({**INIT_HF_CONFIG, "initializer_cutoff_factor": cutoff}))
+    assert (config.initializer, config.initializer_cutoff_factor) == ("modernbert", cutoff)  # read from config.json
+    hf_config = lightbert_config_to_modernbert(config.to_dict())  # and written back by convert to-hf
+    torch.manual_seed(0)
+    hf = getattr(transformers, architecture)(transformers.ModernBertConfig(**hf_config, **SPECIAL_IDS, **arguments))
+    ours = build(config, **arguments) if build else BertForPreTraining(config, next_sentence=False)
+    theirs = hf.state_dict()
+    mine = lightbert_state_dict_to_modernbert(ours.state_dict(), architecture)
+    if architecture == "ModernBertForMaskedLM":  # the decoder is the embeddings in both, drawn as the embeddings
+        assert hf.decoder.weight is hf.model.embeddings.tok_embeddings.weight
+        assert ours.cls.predictions.decoder.weight is ours.bert.embeddings.word_embeddings.weight
+        del theirs["decoder.weight"]
+    assert set(theirs) - set(mine) == lacks
+    wrong = []  # every weight that differs, with how
+    for name, expected in theirs.items():
+        if name in lacks:
+            continue
+        got = mine[name]
+        if not (torch.equal(got == 0, expected == 0) and torch.equal(got == 1, expected == 1)):
+            wrong.append(f"{name}: zeros or ones elsewhere than transformers'")
+        std = modernbert_std(name, hf_config)
+        if std is None:
+            assert torch.all((expected == 0) | (expected == 1)), name  # a norm or a bias in transformers
+            continue
+        bound = cutoff * std * (1 + 1e-6)
+        assert expected.abs().max() <= bound, name  # modernbert_std is the std transformers draws with
+        if got.abs().max() > bound:
+            wrong.append(f"{name}: |w| up to {got.abs().max():.4f}, past {cutoff} x {std:.4f}")
+        ratio = (got.std() / expected.std()).item()
+        if abs(ratio - 1) >= max(0.03, 4 / expected.numel() ** 0.5):
+            wrong.append(f"{name}: std {ratio:.3f} x transformers'")
+    assert not wrong, wrong
+
+
+def test_a_head_on_a_modernbert_directory_starts_its_classifier_as_transformers(hf_dir):
+    """init_from a transformers ModernBERT: its config reads as model.initializer=modernbert, so a new task head's
+    classifier is drawn with ModernBERT's std, hidden_size ** -0.5, truncated at 2 (BERT's 0.02 would fail), as
+    transformers' from_pretrained draws its own."""
+    pretrained = load_pretrained(str(hf_dir))
+    assert (pretrained.config["initializer"], pretrained.config["initializer_cutoff_factor"]) == ("modernbert", 2.0)
+    ours = BertForSequenceClassification(BertConfig.from_dict(pretrained.config), num_labels=3)
+    assert set(load_into(ours, pretrained)) >= {"classifier.weight", "classifier.bias"}  # left as initialised
+    hf = transformers.ModernBertForSequenceClassification.from_pretrained(hf_dir, num_labels=3)
+    std = pretrained.config["hidden_size"] ** -0.5
+    for classifier in (ours.classifier, hf.classifier):
+        weight = classifier.weight.detach()
+        assert weight.abs().max() <= 2 * std * (1 + 1e-6) and torch.all(classifier.bias == 0)
+        assert abs(weight.std().item() / (0.88 * std) - 1) < 4 / weight.numel() ** 0.5  # 0.88: the truncation's
+
+
+def test_init_from_takes_the_draw_the_command_line_names(hf_dir, tmp_path):
+    """With init_from the checkpoint's config decides the model, but a new head is drawn as model.initializer and
+    model.initializer_range say where the command line names them (not silently the checkpoint's modernbert)."""
+    from helpers.runs import run_settings
+
+    from lightbert.run.weights import model_sizes
+
+    overrides = ["model.initializer=bert", "model.initializer_range=0.01"]
+    settings = run_settings(
+        compose_config(["trainer=cpu", "task=glue/mrpc", f"init_from={hf_dir}", *overrides], tmp_path)
+    )
+    config = model_sizes(settings, load_pretrained(str(hf_dir)))
+    assert (config.initializer, config.initializer_range, config.hidden_size, config.pooler) == (
+        "bert",
+        0.01,
+        32,
+        "head",
+    )
 
 
 # -- the modern recipe as a run: task=pretrain_modern on model=modernbert_tiny, then a fine-tune from it ------------

@@ -37,6 +37,8 @@ CLASSIFIER_POOLING = ("cls", "mean")  # what the "head" pooler reads: [CLS], or 
 # How the weights are drawn at the start (lightbert.model.bert.initialise): BERT's N(0, initializer_range) everywhere,
 # or ModernBERT's truncated normal with a std per role (the output projections scaled down by depth).
 INITIALIZERS = ("bert", "modernbert")
+# How the weights are drawn: with init_from, the draw of the new head only (the command line's, where it names them).
+INITIALIZER_FIELDS = ("initializer", "initializer_range", "initializer_cutoff_factor")
 # The fields that say which recipe's blocks the encoder is built of (none is a size: a checkpoint brings them).
 ARCHITECTURE_FIELDS = (
     "norm_position",

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from lightbert.checkpoints.reading import Pretrained
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import ConfigError, UserError
-from lightbert.model_config import REGULARISATION_FIELDS, SIZE_FIELDS, BertConfig
+from lightbert.model_config import INITIALIZER_FIELDS, REGULARISATION_FIELDS, SIZE_FIELDS, BertConfig
 from lightbert.run.configs import CONF_DIR
 from lightbert.run.settings import RunSettings, Start
 from lightbert.tasks.heads import carry_head, head_of, task_head
@@ -77,7 +77,7 @@ def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None
 def model_sizes(settings: RunSettings, pretrained: Pretrained | None) -> BertConfig:
     """The architecture, its vocabulary left to the tokenizer. With init_from the checkpoint decides the sizes; a
     `model=` asking for other sizes is an error rather than a silent choice. Dropout set on the command line still
-    applies (it does not change the weights)."""
+    applies (it does not change the weights), and so does `model.initializer` (how a new head is drawn)."""
     asked = settings.model
     if pretrained is None:
         return asked
@@ -93,8 +93,11 @@ def model_sizes(settings: RunSettings, pretrained: Pretrained | None) -> BertCon
             "The checkpoint sets the architecture: drop the model override"
         )
     regularisation = {f: getattr(asked, f) for f in REGULARISATION_FIELDS} if explicit else {}
-    # The checkpoint's architecture (its fields, checked as it was read), with the dropout asked for.
-    return replace(asked, **{**pretrained.config, **regularisation, "vocab_size": None})
+    # How a new head's weights are drawn, where the command line names it (model.initializer=...): the checkpoint's
+    # weights are not drawn, so this is the task head's choice.
+    drawn = {f: getattr(asked, f) for f in INITIALIZER_FIELDS if f in named}
+    # The checkpoint's architecture (its fields, checked as it was read), with the dropout and the draw asked for.
+    return replace(asked, **{**pretrained.config, **regularisation, **drawn, "vocab_size": None})
 
 
 def left_to_right_because(settings: RunSettings, pretrained: Pretrained | None) -> str | None:
