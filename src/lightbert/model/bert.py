@@ -23,8 +23,9 @@ How this differs from the reference implementations:
 
 The modern recipe (ModernBERT, Warner et al. 2024) is a set of options of this same encoder (`BertConfig`'s
 `norm_position`, `*_bias`, `mlp`, `position_embedding_type`, `global_attn_every_n_layers`, `local_attention`,
-`final_norm`, `pooler`; conf/model/modernbert_*.yaml). It keeps this file's names, and `checkpoints.hf_format` maps
-them onto transformers' `ModernBertForMaskedLM` (`model.layers.0.attn.Wqkv` <- this file's query/key/value, ...):
+`final_norm`, `pooler`, `initializer`; conf/model/modernbert_*.yaml). It keeps this file's names, and
+`checkpoints.hf_format` maps them onto transformers' `ModernBertForMaskedLM` (`model.layers.0.attn.Wqkv` <- this
+file's query/key/value, ...):
 - Pre-LN: each layer is x + f(LayerNorm(x)) (`attention_norm`, `mlp_norm`); with the embeddings normed, layer 0 has
   no attention norm, as transformers' ModernBERT; a `final_norm` after the last layer.
 - Rotary positions (`RotaryEmbedding`) on queries and keys, with one base for the global layers and one for the
@@ -36,6 +37,8 @@ them onto transformers' `ModernBertForMaskedLM` (`model.layers.0.attn.Wqkv` <- t
   and the token-level heads run the same transform on every token (`TokenHead`), as transformers' do.
 - Dropout sits where BERT's does (after each projection back to H); transformers' ModernBERT drops inside the MLP and
   after attention's output. Its recipe trains without dropout (all 0.0), where the two are the same.
+- The weights start as ModernBERT's (`initializer: modernbert`, `init_modernbert`): truncated normals with a std per
+  role, as transformers' `ModernBertPreTrainedModel._init_weights` draws them; BERT's N(0, 0.02) otherwise.
 
 What has run on a GPU (one H100, bf16; bench/RESULTS.md, "GPU: the first measurements"): the padded path and
 length groups, in training, evaluation and prediction. The variable-length kernel ("varlen") is checked on CPU
