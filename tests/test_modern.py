@@ -246,8 +246,9 @@ def test_modernbert_initialisation_draws_each_weight_as_transformers(architectur
     """Each weight of ours, under transformers' name (the `convert to-hf` map), against the same weight of the
     transformers class built from the same config: exact zeros and ones in the same places, every value within
     +-cutoff x the std of its role, and the empirical std within 3% of transformers' tensor's (or 4/sqrt(numel) for
-    the small QA and multiple-choice classifiers, about 5 standard errors of the ratio). With BERT's init the
-    embeddings, Wqkv and Wi are 14% too wide, the Wo's 3x, the classifiers 3x too narrow (measured: it fails)."""
+    the small QA and multiple-choice classifiers, about 5 standard errors of the ratio). With BERT's init every case
+    fails (measured): the embeddings, Wqkv and Wi 14% too wide, the Wo's and heads' dense 2-2.3x, the classifiers
+    2.75x too narrow, and [PAD]'s embedding zero where transformers draws it."""
     config = BertConfig.from_dict(hf_config_to_lightbert({**INIT_HF_CONFIG, "initializer_cutoff_factor": cutoff}))
     assert (config.initializer, config.initializer_cutoff_factor) == ("modernbert", cutoff)  # read from config.json
     hf_config = lightbert_config_to_modernbert(config.to_dict())  # and written back by convert to-hf
