@@ -299,6 +299,71 @@ def test_a_head_on_a_modernbert_directory_starts_its_classifier_as_transformers(
         assert abs(weight.std().item() / (0.88 * std) - 1) < 4 / weight.numel() ** 0.5  # 0.88: the truncation's
 
 
+def fine_tuning_start(overrides: list[str], output_dir) -> tuple[torch.nn.Module, list[str]]:
+    """The network a fine-tuning run of `overrides` starts training, built as `train` builds it (its settings,
+    `run_model`, the task's module, `load_pretrained_weights`; no data), and the weights that start fresh."""
+    from helpers.runs import run_settings
+
+    from lightbert.run.building import instantiate_config, load_pretrained_weights, with_vocabulary
+    from lightbert.run.settings import Start
+    from lightbert.run.weights import run_model
+
+    settings = run_settings(compose_config(overrides, output_dir))
+    model = run_model(settings, Start(), load_pretrained(settings.init_from))
+    tokenizer = model.tokenizer["tokenizer"]
+    module = instantiate_config(
+        settings.task.module,
+        model=with_vocabulary(model.config, tokenizer, model.pretrained),
+        optim=settings.optim.hyperparameters(),
+        _convert_="all",
+    )
+    return module.model, load_pretrained_weights(settings, module, model.pretrained, tokenizer)
+
+
+FAMILIES = [  # (the task's overrides, transformers' class): one task of each head family
+    (["task=glue/mrpc"], "ModernBertForSequenceClassification"),
+    (["task=conll2003"], "ModernBertForTokenClassification"),
+    (
+        ["task=squad_v1", "task.max_seq_length=64", "task.doc_stride=16", "task.max_query_length=16"],
+        "ModernBertForQuestionAnswering",
+    ),
+    (["task=swag"], "ModernBertForMultipleChoice"),
+]
+
+
+@pytest.mark.parametrize(("task", "architecture"), FAMILIES, ids=[architecture for _, architecture in FAMILIES])
+def test_a_fine_tune_of_a_modernbert_starts_where_transformers_from_pretrained_does(
+    hf_dir, tmp_path, task, architecture
+):
+    """init_from a ModernBertForMaskedLM directory, built as a run builds it: the task head's dense -> GELU ->
+    LayerNorm starts from the masked-LM head's, as transformers' ModernBertFor<Task>.from_pretrained loads `head` (one
+    module name in both); only the classifier starts fresh. With it copied across, the logits are transformers'
+    (measured: at most 4e-7 apart; 0.66 to 3.96 where the head started fresh)."""
+    ours, fresh = fine_tuning_start(["trainer=cpu", f"init_from={hf_dir}", *task], tmp_path)
+    last_name = "qa_outputs" if architecture == "ModernBertForQuestionAnswering" else "classifier"
+    last = getattr(ours, last_name)
+    assert fresh == [f"{last_name}.bias", f"{last_name}.weight"]  # the head's dense and LayerNorm are not fresh
+    hf = getattr(transformers, architecture).from_pretrained(hf_dir, num_labels=max(last.out_features, 2))
+    with torch.no_grad():  # the one part each side draws for itself
+        hf.classifier.weight.copy_(last.weight)
+        hf.classifier.bias.copy_(last.bias)
+    ours, hf = ours.eval(), hf.eval()
+    input_ids, _, attention_mask = random_batch(vocab=ours.config.vocab_size)
+    real = attention_mask.bool()
+    with torch.no_grad():
+        if architecture == "ModernBertForMultipleChoice":
+            input_ids, attention_mask = input_ids.view(1, 3, -1), attention_mask.view(1, 3, -1)
+        got = ours(input_ids, None, attention_mask)
+        ref = hf(input_ids=input_ids, attention_mask=attention_mask)
+    if architecture == "ModernBertForQuestionAnswering":
+        got, ref = torch.stack(got, -1)[real], torch.stack((ref.start_logits, ref.end_logits), -1)[real]
+    elif architecture == "ModernBertForTokenClassification":
+        got, ref = got[real], ref.logits[real]
+    else:
+        ref = ref.logits
+    torch.testing.assert_close(got, ref, atol=ATOL, rtol=0)
+
+
 def test_init_from_takes_the_draw_the_command_line_names(hf_dir, tmp_path):
     """With init_from the checkpoint's config decides the model, but a new head is drawn as model.initializer and
     model.initializer_range say where the command line names them (not silently the checkpoint's modernbert)."""

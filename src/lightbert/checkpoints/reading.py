@@ -225,19 +225,55 @@ class HeadCarry:
         return value
 
 
+# The masked-LM head's dense -> GELU -> LayerNorm, and where the modern encoder's task heads have the same module:
+# a sentence head's pooler (`pooler: head`), a token-level head's `head`. transformers names all of them `head`
+# (ModernBertPredictionHead), so its ModernBertFor<Task>.from_pretrained of a ModernBertForMaskedLM starts the task's
+# from the masked-LM head's.
+MLM_TRANSFORM = "cls.predictions.transform."
+TASK_TRANSFORMS = ("bert.pooler.", "head.")
+
+
+def from_mlm_transform(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Each weight of a modern task head's dense and LayerNorm (in `expected`) -> the checkpoint's masked-LM transform
+    weight that starts it, where the checkpoint (`state`) holds that transform whole and not the head's own; {} for
+    BERT (its tanh pooler has no LayerNorm; NSP trained it) and for a checkpoint without a masked-LM head."""
+    for prefix in TASK_TRANSFORMS:
+        keys = [k for k in expected if k.startswith((f"{prefix}dense.", f"{prefix}LayerNorm."))]
+        if not any(k.startswith(f"{prefix}LayerNorm.") for k in keys) or any(k in state for k in keys):
+            continue
+        sources = {k: MLM_TRANSFORM + k.removeprefix(prefix) for k in keys}
+        if all(s in state and state[s].shape == expected[k].shape for k, s in sources.items()):
+            return sources
+    return {}
+
+
 def load_into(
     model: torch.nn.Module, pretrained: Pretrained, head: HeadCarry | None = None, say: bool = True
 ) -> list[str]:
     """Copy the checkpoint's weights into `model`: the whole encoder, and its heads.
 
     With `head`, a fine-tuned head (any weight outside `bert.` and the pre-training heads `cls.`) is carried as it
-    says; without, every head whose shape fits is carried (the pre-training heads, or a fine-tuned model's own).
-    Returns the names of parameters left as initialised (a new task head). The encoder must match exactly. Without
-    `say` the caller says what starts fresh (pre-training: `lightbert.tasks.pretraining.continued.carried_line`).
+    says, and its console line is said; without, every head whose shape fits is carried (the pre-training heads, or
+    a fine-tuned model's own). A modern task head's dense -> GELU -> LayerNorm the checkpoint lacks starts from its
+    masked-LM head's (`from_mlm_transform`), as transformers' from_pretrained does. Returns the names of parameters
+    left as initialised (a new task head). The encoder must match exactly. Without `say` the caller says what starts
+    fresh (pre-training: `lightbert.tasks.pretraining.continued.carried_line`).
     """
     expected = model.state_dict()
+    from_mlm = from_mlm_transform(expected, pretrained.state_dict)
+    if from_mlm and say:
+        part = next(p for p in TASK_TRANSFORMS if next(iter(from_mlm)).startswith(p))
+        started = (
+            f"its dense -> GELU -> LayerNorm ({part}dense, {part}LayerNorm), which start from {pretrained.source}'s "
+            f"masked-LM head ({MLM_TRANSFORM}*), as transformers' from_pretrained starts them"
+        )
+        log.info(
+            f"{head.line}, all but {started}" if head is not None else f"the task head starts fresh, all but {started}"
+        )
+    elif head is not None and say:
+        log.info(head.line)
     encoder_keys = {k for k in expected if k.startswith("bert.")}
-    missing = sorted(encoder_keys - set(pretrained.state_dict))
+    missing = sorted(encoder_keys - set(pretrained.state_dict) - set(from_mlm))
     pooler = [k for k in missing if k.startswith("bert.pooler.")]
     if pooler and len(pooler) == len(missing):
         # A model trained without a sentence-level head (a SQuAD or NER fine-tune, pre-training without NSP) starts a
@@ -270,6 +306,7 @@ def load_into(
                 )
             continue  # a head of another size (e.g. 3 labels where this task has 2): start it fresh
         usable[key] = value
+    usable.update({key: pretrained.state_dict[source] for key, source in from_mlm.items()})
     model.load_state_dict(usable, strict=False)
     tied = "cls.predictions.decoder.weight"  # loaded through the word embeddings it shares
     fresh = sorted(k for k in expected if k not in usable and k != tied)

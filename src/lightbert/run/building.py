@@ -168,9 +168,8 @@ def load_pretrained_weights(
     pretrained, growth = with_added_words(pretrained, tokenizer)
     wanted = task_head(settings.task.module_class, settings.task.module_arguments)
     carry = carry_head(pretrained, *wanted) if wanted is not None else None
-    if carry is not None:
-        log.info(carry.line)
-    # Without a fine-tuned head (pre-training), what is carried and what starts fresh is said after, in one line.
+    # With a fine-tuned head, load_into says its line (and what of it starts from init_from's masked-LM head); without
+    # (pre-training), what is carried and what starts fresh is said after, in one line.
     fresh = load_into(module.model, pretrained, carry, say=carry is not None)
     if carry is None:
         log.info(carried_line(module.model, pretrained, fresh, growth))
