@@ -428,11 +428,22 @@ def test_modern_recipe_pretrains_in_phases_and_fine_tunes(tmp_path, corpus_file,
     assert cfg.trainer.gradient_clip_val is None
 
     files = glue_data_files(tmp_path / "glue", "mrpc", num_rows=16)
-    cfg = compose_config(
-        [*glue_overrides("mrpc", files, tmp_path / "pretrain"), "trainer.max_epochs=1"], tmp_path / "mrpc"
-    )
-    results = train(cfg)
+    mrpc = [*glue_overrides("mrpc", files, tmp_path / "pretrain"), "trainer.max_epochs=1"]
+    # The classifier head's dense -> GELU -> LayerNorm starts from the pre-trained masked-LM head's, as transformers'
+    # from_pretrained starts a ModernBertForSequenceClassification's `head`; the console says so.
+    start, fresh = fine_tuning_start(mrpc, tmp_path / "mrpc-start")
+    pretrained = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()}
+    assert fresh == ["classifier.bias", "classifier.weight"]
+    head = {k: v for k, v in start.state_dict().items() if k.startswith("bert.pooler.")}
+    assert {"bert.pooler.dense.weight", "bert.pooler.LayerNorm.weight"} <= set(head)
+    for key, value in head.items():
+        assert torch.equal(value, pretrained[key.replace("bert.pooler.", "cls.predictions.transform.")]), key
+    caplog.clear()
+    results = train(compose_config(mrpc, tmp_path / "mrpc"))
     assert "val/f1" in results["metrics"]
+    said = [r.message for r in caplog.records if "head starts fresh" in r.message]
+    assert len(said) == 1, said
+    assert "all but its dense -> GELU -> LayerNorm (bert.pooler.dense, bert.pooler.LayerNorm)" in said[0]
     finetuned = torch.load(results["last_checkpoint"], weights_only=True, map_location="cpu")["state_dict"]
     assert "model.bert.pooler.LayerNorm.weight" in finetuned  # ModernBERT's classifier head: dense -> GELU -> norm
 
