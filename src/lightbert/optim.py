@@ -100,14 +100,9 @@ class Lamb(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = _closure_loss(closure)
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
+            params = _with_moments(self, group, first_step=0)
             for p in params:
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
+                self.state[p]["step"] += 1
             foreach = group["foreach"]
             if foreach is None:
                 foreach = not any(_sharded(p) for p in params)
@@ -224,13 +219,7 @@ class StableAdamW(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = _closure_loss(closure)
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            for p in params:
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.tensor(0)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            params = _with_moments(self, group, first_step=torch.tensor(0))
             if params:
                 _stable_adamw_foreach(group, params, [self.state[p] for p in params])
         return loss
@@ -284,6 +273,19 @@ def _summed_over_shards(local_sums: torch.Tensor, weight: torch.Tensor) -> torch
 
     placements = [Partial() if isinstance(p, Shard) else Replicate() for p in weight.placements]
     return DTensor.from_local(local_sums, weight.device_mesh, placements, run_check=False).full_tensor()
+
+
+def _with_moments(optimizer: torch.optim.Optimizer, group: dict, first_step) -> list[torch.Tensor]:
+    """The group's weights that have a gradient, each with Adam's state: a step count (`first_step` at the start: a
+    number for LAMB, a CPU tensor for StableAdamW) and the two moments, zeros until its first step."""
+    params = [p for p in group["params"] if p.grad is not None]
+    for p in params:
+        state = optimizer.state[p]
+        if not state:
+            state["step"] = first_step.clone() if isinstance(first_step, torch.Tensor) else first_step
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return params
 
 
 def _sharded(tensor: torch.Tensor) -> bool:
