@@ -366,22 +366,30 @@ def test_a_fine_tune_of_a_modernbert_starts_where_transformers_from_pretrained_d
 
 def test_init_from_takes_the_draw_the_command_line_names(hf_dir, tmp_path):
     """With init_from the checkpoint's config decides the model, but a new head is drawn as model.initializer and
-    model.initializer_range say where the command line names them (not silently the checkpoint's modernbert)."""
+    model.initializer_range say where the command line names them (not silently the checkpoint's modernbert). Naming
+    them leaves the checkpoint's dropout alone; a dropout rate named on its own changes that rate only."""
     from helpers.runs import run_settings
 
     from lightbert.run.weights import model_sizes
 
-    overrides = ["model.initializer=bert", "model.initializer_range=0.01"]
-    settings = run_settings(
-        compose_config(["trainer=cpu", "task=glue/mrpc", f"init_from={hf_dir}", *overrides], tmp_path)
-    )
-    config = model_sizes(settings, load_pretrained(str(hf_dir)))
+    pretrained = load_pretrained(str(hf_dir))
+    dropout = (pretrained.config["hidden_dropout_prob"], pretrained.config["attention_probs_dropout_prob"])
+    assert dropout == (0.0, 0.0)  # ModernBERT's; the default size's would be 0.1
+
+    def sizes(*overrides):
+        cfg = compose_config(["trainer=cpu", "task=glue/mrpc", f"init_from={hf_dir}", *overrides], tmp_path)
+        return model_sizes(run_settings(cfg), pretrained)
+
+    config = sizes("model.initializer=bert", "model.initializer_range=0.01")
     assert (config.initializer, config.initializer_range, config.hidden_size, config.pooler) == (
         "bert",
         0.01,
         32,
         "head",
     )
+    assert (config.hidden_dropout_prob, config.attention_probs_dropout_prob) == dropout
+    config = sizes("model.hidden_dropout_prob=0.2")
+    assert (config.hidden_dropout_prob, config.attention_probs_dropout_prob) == (0.2, 0.0)
 
 
 # -- the modern recipe as a run: task=pretrain_modern on model=modernbert_tiny, then a fine-tune from it ------------

@@ -92,7 +92,9 @@ def model_sizes(settings: RunSettings, pretrained: Pretrained | None) -> BertCon
             f"init_from={settings.init_from} has other sizes than {' '.join(explicit)} asks for: {sizes}. "
             "The checkpoint sets the architecture: drop the model override"
         )
-    regularisation = {f: getattr(asked, f) for f in REGULARISATION_FIELDS} if explicit else {}
+    # The dropout asked for: every rate with model=<size>, a rate named on its own (model.hidden_dropout_prob=...);
+    # another key (model.initializer=...) leaves the checkpoint's rates as they are.
+    regularisation = {f: getattr(asked, f) for f in REGULARISATION_FIELDS if "model" in keys or f in named}
     # How a new head's weights are drawn, where the command line names it (model.initializer=...): the checkpoint's
     # weights are not drawn, so this is the task head's choice.
     drawn = {f: getattr(asked, f) for f in INITIALIZER_FIELDS if f in named}
