@@ -392,6 +392,15 @@ def test_init_from_takes_the_draw_the_command_line_names(hf_dir, tmp_path):
     assert (config.hidden_dropout_prob, config.attention_probs_dropout_prob) == (0.2, 0.0)
 
 
+@pytest.mark.parametrize("choice", [None, "adamw"])
+def test_the_modern_recipe_takes_stableadamw_unless_the_command_line_picks_another_optimiser(tmp_path, choice):
+    """StableAdamW is the recipe's optimiser group (an override in its defaults), not a name set over the group a
+    user picked: optim=adamw runs AdamW, with the recipe's rates and decay settings."""
+    cfg = compose_config(["task=pretrain_modern", *([f"optim={choice}"] if choice else [])], tmp_path)
+    assert (cfg.optim.name, cfg.optim.lr, cfg.optim.decouple_lr) == (choice or "stableadamw", 8e-4, True)
+    assert cfg.trainer.gradient_clip_val is None
+
+
 # -- the modern recipe as a run: task=pretrain_modern on model=modernbert_tiny, then a fine-tune from it ------------
 
 SMALL_MODERN = [
