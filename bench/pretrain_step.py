@@ -8,9 +8,10 @@
   `transformers.BertForPreTraining` (attn_implementation="sdpa"), holding the same weights, on the same batch:
   sentence pairs made by our pipeline from real text (the demo corpus, Python's documentation), 15% masked by
   our collator. A modern size (`--model modernbert_base`, ...) runs its own recipe's step instead: masked LM alone
-  on contiguous chunks of the documents, 30% masked, against `transformers.ModernBertForMaskedLM`. Same sizes
-  (vocab 30522), dtype, threads and optimiser (torch AdamW, the fused kernel where the device has one, for both: the
-  ratio is about the model). Before timing, both give the same loss on the
+  on contiguous chunks of the documents, 30% masked, against `transformers.ModernBertForMaskedLM`, both stepping
+  with the recipe's StableAdamW. Same sizes (vocab 30522), dtype, threads and optimiser (torch AdamW, the fused
+  kernel where the device has one, for both, or for a modern size lightbert's StableAdamW for both: the ratio is
+  about the model; `--optimizer` picks). Before timing, both give the same loss on the
   batch in eval mode, so they do the same work. Steps are interleaved after warm-up; medians are reported.
 - Fine-tuning step: sequence classification on a batch of single sentences of varied length, padded to the
   longest as a fine-tuning collator does; the same comparison.
@@ -55,7 +56,7 @@ from lightbert.checkpoints.hf_format import (
 from lightbert.data.batches import PaddingCollator
 from lightbert.model import BertConfig, BertForSequenceClassification
 from lightbert.model.fp8 import convert_to_fp8
-from lightbert.optim import MasterWeights, parameter_groups
+from lightbert.optim import MasterWeights, StableAdamW, parameter_groups
 from lightbert.plugins.callbacks import gpu_peak_flops, step_flops
 from lightbert.run.speed import unpadding_for
 from lightbert.tasks.pretraining.corpus import DemoCorpus, TextCorpus
@@ -87,6 +88,13 @@ def modern(config: BertConfig) -> bool:
     return hf_family(config.to_dict(), "--model") == "modernbert"
 
 
+def recipe_optimizer(args, config: BertConfig) -> str:
+    """--optimizer as the recipe of `config` has it where not given (StableAdamW for a modern size, AdamW for BERT's),
+    said as a line: both sides step with it."""
+    args.optimizer = args.optimizer or ("stableadamw" if modern(config) else "adamw")
+    return f"optimizer: {args.optimizer}, both sides"
+
+
 def hf_twin(ours: torch.nn.Module, config: BertConfig, task: str, tokenizer) -> torch.nn.Module:
     """transformers' model for `task` (pretraining, classification) holding exactly our weights (sdpa attention):
     BERT's classes, or ModernBERT's for the modern encoder (with `tokenizer`'s special tokens' ids)."""
@@ -112,15 +120,20 @@ def hf_twin(ours: torch.nn.Module, config: BertConfig, task: str, tokenizer) -> 
 def training_step(
     model: torch.nn.Module, loss: Callable[[], torch.Tensor], device: torch.device, args, bf16_weights: bool = False
 ) -> Callable:
-    """One optimizer step of `model` on `loss()`: forward (under bf16 autocast if asked), backward, AdamW. With
-    `bf16_weights` the model is already bf16 (trainer.precision=bf16-true): no autocast, AdamW on fp32 masters."""
+    """One optimizer step of `model` on `loss()`: forward (under bf16 autocast if asked), backward, the optimiser
+    (`--optimizer`: AdamW, or the modern recipe's StableAdamW). With `bf16_weights` the model is already bf16
+    (trainer.precision=bf16-true): no autocast, the optimiser on fp32 masters."""
     fused = device.type in ("cpu", "cuda") and not args.foreach
 
-    def adamw(groups):
+    def make(groups):
+        if args.optimizer == "stableadamw":  # task=pretrain_modern's settings
+            return StableAdamW(groups, lr=1e-5, betas=(0.9, 0.98), eps=1e-6, decouple_lr=True)
         return torch.optim.AdamW(groups, lr=1e-5, eps=1e-6, fused=fused)
 
-    groups = parameter_groups(model, 0.01)
-    optimizer = MasterWeights(groups, adamw) if bf16_weights else adamw(groups)
+    groups = parameter_groups(model, 1e-5 if args.optimizer == "stableadamw" else 0.01)
+    for group in groups:
+        del group["adapt"]  # LAMB's
+    optimizer = MasterWeights(groups, make) if bf16_weights else make(groups)
 
     def step() -> None:
         with autocast(device, args, model_in_bf16=bf16_weights):
@@ -210,6 +223,7 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
     config = model_config(args.model)
     torch.manual_seed(args.seed)
     objective = "mlm" if modern(config) else "mlm_nsp"  # the modern recipe's masked LM alone
+    print(recipe_optimizer(args, config))
     module = PreTrainingModule(config.to_dict(), {"lr": 1e-5}, not args.dense_mlm_head, objective)
     module.model.bert.set_unpadding(unpadding(args, device, packing=args.packing))
     hf = hf_twin(module.model, config, "pretraining", datamodule.tokenizer)
@@ -295,6 +309,7 @@ def compile_report(step: Callable[[], None]) -> str:
 def bench_finetune(args, datamodule: PretrainDataModule, device: torch.device, peak: float) -> float:
     config = model_config(args.model)
     torch.manual_seed(args.seed)
+    print(recipe_optimizer(args, config))
     ours = BertForSequenceClassification(config, num_labels=2)
     ours.bert.set_unpadding(unpadding(args, device, packing=False))
     hf = hf_twin(ours, config, "classification", datamodule.tokenizer)
@@ -510,6 +525,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--unpad", choices=["true", "false", "groups", "varlen"], default="true",
         help="lightbert's unpadding, as speed.unpad (true: by the device; false: padded)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--optimizer", choices=["adamw", "stableadamw"], default=None,
+        help="both sides' optimiser (default: the recipe's: stableadamw for a modern size, adamw for BERT's)",
     )  # fmt: skip
     parser.add_argument("--foreach", action="store_true", help="AdamW's foreach implementation (optim.fused=false)")
     parser.add_argument("--dense-mlm-head", action="store_true", help="MLM head on every position")

@@ -84,6 +84,7 @@ def test_the_modern_step_runs_its_recipe_against_transformers_modernbert():
         "--part", "pretrain", "--warmup", "0", "--repeats", "1",
     )  # fmt: skip
     assert re.fullmatch(r"speedup vs transformers: \d+\.\d\dx", lines[-1]), lines[-1]
+    assert "optimizer: stableadamw, both sides" in lines  # the recipe's optimiser, in the timed step
     losses = re.search(r"loss lightbert ([\d.]+), transformers ([\d.]+)", "\n".join(lines))
     assert losses and abs(float(losses[1]) - float(losses[2])) < 1e-3
     # 30% of a chunk's tokens are predicted, where BERT's pairs would have 15%
