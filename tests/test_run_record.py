@@ -83,6 +83,10 @@ def test_a_resume_that_changes_settings_is_refused_and_writes_nothing(killed_run
         refused = run_train_recorded(*args, "resume=true", change)
         assert refused.returncode == 2, refused.stderr[-2000:]
         assert "resume=true continues the run" in refused.stderr and key in refused.stderr
+        if key == "optim.lr":  # a recorded setting: how to set it back, as the command line writes it
+            assert "or set them back as recorded (optim.lr=" in refused.stderr, refused.stderr[-1000:]
+        if key.startswith("speed.fp8"):  # new since the run started: no recorded value to set back
+            assert "set them back" not in refused.stderr, refused.stderr[-1000:]
         assert snapshot(run_dir) == before
 
 

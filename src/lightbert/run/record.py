@@ -71,6 +71,17 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): node}
 
 
+def _override(key: str, value: Any) -> str:
+    """`key=value` as the command line writes it: null, true/false, [a,b]."""
+    if value is None:
+        return f"{key}=null"
+    if isinstance(value, bool):
+        return f"{key}={str(value).lower()}"
+    if isinstance(value, list):
+        return f"{key}=[{','.join(str(v) for v in value)}]"
+    return f"{key}={value}"
+
+
 def _override_key(override: str) -> str:
     """The key of a command-line override: `speed.fp8` for `speed.fp8=true`, `+callbacks.x=...`, `~logger`."""
     return override.split("=", 1)[0].lstrip("+~")
@@ -141,10 +152,15 @@ def record_run(
             keys = [key for key in changed if not any(_under(key, group.split("/")[0]) for group, _, _ in groups)]
             shown = [f"{g}={before} recorded, {g}={after} now" for g, before, after in groups]
             shown += [f"{k}: {recorded.get(k)!r} recorded, {now.get(k)!r} now" for k in keys]
+            # A default that changed since the run started (a newer lightbert) is no override to drop: set it back
+            as_recorded = [f"{g}={before}" for g, before, _ in groups if before is not None]
+            as_recorded += [_override(k, recorded[k]) for k in keys if k in recorded]
+            set_back = f", or set them back as recorded ({' '.join(as_recorded[:6])})" if as_recorded else ""
             raise UserError(
                 f"resume=true continues the run in {output_dir} as recorded in {record / 'config.yaml'}, and this "
-                f"command changes {len(shown)} setting(s): {'; '.join(shown[:6])}. Drop those overrides to resume, "
-                "or start a new run in another directory (e.g. with init_from=<this run> to fine-tune from it)"
+                f"command changes {len(shown)} setting(s): {'; '.join(shown[:6])}. To resume, drop the overrides "
+                f"that change them{set_back}; or start a new run in another directory (e.g. with init_from=<this "
+                "run> to fine-tune from it)"
             )
     # A resumed run must read the data it started with, or it would continue on other examples and another
     # validation set without a word (a run recorded before lightbert kept data.json is not checked).
