@@ -26,11 +26,15 @@ FSDP_ON_CPU = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"]  
 def runs(tmp_path_factory) -> dict[str, Path]:
     """An uninterrupted FSDP pre-training run of 8 steps, and the same run killed (SIGKILL) after step 6, its last
     checkpoint at step 4; losses recorded per step and rank."""
-    root = tmp_path_factory.mktemp("fsdp")
+    return fsdp_runs(tmp_path_factory.mktemp("fsdp"))
+
+
+def fsdp_runs(root: Path, *overrides: str) -> dict[str, Path]:
     corpus = write_bert_corpus(root / "corpus.txt", num_documents=10)
     args = [
         *TINY_PRETRAIN,
         *FSDP_ON_CPU,
+        *overrides,
         f"corpus.paths=[{corpus}]",
         "task.global_batch_size=8",  # kept on one process by accumulating 2 (test_resume_on_one_process)
         "trainer.max_steps=8",
@@ -79,10 +83,20 @@ def test_each_process_holds_half_of_every_weight_and_the_checkpoint_the_whole(ru
     assert checkpoint["global_step"] == 8
 
 
-def test_a_killed_fsdp_run_resumes_bit_for_bit(runs, tmp_path):
+@pytest.fixture(scope="module")
+def stableadamw_runs(tmp_path_factory) -> dict[str, Path]:
+    """The same two runs with the modern recipe's optimiser (its per-tensor step counts and RMS over sharded
+    weights, its state gathered into the full checkpoint and sharded again on resume)."""
+    return fsdp_runs(tmp_path_factory.mktemp("fsdp-stableadamw"), "optim=stableadamw")
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "stableadamw"])
+def test_a_killed_fsdp_run_resumes_bit_for_bit(request, optimizer, tmp_path):
+    runs = request.getfixturevalue("runs" if optimizer == "adamw" else "stableadamw_runs")
     crashed = tmp_path / "crashed"
     shutil.copytree(runs["killed"], crashed)
-    assert torch.load(crashed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+    checkpoint = torch.load(crashed / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 4 and checkpoint["hyper_parameters"]["optim"]["name"] == optimizer
     resumed = run_train_recorded(
         *runs["args"], f"hydra.run.dir={crashed}", f"+callbacks.record.path={tmp_path / 'after.txt'}", "resume=true"
     )
