@@ -88,13 +88,6 @@ def modern(config: BertConfig) -> bool:
     return hf_family(config.to_dict(), "--model") == "modernbert"
 
 
-def recipe_optimizer(args, config: BertConfig) -> str:
-    """--optimizer as the recipe of `config` has it where not given (StableAdamW for a modern size, AdamW for BERT's),
-    said as a line: both sides step with it."""
-    args.optimizer = args.optimizer or ("stableadamw" if modern(config) else "adamw")
-    return f"optimizer: {args.optimizer}, both sides"
-
-
 def hf_twin(ours: torch.nn.Module, config: BertConfig, task: str, tokenizer) -> torch.nn.Module:
     """transformers' model for `task` (pretraining, classification) holding exactly our weights (sdpa attention):
     BERT's classes, or ModernBERT's for the modern encoder (with `tokenizer`'s special tokens' ids)."""
@@ -223,7 +216,7 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
     config = model_config(args.model)
     torch.manual_seed(args.seed)
     objective = "mlm" if modern(config) else "mlm_nsp"  # the modern recipe's masked LM alone
-    print(recipe_optimizer(args, config))
+    print(f"optimizer: {args.optimizer}, both sides")
     module = PreTrainingModule(config.to_dict(), {"lr": 1e-5}, not args.dense_mlm_head, objective)
     module.model.bert.set_unpadding(unpadding(args, device, packing=args.packing))
     hf = hf_twin(module.model, config, "pretraining", datamodule.tokenizer)
@@ -309,7 +302,7 @@ def compile_report(step: Callable[[], None]) -> str:
 def bench_finetune(args, datamodule: PretrainDataModule, device: torch.device, peak: float) -> float:
     config = model_config(args.model)
     torch.manual_seed(args.seed)
-    print(recipe_optimizer(args, config))
+    print(f"optimizer: {args.optimizer}, both sides")
     ours = BertForSequenceClassification(config, num_labels=2)
     ours.bert.set_unpadding(unpadding(args, device, packing=False))
     hf = hf_twin(ours, config, "classification", datamodule.tokenizer)
@@ -549,6 +542,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.bf16_weights and args.dtype != "bf16":
         sys.exit("pretrain_step.py: --bf16-weights compares bf16 runs; drop --dtype fp32")
     args.batch_size = args.batch_size or (64 if device.type == "cuda" else 8)
+    # The recipe's optimiser where not given: StableAdamW for a modern size, AdamW for BERT's (an unknown size is
+    # refused here, naming the valid ones)
+    args.optimizer = args.optimizer or ("stableadamw" if modern(model_config(args.model)) else "adamw")
     args.trainer = args.trainer or ("gpu" if device.type == "cuda" else "cpu")
     return args
 
