@@ -213,3 +213,8 @@ class BertConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# A sentence embedding model's poolings of its token vectors (lightbert.model.embedding), by sentence-transformers'
+# names where they differ: mean of the real tokens, [CLS]'s vector, each text's last real token ("lasttoken").
+POOLINGS = ("mean", "cls", "last")

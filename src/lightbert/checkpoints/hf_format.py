@@ -26,7 +26,16 @@ from lightbert.model import BertConfig
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # "bert-base-uncased", "google-bert/bert-base-uncased"
-HUB_PATTERNS = ["config.json", *HF_WEIGHT_FILES, *HF_TOKENIZER_FILES, "tokenizer_config.json"]
+# A sentence-transformers model's modules too (modules.json, the pooling's config, the length it cuts texts to)
+HUB_PATTERNS = [
+    "config.json",
+    *HF_WEIGHT_FILES,
+    *HF_TOKENIZER_FILES,
+    "tokenizer_config.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "*_Pooling/config.json",
+]
 _CONFIG_KEYS = {f.name for f in fields(BertConfig)}
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
+from lightbert.checkpoints import sentence_transformers
 from lightbert.checkpoints.hf_format import (
     HF_TOKENIZER_FILES,
     HF_WEIGHT_FILES,
@@ -46,6 +47,8 @@ class Pretrained:
     head: str | None = (
         None  # a lightbert checkpoint's fine-tuned head, as its module recorded it (lightbert.tasks.heads)
     )
+    # A sentence-transformers directory's pooling, normalisation and max_seq_length (`sentence_transformers.read`)
+    sentence: dict | None = None
 
 
 def load_pretrained(init_from: str) -> Pretrained:
@@ -55,10 +58,18 @@ def load_pretrained(init_from: str) -> Pretrained:
     if path.is_file():
         return _from_lightning_checkpoint(path)
     if path.is_dir():
-        if (path / "config.json").is_file():
-            return _from_hf_dir(path, source=str(path))
+        if (path / "config.json").is_file() or sentence_transformers.is_sentence_transformers_dir(path):
+            return _from_model_dir(path, source=str(path))
         return _from_run_dir(path)
     return _from_hub(init_from)
+
+
+def _from_model_dir(path: Path, source: str) -> Pretrained:
+    """A Hugging Face directory, or a sentence-transformers one (its encoder, and how it pools and normalises)."""
+    if sentence_transformers.is_sentence_transformers_dir(path):
+        encoder, sentence = sentence_transformers.read(path)
+        return replace(_from_hf_dir(encoder, source=source), sentence=sentence)
+    return _from_hf_dir(path, source=source)
 
 
 def check_init_from(init_from: str) -> None:
@@ -70,7 +81,7 @@ def check_init_from(init_from: str) -> None:
     if path.is_file():
         return
     if path.is_dir():
-        if (path / "config.json").is_file():
+        if (path / "config.json").is_file() or sentence_transformers.is_sentence_transformers_dir(path):
             return
         if (path / RESULTS_FILE).is_file():
             run_checkpoint(path)
@@ -202,7 +213,7 @@ def _from_hub(repo_id: str) -> Pretrained:
             f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); without a network, "
             "download the model elsewhere and pass its directory"
         ) from None
-    return _from_hf_dir(Path(local), source=repo_id)
+    return _from_model_dir(Path(local), source=repo_id)
 
 
 @dataclass(frozen=True)

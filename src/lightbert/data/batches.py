@@ -159,7 +159,10 @@ def is_padding(batch: dict) -> bool:
 
 def examples_in(batch: dict) -> int | torch.Tensor:
     """The examples a batch holds: its first dimension ((B, T), or (B, C, T) for multiple choice), or in packed rows
-    the filled slots (a device tensor: nothing waits for the GPU)."""
+    the filled slots (a device tensor: nothing waits for the GPU); an embedding batch its `rows` (pairs or triplets,
+    whose texts are its first dimension)."""
+    if "rows" in batch:
+        return batch["rows"]
     if "example_index" in batch:
         return (batch["example_index"] >= 0).sum()
     return batch["attention_mask"].shape[0]
@@ -176,13 +179,14 @@ def evaluation_shares(
     return split, UnpaddedDistributedSampler(split, batch_size=batch_size), PaddingAwareCollator(collate_fn)
 
 
-def longest_first(dataset):
-    """A tokenised split (a `datasets.Dataset` with `input_ids`), its examples longest first (ties in order).
+def longest_first(dataset, column: str = "input_ids"):
+    """A tokenised split (a `datasets.Dataset` with `input_ids`, or the token ids `column` names), its examples
+    longest first (ties in order).
 
     For evaluation and prediction: each batch then holds examples of similar length and pads to its own longest only,
     and a batch too big for the device fails at the first step. Predictions and metrics are keyed by each example's
     `idx` or summed, so the order changes no number. Multiple choice (C, T) examples count their longest choice."""
-    column = dataset.with_format("arrow")["input_ids"]
+    column = dataset.with_format("arrow")[column]
     if pa.types.is_list(column.type.value_type):
         per_choice = pc.list_value_length(pc.list_flatten(column)).to_numpy()
         lengths = np.zeros(len(dataset), dtype=np.int64)

@@ -7,7 +7,9 @@
 `to-hf` writes config.json, model.safetensors and the tokenizer (tokenizer.json, vocab.txt,
 tokenizer_config.json). A pre-training checkpoint loads with `transformers.BertForPreTraining.from_pretrained`; a
 fine-tuned one with its head's class and `AutoModelFor...` (sequence classification with id2label / label2id, token
-classification, question answering, multiple choice) and with `transformers.pipeline`.
+classification, question answering, multiple choice) and with `transformers.pipeline`; a sentence embedding model
+(task=embedding) with `transformers.AutoModel` and, through the sentence-transformers files written beside it
+(modules.json, 1_Pooling/), with `sentence_transformers.SentenceTransformer`.
 `to-onnx` writes encoder.onnx, model.onnx for a fine-tuned head, config.json and the tokenizer
 (lightbert.interop.onnx_export).
 `from-hf` writes model.ckpt and tokenizer.json: use the directory's model.ckpt as `init_from=`, or the
@@ -26,7 +28,7 @@ from lightbert.checkpoints.reading import load_pretrained
 from lightbert.errors import exits_on_user_error
 from lightbert.interop.hf import check_export_dir, export_hf, hf_head_config, import_hf, pretraining_head_config
 from lightbert.tasks.finetuned import finetuned_from
-from lightbert.tasks.heads import head_of
+from lightbert.tasks.heads import HEADS, head_of
 
 
 def to_hf(checkpoint: str, out_dir: str) -> Path:
@@ -36,7 +38,11 @@ def to_hf(checkpoint: str, out_dir: str) -> Path:
     if head_of(pretrained) is None:
         return export_hf(pretrained, out_dir, pretraining_head_config(pretrained))
     finetuned = finetuned_from(pretrained, checkpoint)
-    return export_hf(pretrained, out_dir, hf_head_config(finetuned), finetuned.model.state_dict())
+    sentence = None
+    if HEADS[finetuned.head].sentence_embedding:  # sentence-transformers' files too
+        model = finetuned.model
+        sentence = {"pooling": model.pooling, "normalize": model.normalize, **finetuned.settings}
+    return export_hf(pretrained, out_dir, hf_head_config(finetuned), finetuned.model.state_dict(), sentence)
 
 
 @exits_on_user_error

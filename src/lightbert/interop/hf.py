@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from lightbert.checkpoints import sentence_transformers
 from lightbert.checkpoints.hf_format import (
     hf_family,
     lightbert_config_to_hf,
@@ -79,10 +80,13 @@ def export_hf(
     out_dir: str | Path,
     head_config: dict | None = None,
     state_dict: dict[str, torch.Tensor] | None = None,
+    sentence: dict | None = None,
 ) -> Path:
     """Write a Hugging Face directory that `transformers.BertForPreTraining.from_pretrained` loads or, with a
     fine-tuned head's `head_config` (architectures, labels) and weights, the matching `AutoModelFor...`. The modern
-    encoder (`hf_family`) is written as transformers' ModernBERT, its classes named in `head_config` as BERT's."""
+    encoder (`hf_family`) is written as transformers' ModernBERT, its classes named in `head_config` as BERT's. With
+    `sentence` (a sentence embedding model's pooling, normalize and max_seq_length), sentence-transformers' files are
+    written beside the encoder, so that `SentenceTransformer` loads the directory too."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir).expanduser()
@@ -112,6 +116,9 @@ def export_hf(
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         readable_as_usual(tmp / "model.safetensors")  # safetensors writes it 0600, unlike every other file here
         write_tokenizer_files(pretrained.tokenizer, tmp, pretrained.config["max_position_embeddings"], modern)
+        if sentence is not None:
+            pooling, normalize, length = sentence["pooling"], sentence["normalize"], sentence["max_seq_length"]
+            sentence_transformers.write(tmp, pooling, normalize, length, pretrained.config["hidden_size"])
 
     return publish_export(out_dir, write)  # all or nothing: an interrupted export leaves no half directory
 

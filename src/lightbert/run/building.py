@@ -35,7 +35,7 @@ from lightbert.plugins.launcher import use_run_launcher
 from lightbert.plugins.loggers import RunCSVLogger
 from lightbert.run.settings import RunSettings, Start
 from lightbert.run.speed import apply_speed_switches
-from lightbert.tasks.heads import carry_head, task_head
+from lightbert.tasks.heads import carry_head, head_of, task_head
 from lightbert.tasks.pretraining.continued import carried_line, with_added_words
 
 log = logging.getLogger(__name__)
@@ -139,6 +139,7 @@ def data_and_module(
         settings.task.module,
         model=with_vocabulary(model_config, data.tokenizer, pretrained),
         optim=settings.optim.hyperparameters(),
+        **chosen_by_init_from(settings, pretrained),
         _convert_="all",
     )
     fresh = load_pretrained_weights(settings, module, pretrained, data.tokenizer) if pretrained is not None else []
@@ -146,6 +147,24 @@ def data_and_module(
     datamodules = (data, *phases.values())
     apply_speed_switches(module, speed, trainer, task.packing, compiles, training, task.cache_dir, datamodules)
     return data, phases, module, fresh
+
+
+def chosen_by_init_from(settings: RunSettings, pretrained: Pretrained | None) -> dict:
+    """The task module's arguments that the config leaves null for init_from to decide (`Head.from_checkpoint`: an
+    embedding model's pooling), said on the console once."""
+    wanted = task_head(settings.task.module_class, settings.task.module_arguments)
+    if wanted is None or wanted[0].from_checkpoint is None:
+        return {}
+    head = wanted[0]
+    found = head_of(pretrained) if pretrained is not None else None
+    theirs = found[1] if found is not None and found[0] == head.name else None
+    given = settings.task.module_arguments
+    chosen = {k: v for k, v in head.from_checkpoint(theirs).items() if given.get(k) is None}
+    if chosen:
+        values = ", ".join(f"task.{k}={v}" for k, v in chosen.items())
+        whose = f"init_from={settings.init_from}'s" if theirs is not None else "the defaults, init_from has none"
+        log.info(f"{values}: {whose} (set them on the command line to change)")
+    return chosen
 
 
 def with_vocabulary(config: BertConfig, tokenizer, pretrained: Pretrained | None) -> dict:

@@ -52,6 +52,8 @@ NUMBERS = {
     "task.max_seq_length": {"kind": int, "minimum": 1, "nullable": True},
     "task.checkpoint_every_n_steps": {"kind": int, "minimum": 1, "nullable": True},
     "task.cpu_val_check_interval": {"kind": int, "minimum": 1, "nullable": True},
+    "task.scale": {"kind": float, "positive": True},  # task=embedding: 1 / temperature
+    "task.mini_batch_size": {"kind": int, "minimum": 1, "nullable": True},  # task=embedding: GradCache's
     "task.datamodule.eval_batch_size": {"kind": int, "minimum": 1, "nullable": True},
     "task.datamodule.dupe_factor": {"kind": int, "minimum": 1},
     "task.datamodule.max_predictions_per_seq": {"kind": int, "minimum": 1, "nullable": True},  # null: from the rate

@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from lightbert.errors import ConfigError, ParameterError
-from lightbert.model_config import BertConfig
+from lightbert.model_config import POOLINGS, BertConfig
 from lightbert.optim_config import OptimConfig
 from lightbert.run.config_checks import CheckedConfig
 from lightbert.run.phases import Phase, phases_of
@@ -213,6 +213,9 @@ class TaskSettings:
     def __post_init__(self) -> None:
         if self.objective is not None and self.objective not in OBJECTIVES:
             raise ConfigError(f"task.objective={self.objective!r} is not known; valid: {list(OBJECTIVES)}")
+        pooling = self.module.get("pooling")  # task=embedding's; null: init_from's
+        if pooling is not None and pooling not in POOLINGS:
+            raise ConfigError(f"task.pooling={pooling!r} is not one lightbert runs; valid: {list(POOLINGS)} or null")
         masking = self.datamodule.get("masking")
         if masking is not None:
             try:
@@ -357,6 +360,13 @@ class RunSettings:
             raise ConfigError(
                 "trainer.precision=16-mixed (fp16 with a loss scaler) does not run under trainer=fsdp; use "
                 "trainer.precision=bf16-mixed (Ampere GPUs and later) or 32-true"
+            )
+        if self.task.module.get("mini_batch_size") and self.trainer.strategy == "fsdp":
+            # GradCache hands each parameter its gradient from its own backward passes; FSDP's sharded parameters
+            # get theirs only through FSDP's own backward (lightbert.tasks.embedding.loss.GradCache).
+            raise ConfigError(
+                "task.mini_batch_size (GradCache) does not run under trainer=fsdp; use trainer=ddp with it, or FSDP "
+                "with task.mini_batch_size=null"
             )
         if self.trainer.precision == "bf16-true" and self.trainer.strategy == "fsdp":
             # lightbert.optim.MasterWeights keeps the fp32 weights in its own state, which FSDP's sharded optimizer

@@ -98,7 +98,10 @@ def _recorded(pretrained: Pretrained, head: Head) -> tuple[str | None, dict]:
     `convert to-hf` writes)."""
     if pretrained.hf_config:
         recorded = pretrained.hf_config.get("lightbert") or {}
-        return recorded.get("task"), dict(recorded.get("settings") or {})
+        settings = dict(recorded.get("settings") or {})
+        if pretrained.sentence is not None and pretrained.sentence["max_seq_length"] and not recorded:
+            settings["max_seq_length"] = pretrained.sentence["max_seq_length"]  # where sentence-transformers cuts
+        return recorded.get("task"), settings
     run = pretrained.run_dir
     if run is None or not (run / ".hydra" / "config.yaml").is_file():
         return None, {}

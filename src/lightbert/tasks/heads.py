@@ -43,6 +43,8 @@ class HeadArguments:
     task: str | None = None  # the lightbert task that trained it, when its arguments say (a GLUE task)
     feature_based: dict | None = None  # the feature-based tagger's arguments
     bilstm: bool = False  # a BiLSTM between the encoder and the head (paper Table 5's + BiLSTM row)
+    pooling: str | None = None  # a sentence embedding model's pooling (lightbert.model.embedding.POOLINGS)
+    normalize: bool = False  # a sentence embedding model's vectors are L2-normalised
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,12 @@ class Head:
     # What a run recorded beyond its task.* values of `defaults`' keys (its task config, its run directory), e.g. a
     # threshold it tuned on its dev set.
     recorded_extra: Callable[[Mapping[str, Any], Path], dict] = lambda task, run_dir: {}
+    # A sentence embedding head: its Hugging Face class is the bare encoder, which a pre-trained encoder shares, so a
+    # Hugging Face directory is of this head only where sentence-transformers' files say so (`Pretrained.sentence`).
+    sentence_embedding: bool = False
+    # The module's arguments that a run leaves null for init_from to decide: init_from's own where it is a model of
+    # this head (its `HeadArguments`), else the head's defaults (called with None). The embedding head's pooling.
+    from_checkpoint: Callable[[HeadArguments | None], dict] | None = None
 
     def network(self, config: BertConfig, hyper_parameters: dict) -> nn.Module:
         """The network, fresh, from its module's arguments: the one builder of each head's network, for the module
@@ -166,7 +174,7 @@ def head_of_hf_class(architecture: str) -> Head | None:
     bert = architecture.removeprefix("Modern")
     if not bert:  # no class named (a lightbert checkpoint of pre-training): no family's head needs importing
         return None
-    return next((h for h in HEADS.values() if h.hf_class == bert), None)
+    return next((h for h in HEADS.values() if h.hf_class == bert and not h.sentence_embedding), None)
 
 
 def recorded_defaults(task: Mapping[str, Any], defaults: dict) -> dict:
@@ -187,6 +195,10 @@ def head_of(pretrained: Pretrained) -> tuple[str, HeadArguments] | None:
     if pretrained.head is not None:
         head = head_named(pretrained.head, pretrained.source)
         return head.name, head.arguments(pretrained.hyper_parameters)
+    if pretrained.sentence is not None:  # sentence-transformers' files: an embedding model, pooled as they say
+        head = next(h for h in HEADS.values() if h.sentence_embedding)
+        sentence = pretrained.sentence
+        return head.name, HeadArguments(pooling=sentence["pooling"], normalize=sentence["normalize"])
     hf = pretrained.hf_config
     head = head_of_hf_class((hf.get("architectures") or [""])[0])
     if head is None:

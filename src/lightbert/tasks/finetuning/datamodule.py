@@ -65,6 +65,7 @@ class FineTuningDataModule(L.LightningDataModule):
     file_formats: ClassVar[tuple[str, ...] | None] = tuple(LOCAL_FORMATS)  # None: any file (read_file decides)
     cache_version: ClassVar[int] = 1  # bump when encoding changes, so cached splits are rebuilt
     min_seq_length: ClassVar[int] = MIN_SEQ_LENGTH
+    length_column: ClassVar[str] = "input_ids"  # the token ids evaluation batches are sorted by (`longest_first`)
 
     @classmethod
     def token_types(cls, settings: Mapping) -> int:
@@ -268,7 +269,7 @@ class FineTuningDataModule(L.LightningDataModule):
             dataset = dataset.select_columns(columns)
         batch_size = self.batch_size
         if not train:  # evaluation and prediction: similar lengths per batch, sized for the device
-            dataset = longest_first(dataset)
+            dataset = longest_first(dataset, self.length_column)
             batch_size = evaluation_batch_size(self.eval_batch_size, self.batch_size, self.device())
         workers = self.workers(len(dataset) // batch_size)
         return make_loader(dataset, self.collator(train), batch_size, train, workers)

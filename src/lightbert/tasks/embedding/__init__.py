@@ -1,0 +1,1 @@
+"""Sentence embeddings: pairs and triplets, contrastive fine-tuning, retrieval scores (`task=embedding`)."""
