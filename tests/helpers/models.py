@@ -131,9 +131,9 @@ def write_hf_modernbert(
     directory, architecture: str = "ModernBertForMaskedLM", *, seed: int = 0, words: list[str] = WORDS, **config
 ):
     """A small random transformers ModernBERT of class `architecture` as save_pretrained writes it, with a BPE
-    tokenizer.json (`train_bpe`); global attention every third layer and a window of 8 tokens, so that sequences
-    of 20 tokens meet it. `config` sets ModernBertConfig entries; `words` are what the BPE is learnt from. The weights are moved off their initial values
-    (LayerNorm weights 1, zero biases), so that a weight read into the wrong place shows."""
+    tokenizer.json (`train_bpe`, learnt from `words`); global attention every third layer and a window of 8 tokens, so
+    that sequences of 20 tokens meet it. `config` sets ModernBertConfig entries. The weights are moved off their
+    initial values (LayerNorm weights 1, zero biases), so that a weight read into the wrong place shows."""
     tokenizer = train_bpe(words, seed=seed)
     torch.manual_seed(seed)
     ids = {name: tokenizer.token_to_id(name) for name in MODERN_SPECIALS}
