@@ -247,7 +247,7 @@ def test_an_empty_text_is_named_by_its_row(tmp_path, small_bert):
     ("override", "says"),
     [
         ("task.batch_size=1", "task.batch_size=1: a batch of one pair has no in-batch negatives"),
-        ("task.pooling=max", "task.pooling='max' is not one lightbert runs"),
+        ("task.pooling=max", "task.pooling='max' is not known; valid: ['mean', 'cls', 'last']"),
         ("task.scale=0", "task.scale"),
         ("task.mini_batch_size=0", "task.mini_batch_size"),
     ],

@@ -28,6 +28,7 @@ EXTRAS = {
     "slurm": "hydra_plugins.hydra_submitit_launcher",  # cluster=slurm, cluster=submitit_local
     "report": "matplotlib",  # python -m lightbert.analysis.report, paper_tables' figure 5
     "fp8": "torchao",  # speed.fp8=true
+    "mteb": "mteb",  # python -m lightbert.interop.mteb_run
 }
 
 

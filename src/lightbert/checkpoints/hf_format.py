@@ -18,6 +18,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, processors
 
 from lightbert.data.tokenizer import SPECIAL_TOKENS, BertTokenizer
 from lightbert.errors import UserError
@@ -122,8 +123,8 @@ def lightbert_state_dict_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torc
 def write_tokenizer_files(tokenizer: BertTokenizer, directory: Path, max_length: int, modern: bool = False) -> None:
     """tokenizer.json, and what transformers' AutoTokenizer reads beside it: BERT's vocab.txt and tokenizer_config;
     for the modern encoder, whose tokenizer need not be WordPiece (ModernBERT's is BPE), tokenizer.json as the fast
-    tokenizer with BERT's special-token names."""
-    tokenizer.save(directory / "tokenizer.json")
+    tokenizer with BERT's special-token names. tokenizer.json adds [CLS] and [SEP] itself (`with_special_tokens`)."""
+    with_special_tokens(tokenizer).save(directory / "tokenizer.json")
     if modern:
         tokenizer_config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
@@ -144,6 +145,25 @@ def write_tokenizer_files(tokenizer: BertTokenizer, directory: Path, max_length:
         **dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS, strict=True)),
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+
+
+def with_special_tokens(tokenizer: BertTokenizer) -> BertTokenizer:
+    """`tokenizer` with a post-processor that adds [CLS] and [SEP] (BERT's template), as an exported tokenizer.json
+    needs: lightbert adds them in its own code (it encodes without them) and trains its tokenizers without one, while
+    transformers' fast tokenizers take tokenizer.json's as it is (`PreTrainedTokenizerFast`, which the modern export
+    names, and transformers 4's `BertTokenizerFast`), so `AutoTokenizer`, `pipeline` and `SentenceTransformer` would
+    feed the model inputs it never saw. One that adds them already (ModernBERT's) is kept; `tokenizer` is unchanged."""
+    cls, sep = tokenizer.cls_id, tokenizer.sep_id
+    ids = tokenizer.backend.encode("a", add_special_tokens=True).ids
+    if ids[:1] == [cls] and ids[-1:] == [sep] and len(ids) > 2:
+        return tokenizer
+    backend = Tokenizer.from_str(tokenizer.backend.to_str())
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    return BertTokenizer(backend)
 
 
 def checked_config(values: dict, where: Path) -> dict:

@@ -213,9 +213,8 @@ class TaskSettings:
     def __post_init__(self) -> None:
         if self.objective is not None and self.objective not in OBJECTIVES:
             raise ConfigError(f"task.objective={self.objective!r} is not known; valid: {list(OBJECTIVES)}")
-        pooling = self.module.get("pooling")  # task=embedding's; null: init_from's
-        if pooling is not None and pooling not in POOLINGS:
-            raise ConfigError(f"task.pooling={pooling!r} is not one lightbert runs; valid: {list(POOLINGS)} or null")
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise ConfigError(f"task.pooling={self.pooling!r} is not known; valid: {list(POOLINGS)} or null")
         masking = self.datamodule.get("masking")
         if masking is not None:
             try:
@@ -251,6 +250,11 @@ class TaskSettings:
         """task.datamodule.add_words as checked (`run.config_checks.checked_add_words`): a count of words (an int), the
         path of a file of them, or None."""
         return self.datamodule.get("add_words")
+
+    @property
+    def pooling(self) -> str | None:
+        """A sentence embedding task's task.pooling as given (checked in `__post_init__`); None: init_from's."""
+        return self.module.get("pooling")
 
     @property
     def module_class(self) -> type:

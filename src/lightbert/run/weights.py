@@ -62,7 +62,7 @@ def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None
             f"{has} the modern encoder, whose recipe has no next sentence prediction (its pooler is a classifier "
             "head, not NSP's); pre-train it with task=pretrain_modern or task.objective=mlm"
         )
-    if settings.task.module.get("pooling") == "cls" and config.causal:
+    if settings.task.pooling == "cls" and config.causal:
         raise ConfigError(
             "task.pooling=cls reads the [CLS] token, which sees only itself in a model that attends left to right "
             f"({left_to_right}); use task.pooling=last (its last token sees the whole text) or mean"

@@ -19,6 +19,7 @@ at the cost of a second forward pass.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -36,7 +37,12 @@ def gathered(embeddings: torch.Tensor) -> tuple[torch.Tensor, int]:
         return embeddings, 0
     from torch.distributed.nn.functional import all_gather
 
-    return torch.cat(all_gather(embeddings), dim=0), dist.get_rank() * embeddings.shape[0]
+    with warnings.catch_warnings():
+        # torch 2.13 marks it deprecated in favour of the private `torch.distributed._functional_collectives`: a
+        # FutureWarning on every DDP run's console that a user cannot act on. Its gradient is what the loss needs.
+        warnings.filterwarnings("ignore", message=".*nn.functional.all_gather is deprecated", category=FutureWarning)
+        parts = all_gather(embeddings)
+    return torch.cat(parts, dim=0), dist.get_rank() * embeddings.shape[0]
 
 
 def contrastive_loss(
@@ -129,7 +135,10 @@ class GradCache:
                     embeddings = embed(part)
                 grads = torch.autograd.grad(embeddings, params, gradient[part] * scale, allow_unused=True)
                 sums = [g if s is None else s if g is None else s + g for s, g in zip(sums, grads, strict=True)]
-        self._hand_over(params, sums)
+        # Autograd runs this hook with grad mode off: without enable_grad the surrogate sum(p * g) has no graph and
+        # its backward fails ("element 0 of tensors does not require grad").
+        with torch.enable_grad():
+            self._hand_over(params, sums)
 
     @staticmethod
     def _hand_over(params: list[torch.nn.Parameter], sums: list[torch.Tensor | None]) -> None:
