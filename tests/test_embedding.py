@@ -112,7 +112,8 @@ FAST = ["task=embedding", "trainer=cpu", "logger=csv", "task.batch_size=16", "ta
 
 
 def embedding_run(tmp_path, init_from, files, *extra):
-    overrides = [*FAST, f"init_from={init_from}", f"task.data_files.train={files['train']}",
+    start = [f"init_from={init_from}"] if init_from is not None else []
+    overrides = [*FAST, *start, f"task.data_files.train={files['train']}",
                  f"task.data_files.validation={files['validation']}", *extra]  # fmt: skip
     return train(compose_config(overrides, tmp_path)), overrides
 
@@ -203,6 +204,14 @@ def test_a_run_from_a_lightbert_pre_training_run(tmp_path, corpus_file, pairs, c
     results, _ = embedding_run(tmp_path / "run", tmp_path / "pretrain", pairs, "trainer.max_epochs=1")
     assert results["global_step"] == 16 and "val/ndcg_at_10" in results["metrics"]
     assert any("task.pooling=mean, task.normalize=True: the defaults" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("size", ["bert_tiny", "modernbert_tiny"])
+def test_a_run_from_scratch(tmp_path, pairs, small_bert, size):
+    """No init_from: the size file's network, freshly drawn, with a tokenizer given (here a BERT directory's)."""
+    results, _ = embedding_run(tmp_path / "run", None, pairs, f"model={size}", "trainer.max_epochs=1",
+                               f"task.datamodule.tokenizer_path={small_bert / 'vocab.txt'}")  # fmt: skip
+    assert results["global_step"] == 16 and "val/ndcg_at_10" in results["metrics"]
 
 
 # -- bad input: one line, nothing written --------------------------------------------------------------------------
