@@ -28,7 +28,9 @@ from lightbert.tasks.heads import HEADS, Head, HeadArguments, register
 
 
 def test_every_record_names_its_module_and_a_distinct_hugging_face_class():
-    assert set(HEADS) == {"sequence_classification", "question_answering", "token_classification", "multiple_choice"}
+    assert set(HEADS) == {
+        "sequence_classification", "question_answering", "token_classification", "multiple_choice", "embedding",
+    }  # fmt: skip
     for name, head in HEADS.items():
         assert head.module.head == name
         assert hasattr(transformers, head.hf_class)
