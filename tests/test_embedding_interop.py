@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,13 +204,22 @@ def test_an_exported_modernbert_embedding_run_gives_its_vectors_with_cls_and_sep
 def unsupported(bert_dir, tmp_path_factory):
     """sentence-transformers directories lightbert refuses, and the word its line must name."""
     tmp = tmp_path_factory.mktemp("unsupported")
+    lowercase = Path(st_dir(tmp / "lowercase", bert_dir, "mean", True))
+    config = json.loads((lowercase / "sentence_bert_config.json").read_text())
+    (lowercase / "sentence_bert_config.json").write_text(json.dumps({**config, "do_lower_case": True}))
+    prompt = Path(st_dir(tmp / "prompt", bert_dir, "mean", True))
+    config = json.loads((prompt / "config_sentence_transformers.json").read_text())
+    prompted = {**config, "prompts": {"query": "query: "}, "default_prompt_name": "query"}
+    (prompt / "config_sentence_transformers.json").write_text(json.dumps(prompted))
     return {
         "Dense": st_dir(tmp / "dense", bert_dir, "mean", True, modules.Dense(32, 8)),
         "max": st_dir(tmp / "max", bert_dir, "max", False),
+        "do_lower_case": str(lowercase),  # sentence-transformers would change the text before its tokenizer: refused
+        "default_prompt_name": str(prompt),
     }
 
 
-@pytest.mark.parametrize("kind", ["Dense", "max"])
+@pytest.mark.parametrize("kind", ["Dense", "max", "do_lower_case", "default_prompt_name"])
 def test_predict_refuses_a_module_or_pooling_it_does_not_run_in_one_line(unsupported, tmp_path, kind):
     source, out = tmp_path / "in.txt", tmp_path / "out.jsonl"
     source.write_text("the river\n")

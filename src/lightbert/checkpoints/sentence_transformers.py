@@ -71,11 +71,31 @@ def read(path: Path) -> tuple[Path, dict]:
             f"{path / kinds[1][1] / 'config.json'}: pooling {modes or 'none'} is not one lightbert runs; it runs one "
             f"of {', '.join(POOLING_NAMES)} (sentence-transformers' names)"
         )
+    _refuse_what_changes_the_text(path, encoder)
     return encoder, {
         "pooling": POOLING_NAMES[modes[0]],
         "normalize": names[2:] == ["Normalize"],
         "max_seq_length": _max_seq_length(path, encoder),
     }
+
+
+def _refuse_what_changes_the_text(path: Path, encoder: Path) -> None:
+    """sentence-transformers changes a text before its tokenizer where `sentence_bert_config.json` says
+    do_lower_case (it lowercases) or `config_sentence_transformers.json` names a default prompt (it prepends it);
+    lightbert encodes the text as given, so such a model is refused rather than run on other inputs."""
+    bert_config = encoder / "sentence_bert_config.json"
+    if bert_config.is_file() and _json(bert_config).get("do_lower_case"):
+        raise UserError(
+            f"{bert_config}: do_lower_case is true (sentence-transformers lowercases every text before its tokenizer), "
+            "which lightbert does not do; use sentence-transformers for this model"
+        )
+    st_config = path / "config_sentence_transformers.json"
+    prompt = _json(st_config).get("default_prompt_name") if st_config.is_file() else None
+    if prompt:
+        raise UserError(
+            f"{st_config}: default_prompt_name is {prompt!r} (sentence-transformers puts a prompt before every text), "
+            "which lightbert does not do; use sentence-transformers for this model"
+        )
 
 
 def _max_seq_length(path: Path, encoder: Path) -> int | None:
