@@ -166,11 +166,16 @@ def test_ddp_with_grad_cache_trains_and_scores_the_whole_validation_split_once(f
         assert alone[name] == pytest.approx(value, abs=1e-6), (name, alone, scores)
 
 
-def test_grad_cache_under_fsdp_is_refused_in_one_line_before_anything_is_written(files, tmp_path):
+@pytest.mark.parametrize(
+    ("trainer", "strategy"),
+    [(["trainer=fsdp"], "fsdp"), (["trainer=ddp", "trainer.strategy=ddp_find_unused_parameters_true"], None)],
+)
+def test_grad_cache_under_fsdp_is_refused_in_one_line_before_anything_is_written(files, tmp_path, trainer, strategy):
+    strategy = strategy or trainer[-1].split("=")[1]
     run_dir = tmp_path / "run"
     run = run_train_forked(
         "task=embedding",
-        "trainer=fsdp",
+        *trainer,
         "trainer.accelerator=cpu",
         "trainer.devices=2",
         "logger=csv",
@@ -183,5 +188,5 @@ def test_grad_cache_under_fsdp_is_refused_in_one_line_before_anything_is_written
     errors = [line for line in run.stderr.splitlines() if line.startswith("lightbert: error:")]
     assert run.returncode == 2 and len(errors) == 1, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Traceback" not in run.stdout + run.stderr
-    assert "task.mini_batch_size (GradCache) does not run under trainer=fsdp" in errors[0]
+    assert f"task.mini_batch_size (GradCache) does not run under trainer.strategy={strategy}" in errors[0]
     assert not run_dir.exists() or not any(run_dir.iterdir())

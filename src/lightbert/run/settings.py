@@ -365,12 +365,16 @@ class RunSettings:
                 "trainer.precision=16-mixed (fp16 with a loss scaler) does not run under trainer=fsdp; use "
                 "trainer.precision=bf16-mixed (Ampere GPUs and later) or 32-true"
             )
-        if self.task.module.get("mini_batch_size") and self.trainer.strategy == "fsdp":
-            # GradCache hands each parameter its gradient from its own backward passes; FSDP's sharded parameters
-            # get theirs only through FSDP's own backward (lightbert.tasks.embedding.loss.GradCache).
+        if self.task.module.get("mini_batch_size") and self.trainer.strategy in (
+            "fsdp",
+            "ddp_find_unused_parameters_true",
+        ):
+            # GradCache hands each parameter its gradient from its own backward passes: FSDP's sharded parameters get
+            # theirs only through FSDP's own backward, and DDP looking for unused parameters marks them all unused
+            # (the loss GradCache returns has no graph back to them), then sees them ready twice.
             raise ConfigError(
-                "task.mini_batch_size (GradCache) does not run under trainer=fsdp; use trainer=ddp with it, or FSDP "
-                "with task.mini_batch_size=null"
+                f"task.mini_batch_size (GradCache) does not run under trainer.strategy={self.trainer.strategy}; use "
+                "trainer=ddp with it, or task.mini_batch_size=null"
             )
         if self.trainer.precision == "bf16-true" and self.trainer.strategy == "fsdp":
             # lightbert.optim.MasterWeights keeps the fp32 weights in its own state, which FSDP's sharded optimizer
