@@ -232,8 +232,8 @@ def test_a_run_that_added_words_to_a_tokenizer_path_resumes_with_them(released, 
     only, and the grown tokenizer then did not fit the checkpoint's rows)."""
     from helpers.runs import run_settings
 
-    from lightbert.run.settings import Start
-    from lightbert.run.weights import vocabulary
+    from lightbert.run.model_choice import vocabulary
+    from lightbert.run.run_dir import Start
 
     bare = tmp_path / "no_tokenizer"
     bare.mkdir()

@@ -22,7 +22,7 @@ from lightbert.data.encoding import truncate_pair
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import ConfigError, UserError
 from lightbert.model_config import BertConfig
-from lightbert.run.weights import size_name
+from lightbert.run.model_choice import size_name
 from lightbert.tasks.glue.data import GlueDataModule, encode_examples
 from lightbert.tasks.glue.metrics import glue_metrics
 from lightbert.tasks.glue.module import SequenceClassificationModule

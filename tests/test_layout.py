@@ -1,6 +1,7 @@
 """The code's shape, held: imports flow one way, down the floors of the house (every import, those inside functions
 and under `if TYPE_CHECKING:` included; no cycle between modules; no module imports a higher floor), the run's stages
-read typed settings rather than the config's string keys, and the task families stay in their folders."""
+read typed settings rather than the config's string keys, the task families stay in their folders, and every module
+the layout in docs/development.md names exists."""
 
 from __future__ import annotations
 
@@ -202,3 +203,48 @@ def test_the_task_families_stay_in_their_folders():
     heads = (PACKAGE / "tasks" / "heads.py").read_text()
     found += [f"heads.py mentions {family}" for family in FAMILIES if f"tasks.{family}" in heads]
     assert not found, "\n".join(found)
+
+
+def layout_names(block: str) -> list[tuple[str, list[Path]]]:
+    """Each module file that the layout block of docs/development.md names, with the folders it may stand in: a row
+    names a room of the package (`run/`, a file such as `optim.py`) in its first column, a row indented further a
+    folder inside the last room (`pretraining/` under `tasks/`), and its description goes on in the lines under it. A
+    bare name (`building.py`) stands in the row's folders; one with a folder (`glue/tasks.py`, `run/config_checks.py`)
+    under the row's folders, their parent or the package."""
+    named, folders, parent = [], None, PACKAGE
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if indent in (0, 2, 4) and line.strip():
+            head = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+            rooms = head.split()
+            if indent == 0:  # src/train.py, ... and src/lightbert/ name src/; conf/, tests/ and the like no module
+                folders = [REPO / "src"] if head.startswith("src/train.py") else None
+            elif all(room.endswith("/") for room in rooms):
+                base = PACKAGE if indent == 2 else parent
+                folders = [base / room for room in rooms]
+                if indent == 2:
+                    parent = folders[0]
+            else:  # files at the package's root: optim.py, __init__.py, ...
+                folders, parent = [PACKAGE], PACKAGE
+        if folders is None:
+            continue
+        for name in re.findall(r"(?<![\w./-])((?:\w+/)*\w+\.py)\b", line):
+            if "/" in name:
+                bases = [*folders, *(folder.parent for folder in folders), PACKAGE, REPO]
+                named.append((name, [base / name for base in bases]))
+            else:
+                named.append((name, [folder / name for folder in folders]))
+    return named
+
+
+def test_every_module_the_layout_in_the_docs_names_exists():
+    """docs/development.md's layout names each room's modules: one renamed, moved or removed without the page is
+    found here, not by a newcomer looking for it."""
+    text = (REPO / "docs" / "development.md").read_text()
+    block = text.split("\n## Layout\n", 1)[1].split("```")[1]
+    named = layout_names(block)
+    assert len(named) > 80, named  # the whole block was read, not a part of it
+    found = {path.relative_to(REPO).as_posix() for _, paths in named for path in paths if path.is_file()}
+    assert {"src/train.py", "src/lightbert/optim.py", "src/lightbert/tasks/pretraining/cache.py"} <= found, found
+    missing = [name for name, paths in named if not any(path.is_file() for path in paths)]
+    assert not missing, f"docs/development.md's layout names modules that do not exist: {missing}"

@@ -305,8 +305,8 @@ def fine_tuning_start(overrides: list[str], output_dir) -> tuple[torch.nn.Module
     from helpers.runs import run_settings
 
     from lightbert.run.building import instantiate_config, load_pretrained_weights, with_vocabulary
-    from lightbert.run.settings import Start
-    from lightbert.run.weights import run_model
+    from lightbert.run.model_choice import run_model
+    from lightbert.run.run_dir import Start
 
     settings = run_settings(compose_config(overrides, output_dir))
     model = run_model(settings, Start(), load_pretrained(settings.init_from))
@@ -370,7 +370,7 @@ def test_init_from_takes_the_draw_the_command_line_names(hf_dir, tmp_path):
     them leaves the checkpoint's dropout alone; a dropout rate named on its own changes that rate only."""
     from helpers.runs import run_settings
 
-    from lightbert.run.weights import model_sizes
+    from lightbert.run.model_choice import model_sizes
 
     pretrained = load_pretrained(str(hf_dir))
     dropout = (pretrained.config["hidden_dropout_prob"], pretrained.config["attention_probs_dropout_prob"])

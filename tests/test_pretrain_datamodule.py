@@ -164,7 +164,7 @@ def test_examples_are_offsets_into_documents_stored_once_in_16_bits(tmp_path, co
 
 
 def test_sentences_that_tokenize_to_nothing_and_documents_left_empty_are_dropped():
-    from lightbert.tasks.pretraining.datamodule import _tokenize_documents
+    from lightbert.tasks.pretraining.cache import _tokenize_documents
 
     tokenizer = train_wordpiece(["the dog runs home", "a cat sleeps"] * 20, vocab_size=60)
     batch = {"sentences": [["the dog", "\x00", "a cat"], ["\x01", " "], [], ["runs home"]]}
@@ -211,7 +211,7 @@ def test_a_corpus_tokenized_by_several_processes_gives_one_processs_documents(tm
     files' order whatever the number of processes (a run on another machine builds the same examples)."""
     import datasets
 
-    from lightbert.tasks.pretraining import datamodule as module
+    from lightbert.tasks.pretraining import cache as module
 
     first = write_bert_corpus(tmp_path / "a.txt", num_documents=30, seed=1)
     second = write_bert_corpus(tmp_path / "b.txt", num_documents=30, seed=2)
@@ -240,7 +240,7 @@ def test_a_tokenizing_process_that_is_killed_ends_the_preparation_in_one_line(tm
     import os
     import signal
 
-    from lightbert.tasks.pretraining import datamodule as module
+    from lightbert.tasks.pretraining import cache as module
 
     corpus = write_bert_corpus(tmp_path / "corpus.txt", num_documents=60)
     monkeypatch.setattr(module, "BYTES_PER_DOCUMENT", 1)

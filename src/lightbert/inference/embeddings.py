@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lightbert.checkpoints.reading import load_encoder, load_pretrained
 from lightbert.data.batches import pad_batch
@@ -25,7 +26,6 @@ from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
 from lightbert.files import open_atomically, read_input_text
 from lightbert.model import BertModel
-from lightbert.run.settings import FeatureSettings
 
 PAIR_SEPARATOR = " ||| "
 
@@ -103,6 +103,35 @@ def pick_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise UserError("device=cuda but no CUDA GPU is visible; use device=cpu")
     return torch.device(name)
+
+
+@dataclass(frozen=True)
+class FeatureSettings:
+    """`src/extract_features.py`'s config (conf/extract_features.yaml), typed once for
+    `inference.embeddings.extract_to_file`."""
+
+    output_file: Path
+    overwrite: bool
+    input_file: Path
+    init_from: str
+    max_seq_length: int
+    layers: tuple[int, ...]  # encoder layers, python-style (-1 the last); checked against the model's
+    device: str  # auto, cpu or cuda
+    batch_size: int
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> FeatureSettings:
+        layers = OmegaConf.to_container(cfg.layers) if OmegaConf.is_list(cfg.layers) else [cfg.layers]
+        return cls(
+            output_file=Path(cfg.output_file).expanduser(),
+            overwrite=bool(cfg.overwrite),
+            input_file=Path(cfg.input_file).expanduser(),
+            init_from=str(cfg.init_from),
+            max_seq_length=cfg.max_seq_length,
+            layers=tuple(layers),
+            device=str(cfg.device),
+            batch_size=cfg.batch_size,
+        )
 
 
 def extract_to_file(cfg: DictConfig) -> tuple[Path, int]:

@@ -29,16 +29,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lightbert.data.batches import GPU_EVAL_BATCH_SIZE, pad_batch
 from lightbert.data.encoding import check_max_seq_length
 from lightbert.errors import UserError
 from lightbert.files import open_atomically, read_input_text
-from lightbert.run.settings import PredictSettings
 from lightbert.tasks.finetuned import FineTuned, load_finetuned
 from lightbert.tasks.finetuning.predictor import Predictor, Record, Unit
 from lightbert.tasks.heads import HEADS
@@ -200,6 +200,39 @@ def predict_records(
 def _ids(fields: dict) -> dict:
     """What names a record (`id`, GLUE's `idx`), copied to its prediction."""
     return {k: fields[k] for k in ("id", "idx") if k in fields}
+
+
+@dataclass(frozen=True)
+class PredictSettings:
+    """`src/predict.py`'s config (conf/predict.yaml), typed once for `inference.predict.predict_to_file`. What a value
+    may be is checked where the device is known (`auto` batch sizes and dtypes depend on it)."""
+
+    output_file: str  # `-`: standard output
+    overwrite: bool
+    device: str  # auto, cpu or cuda
+    batch_size: int | str  # sequences per batch, or auto
+    dtype: str  # auto, fp32 or bf16
+    input_file: str  # `-`: standard input
+    input_format: str  # auto, jsonl or text
+    init_from: str
+    max_seq_length: int | None  # None: the run's task.max_seq_length
+    options: dict[str, Any]  # the config's other keys, for the head's predictor (`Predictor.options`)
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> PredictSettings:
+        fields = set(cls.__dataclass_fields__)
+        return cls(
+            output_file=str(cfg.output_file),
+            overwrite=bool(cfg.overwrite),
+            device=str(cfg.device),
+            batch_size=cfg.batch_size,
+            dtype=str(cfg.get("dtype", "auto")),
+            input_file=str(cfg.input_file),
+            input_format=str(cfg.input_format),
+            init_from=str(cfg.init_from),
+            max_seq_length=cfg.max_seq_length,
+            options={k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in fields},
+        )
 
 
 def predict_to_file(cfg: DictConfig) -> Predicted:

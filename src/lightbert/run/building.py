@@ -1,5 +1,5 @@
 """A run's objects, built from its settings' config nodes (`hydra.utils.instantiate`, with errors that name the
-config keys to change): the DataModule, the LightningModule holding init_from's weights (the model `run.weights`
+config keys to change): the DataModule, the LightningModule holding init_from's weights (the model `run.model_choice`
 decided, with the tokenizer's vocabulary) with the speed switches applied, the callbacks, the loggers and the Trainer.
 `run.train` and `run.evaluate` call them in the order a run needs them."""
 
@@ -33,7 +33,8 @@ from lightbert.plugins.checkpointing import (
 )
 from lightbert.plugins.launcher import use_run_launcher
 from lightbert.plugins.loggers import RunCSVLogger
-from lightbert.run.settings import RunSettings, Start
+from lightbert.run.run_dir import Start
+from lightbert.run.settings import RunSettings
 from lightbert.run.speed import apply_speed_switches
 from lightbert.tasks.heads import carry_head, head_of, task_head
 from lightbert.tasks.pretraining.continued import carried_line, with_added_words
@@ -129,7 +130,7 @@ def data_and_module(
     settings: RunSettings, pretrained: Pretrained | None, model_config: BertConfig, kwargs: dict, training: bool = True
 ):
     """A run's data and its LightningModule. The data: the task's DataModule, and for training each phase's
-    (`phase_datamodules`; none without phases). The module: the model `run.weights` decided, with the tokenizer's
+    (`phase_datamodules`; none without phases). The module: the model `run.model_choice` decided, with the tokenizer's
     vocabulary, holding init_from's weights. Then the speed switches, on the data's batches and the module. Returns
     the DataModule, the phases' DataModules by number, the module and the weights that start fresh."""
     compiles = step_compiles(settings, training)  # decided once, for the batches' shapes and the module
@@ -169,8 +170,8 @@ def chosen_by_init_from(settings: RunSettings, pretrained: Pretrained | None) ->
 
 def with_vocabulary(config: BertConfig, tokenizer, pretrained: Pretrained | None) -> dict:
     """The architecture as the LightningModule takes it, with its vocabulary: the size files leave it to the
-    tokenizer; a checkpoint brings its own embedding rows, which its tokenizer fits (`run.weights.vocabulary`), or as
-    many as the run's tokenizer has tokens where it has more (the words `task.datamodule.add_words` added:
+    tokenizer; a checkpoint brings its own embedding rows, which its tokenizer fits (`run.model_choice.vocabulary`),
+    or as many as the run's tokenizer has tokens where it has more (the words `task.datamodule.add_words` added:
     `load_pretrained_weights` grows init_from's rows for them, `with_added_words`)."""
     if pretrained is None:
         return replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id).to_dict()

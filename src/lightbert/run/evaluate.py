@@ -50,10 +50,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         from lightbert.checkpoints.reading import load_pretrained
         from lightbert.plugins.loggers import finish_wandb, summarise_in_wandb
         from lightbert.run import building, machine_checks
+        from lightbert.run.model_choice import check_head, run_model
         from lightbert.run.outputs import write_results, write_test_predictions
         from lightbert.run.record import record_run, recorded_config
         from lightbert.run.run_line import describe_run
-        from lightbert.run.weights import check_head, run_model
 
         started = time.time()
         quiet_console()

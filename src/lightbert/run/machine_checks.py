@@ -16,7 +16,8 @@ from lightbert.files import cannot_be_made
 from lightbert.model.fp8 import MIN_CAPABILITY, import_torchao
 from lightbert.plugins.checkpointing import saved_job_shape
 from lightbert.run.building import instantiate_config
-from lightbert.run.settings import RunSettings, Start
+from lightbert.run.run_dir import Start
+from lightbert.run.settings import RunSettings
 from lightbert.tasks.pretraining.corpus import TextCorpus
 
 log = logging.getLogger(__name__)

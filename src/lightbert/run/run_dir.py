@@ -16,13 +16,14 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from lightbert.cluster import processes
 from lightbert.cluster.environment import is_global_zero
 from lightbert.errors import UserError
 from lightbert.files import RESULTS_FILE
-from lightbert.run.settings import RunSettings, Start
+from lightbert.run.settings import RunSettings
 
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 RECORD_DIR = ".hydra"  # where Hydra would write it; lightbert writes it once the run's checks have passed
@@ -30,6 +31,20 @@ DATA_RECORD = Path(RECORD_DIR) / "data.json"
 SLURM_RECORD = Path(RECORD_DIR) / "slurm.json"
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Start:
+    """How the run starts, decided under the run directory's lock (`run_dir.held`): from the beginning, or from
+    the step of the checkpoint it resumes (asked with resume=true, or a requeued SLURM job)."""
+
+    resume_from: Path | None = None
+    step: int = 0
+    requeued: bool = False
+
+    @property
+    def resuming(self) -> bool:
+        return self.resume_from is not None
 
 
 def requeued(output_dir: Path) -> bool:

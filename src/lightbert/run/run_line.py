@@ -4,7 +4,8 @@ batches (`train` and `evaluate` say it once the run's record is written)."""
 from __future__ import annotations
 
 from lightbert.model_config import BertConfig
-from lightbert.run.settings import MATMUL_PRECISIONS, RunSettings, Start
+from lightbert.run.run_dir import Start
+from lightbert.run.settings import MATMUL_PRECISIONS, RunSettings
 
 
 def describe_run(

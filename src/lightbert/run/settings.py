@@ -307,20 +307,6 @@ class Batches:
 
 
 @dataclass(frozen=True)
-class Start:
-    """How the run starts, decided under the run directory's lock (`run_dir.held`): from the beginning, or from
-    the step of the checkpoint it resumes (asked with resume=true, or a requeued SLURM job)."""
-
-    resume_from: Path | None = None
-    step: int = 0
-    requeued: bool = False
-
-    @property
-    def resuming(self) -> bool:
-        return self.resume_from is not None
-
-
-@dataclass(frozen=True)
 class RunSettings:
     """Everything a run reads, checked: see the module's docstring. `config` is the composed config as a whole, for
     the record in `.hydra/` and the loggers' hyperparameters."""
@@ -505,66 +491,4 @@ class RunSettings:
             phases=tuple(phases_of(cfg.task.get("phases"), trainer.max_steps)),
             callbacks=tuple((cfg.get("callbacks") or {}).values()),
             corpus=cfg.get("corpus"),
-        )
-
-
-@dataclass(frozen=True)
-class PredictSettings:
-    """`src/predict.py`'s config (conf/predict.yaml), typed once for `inference.predict.predict_to_file`. What a value
-    may be is checked where the device is known (`auto` batch sizes and dtypes depend on it)."""
-
-    output_file: str  # `-`: standard output
-    overwrite: bool
-    device: str  # auto, cpu or cuda
-    batch_size: int | str  # sequences per batch, or auto
-    dtype: str  # auto, fp32 or bf16
-    input_file: str  # `-`: standard input
-    input_format: str  # auto, jsonl or text
-    init_from: str
-    max_seq_length: int | None  # None: the run's task.max_seq_length
-    options: dict[str, Any]  # the config's other keys, for the head's predictor (`Predictor.options`)
-
-    @classmethod
-    def from_config(cls, cfg: DictConfig) -> PredictSettings:
-        fields = set(cls.__dataclass_fields__)
-        return cls(
-            output_file=str(cfg.output_file),
-            overwrite=bool(cfg.overwrite),
-            device=str(cfg.device),
-            batch_size=cfg.batch_size,
-            dtype=str(cfg.get("dtype", "auto")),
-            input_file=str(cfg.input_file),
-            input_format=str(cfg.input_format),
-            init_from=str(cfg.init_from),
-            max_seq_length=cfg.max_seq_length,
-            options={k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in fields},
-        )
-
-
-@dataclass(frozen=True)
-class FeatureSettings:
-    """`src/extract_features.py`'s config (conf/extract_features.yaml), typed once for
-    `inference.embeddings.extract_to_file`."""
-
-    output_file: Path
-    overwrite: bool
-    input_file: Path
-    init_from: str
-    max_seq_length: int
-    layers: tuple[int, ...]  # encoder layers, python-style (-1 the last); checked against the model's
-    device: str  # auto, cpu or cuda
-    batch_size: int
-
-    @classmethod
-    def from_config(cls, cfg: DictConfig) -> FeatureSettings:
-        layers = OmegaConf.to_container(cfg.layers) if OmegaConf.is_list(cfg.layers) else [cfg.layers]
-        return cls(
-            output_file=Path(cfg.output_file).expanduser(),
-            overwrite=bool(cfg.overwrite),
-            input_file=Path(cfg.input_file).expanduser(),
-            init_from=str(cfg.init_from),
-            max_seq_length=cfg.max_seq_length,
-            layers=tuple(layers),
-            device=str(cfg.device),
-            batch_size=cfg.batch_size,
         )

@@ -3,7 +3,7 @@ src/train.py` (and `lightbert-train`) calls it; so do notebooks and tests (`ligh
 
 A run, in order: its settings built once and checked, before torch and Lightning load, so that a bad value is refused
 in a second (`run.settings`); the run directory held and how the run starts decided (`run.run_dir`); the checks on
-this machine (`run.machine_checks`); the seed; init_from and the model (`run.weights`); the record and the run line
+this machine (`run.machine_checks`); the seed; init_from and the model (`run.model_choice`); the record and the run line
 (`run.record`, `run.run_line`); the DataModule, the LightningModule, the loggers and the Trainer (`run.building`);
 fit, phase by phase; the test predictions and the results (`run.outputs`). A command refused before the record is
 written leaves its run directory as it found it.
@@ -75,10 +75,10 @@ def train_in(cfg: DictConfig) -> dict[str, Any]:
         from lightbert.plugins import checkpointing
         from lightbert.plugins.loggers import finish_wandb, summarise_in_wandb
         from lightbert.run import building, machine_checks
+        from lightbert.run.model_choice import run_model
         from lightbert.run.outputs import results, write_results, write_test_predictions
         from lightbert.run.record import record_run, recorded_config
         from lightbert.run.run_line import describe_run
-        from lightbert.run.weights import run_model
 
         started = time.time()
         quiet_console()

@@ -1,2 +1,2 @@
-"""Pre-training: corpus, sentences, examples, masking, streaming, the DataModule, the LightningModule and the paper's
-objectives."""
+"""Pre-training: corpus, sentences, examples, masking, the examples' cache and stream, the resume position, the
+DataModule, the LightningModule and the paper's objectives."""

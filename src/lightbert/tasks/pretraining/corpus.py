@@ -376,3 +376,4 @@ def python_documentation() -> Iterator[list[str]]:
 
 
 CORPORA = {"text": TextCorpus, "hf": HFCorpus, "demo": DemoCorpus}
+Corpus = TextCorpus | HFCorpus | DemoCorpus

@@ -19,6 +19,9 @@ With `examples="chunks"` a reader cuts each document into consecutive chunks (`c
 instead of making sentence pairs; then nothing is drawn from other documents.
 - A resumed run fast-forwards: each reader makes its examples again up to the batch after the checkpoint, and
   masking and the training step are skipped for them. Reading the stream again costs time, not correctness.
+
+`StreamedExamples` is the DataModule's source of them (`task.datamodule.streaming=true`); `StreamingExamples` is one
+reader's.
 """
 
 from __future__ import annotations
@@ -26,15 +29,18 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
+from lightbert.tasks.pretraining.corpus import Corpus
 from lightbert.tasks.pretraining.examples import create_chunks_from_document, create_instances_from_document
-from lightbert.tasks.pretraining.resumable import example_seed
+from lightbert.tasks.pretraining.resumable import Position, example_seed
 
 
 def tokenized(document: list[str], tokenizer: BertTokenizer) -> list[list[int]]:
@@ -166,3 +172,69 @@ class StreamingExamples(IterableDataset):
             index = rng.randrange(len(buffer))
             buffer[index], example = example, buffer[index]
             yield example
+
+
+@dataclass
+class StreamedExamples:
+    """Examples made on the fly from the corpus read as a stream; every device and DataLoader worker takes its
+    own documents. Nothing is tokenised into the cache."""
+
+    corpus: Corpus
+    cache_dir: Path
+    max_seq_length: int
+    short_seq_prob: float
+    seed: int
+    validation_documents: int = 1000  # the first documents of the stream, held out
+    tokenizer_documents: int = 100000  # the first documents, which a new vocabulary is trained on
+    shuffle_buffer: int = 10000  # examples shuffled together
+    examples: str = "pairs"  # or "chunks"
+    validation_examples: list[dict] | None = None
+
+    def stream(self, shard: tuple[int, int] | None = None):
+        """The corpus's documents, read one at a time; with `shard` (index, count) only that reader's share."""
+        return self.corpus.stream(self.cache_dir, shard)
+
+    def tokenizer_sample(self) -> tuple[Callable[[], Iterable[list[str]]], list]:
+        return self.stream, [self.tokenizer_documents]
+
+    def prepare(self, tokenizer: BertTokenizer) -> None:
+        """Nothing to build ahead: the tokenizer, trained and cached once per node, is all."""
+
+    def setup(self, tokenizer: BertTokenizer) -> None:
+        if self.validation_examples is None:
+            documents = islice(self.stream(), self.validation_documents)
+            self.validation_examples = held_out_examples(
+                documents, tokenizer, self.max_seq_length, self.short_seq_prob, self.seed, self.examples
+            )
+
+    def describe(self) -> str | None:
+        """What the console says of chunks (`examples=chunks`): the stream's are cut as it is read."""
+        if self.examples != "chunks" or self.validation_examples is None:
+            return None
+        return (
+            f"examples: chunks of at most {self.max_seq_length} tokens, each document's tokens cut in order as the "
+            f"stream is read, {len(self.validation_examples):,} held out (task.datamodule.examples=chunks: [CLS] "
+            "chunk [SEP], no sentence pairs; short_seq_prob does not apply)"
+        )
+
+    def train(self, tokenizer: BertTokenizer, batch_size: int, position: Position) -> tuple[Dataset, None]:
+        rank, world_size, accumulate, steps_done = position
+        examples = StreamingExamples(
+            self.stream,
+            tokenizer,
+            self.max_seq_length,
+            self.short_seq_prob,
+            self.seed,
+            batch_size,
+            skip_documents=self.validation_documents,
+            rank=rank,
+            world_size=world_size,
+            start_batch=steps_done * accumulate,
+            shuffle_buffer=self.shuffle_buffer,
+            examples=self.examples,
+        )
+        return examples, None
+
+    def validation(self) -> Sequence[dict]:
+        assert self.validation_examples is not None, "call setup() first"
+        return self.validation_examples

@@ -15,7 +15,8 @@ from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import ConfigError, UserError
 from lightbert.model_config import INITIALIZER_FIELDS, REGULARISATION_FIELDS, SIZE_FIELDS, BertConfig
 from lightbert.run.configs import CONF_DIR
-from lightbert.run.settings import RunSettings, Start
+from lightbert.run.run_dir import Start
+from lightbert.run.settings import RunSettings
 from lightbert.tasks.heads import carry_head, head_of, task_head
 from lightbert.tasks.pretraining.continued import check_added_words_fit
 from lightbert.tasks.pretraining.domain_words import read_word_file
