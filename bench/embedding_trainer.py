@@ -40,7 +40,6 @@ lightbert's (above 1: lightbert faster).
 from __future__ import annotations
 
 import argparse
-import ast
 import datetime
 import json
 import os
@@ -49,7 +48,6 @@ import random
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -76,22 +74,11 @@ def _one_line(text: str) -> str:
 def docstring_pairs() -> list[tuple[str, str, str]]:
     """(source file, anchor, positive) from every docstring of the standard library with a summary line of 4+ words
     followed by a prose paragraph of 8+ words (no doctest, no table)."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    from lightbert.tasks.pretraining.corpus import stdlib_docstrings
+
     pairs = []
-    for path in sorted(stdlib.rglob("*.py")):
-        relative = path.relative_to(stdlib).parts
-        if any(part in {"test", "tests", "site-packages", "idle_test", "lib2to3"} for part in relative):
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            docstring = ast.get_docstring(node)
-            if not docstring:
-                continue
+    for source, docstrings in stdlib_docstrings():
+        for docstring in docstrings:
             paragraphs = [p for p in docstring.split("\n\n") if p.strip()]
             if len(paragraphs) < 2:
                 continue
@@ -100,7 +87,7 @@ def docstring_pairs() -> list[tuple[str, str, str]]:
                 continue
             if any(mark in paragraphs[1] for mark in (">>>", "+--", "|")):
                 continue
-            pairs.append(("/".join(relative), anchor, positive))
+            pairs.append((source, anchor, positive))
     return pairs
 
 

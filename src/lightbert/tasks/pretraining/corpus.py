@@ -347,15 +347,9 @@ def _prose_sentences(text: str) -> list[str]:
     return sentences
 
 
-def python_documentation() -> Iterator[list[str]]:
-    """Documents of English prose from CPython itself: reference topics, then standard-library docstrings."""
-    from pydoc_data.topics import topics
-
-    for name in sorted(topics):
-        document = _prose_sentences(topics[name])
-        if len(document) >= 2:
-            yield document
-
+def stdlib_docstrings() -> Iterator[tuple[str, list[str]]]:
+    """Each module of CPython's standard library (tests and vendored packages left out) as its path below the
+    library's folder and the docstrings of the module, its classes and its functions, in `ast.walk`'s order."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for path in sorted(stdlib.rglob("*.py")):
         relative = path.relative_to(stdlib).parts
@@ -365,12 +359,25 @@ def python_documentation() -> Iterator[list[str]]:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        document = []
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                docstring = ast.get_docstring(node)
-                if docstring:
-                    document.extend(_prose_sentences(docstring))
+        nodes = (
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        )
+        yield "/".join(relative), [d for d in map(ast.get_docstring, nodes) if d]
+
+
+def python_documentation() -> Iterator[list[str]]:
+    """Documents of English prose from CPython itself: reference topics, then standard-library docstrings."""
+    from pydoc_data.topics import topics
+
+    for name in sorted(topics):
+        document = _prose_sentences(topics[name])
+        if len(document) >= 2:
+            yield document
+
+    for _, docstrings in stdlib_docstrings():
+        document = [sentence for docstring in docstrings for sentence in _prose_sentences(docstring)]
         if len(document) >= 4:
             yield document
 
