@@ -102,8 +102,21 @@ def test_no_global_batch_holds_a_text_twice_and_every_device_takes_its_share():
             assert batch == shares[0][4 * number : 4 * number + 4] + shares[1][4 * number : 4 * number + 4]
     devices[0].set_epoch(0)
     first = devices[0].global_batches()
+    assert len(devices[0]) == len(first) * 4  # its length is the batches it gives: Lightning's schedule counts them
     devices[0].set_epoch(1)
     assert devices[0].global_batches() != first  # each epoch its own shuffle
+
+
+def test_rows_that_clash_are_held_back_and_the_length_counts_only_the_batches_given():
+    """A thousand queries over ten answers: a batch of 16 can hold at most ten rows, so no batch can be made."""
+    keys = [[text_key(f"query {i}"), text_key(f"answer {i % 10}")] for i in range(1000)]
+    sampler = NoDuplicatesSampler(keys, batch_size=16, num_replicas=1, rank=0, seed=0)
+    assert len(sampler) == len(list(sampler)) == 0
+    keys = [[text_key("q"), text_key(f"a{i}")] for i in range(6)] + [
+        [text_key(f"q{i}"), text_key("a")] for i in range(4)
+    ]
+    sampler = NoDuplicatesSampler(keys, batch_size=1, num_replicas=2, rank=0, seed=0)
+    assert len(sampler) == len(list(sampler)) == 4  # 6 rows share the anchor q: two batches of 2 hold one each
 
 
 # -- runs ----------------------------------------------------------------------------------------------------------
@@ -217,6 +230,15 @@ def test_a_run_from_scratch(tmp_path, pairs, small_bert, size):
 # -- bad input: one line, nothing written --------------------------------------------------------------------------
 
 
+def refused_at_data(tmp_path, init_from, files, *extra) -> str:
+    """A refusal that only the data can decide (after the run's record is written): one line."""
+    with pytest.raises(UserError) as error:
+        embedding_run(tmp_path / "refused-at-data", init_from, files, "trainer.max_steps=2", *extra)
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
 def refused(tmp_path, init_from, files, *extra) -> str:
     run_dir = tmp_path / "refused"
     run_dir.mkdir(exist_ok=True)
@@ -243,6 +265,26 @@ def test_a_file_without_the_anchor_column_is_named_and_columns_map_by_config(tmp
     results, _ = embedding_run(tmp_path / "mapped", small_bert, files, "trainer.max_steps=2",
                                "task.columns.anchor=query", "task.columns.positive=answer")  # fmt: skip
     assert results["global_step"] == 2
+
+
+def test_pairs_that_repeat_their_texts_too_much_to_make_a_batch_are_refused(tmp_path, small_bert):
+    rows = pair_rows(40, seed=2)
+    rows["positive"] = ["the same answer"] * 40
+    files = {s: str(write_pairs(tmp_path / f"{s}.jsonl", rows)) for s in ("train", "validation")}
+    message = refused_at_data(tmp_path, small_bert, files)
+    assert "make no global batch of 16 (task.batch_size=16 x 1 device(s)) without a text twice" in message
+
+
+def test_triplets_to_train_pairs_to_validate_and_part_of_the_split_validated(tmp_path, small_bert, caplog):
+    """Hard negatives train; validation reads anchors and positives (its unused columns said), and a validation
+    of part of the split (trainer.limit_val_batches) scores the rows it read."""
+    rows = pair_rows(40, seed=4)
+    files = pair_files(tmp_path / "data", negatives=1)
+    files["validation"] = str(write_pairs(tmp_path / "dev.jsonl", {**rows, "score": [1.0] * 40}))
+    results, _ = embedding_run(tmp_path / "run", small_bert, files, "trainer.max_epochs=1",
+                               "trainer.limit_val_batches=2", "task.datamodule.eval_batch_size=8")  # fmt: skip
+    assert 0 <= results["metrics"]["val/ndcg_at_10"] <= 1
+    assert any("1 column(s) not used: ['score']" in r.message for r in caplog.records)
 
 
 def test_an_empty_text_is_named_by_its_row(tmp_path, small_bert):

@@ -267,3 +267,26 @@ def test_init_from_a_sentence_transformers_directory_keeps_its_pooling(bert_dir,
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("task.")]
     assert any(m.startswith(f"task.normalize=False: init_from={directory}'s") for m in said), said
     assert load_finetuned(str(tmp_path / "mean" / "run")).model.pooling == "mean"
+
+
+def test_evaluate_scores_a_sentence_transformers_directory_as_its_own_vectors_rank_the_pairs(bert_dir, tmp_path):
+    """src/evaluate.py on a directory sentence-transformers wrote: its scores are those of sentence-transformers'
+    own vectors ranked by hand, with the directory's pooling (cls, not normalised)."""
+    from helpers.embedding_files import pair_rows, write_pairs
+
+    from lightbert import evaluate
+    from lightbert.tasks.embedding.metrics import positive_ranks, retrieval_scores
+
+    model = st_dir(tmp_path / "st", bert_dir, "cls", False)
+    rows = pair_rows(24, seed=5)
+    file = write_pairs(tmp_path / "dev.jsonl", rows)
+    overrides = ["task=embedding", "trainer=cpu", "logger=csv", f"init_from={model}",
+                 f"task.data_files.validation={file}", f"task.max_seq_length={MAX_SEQ_LENGTH}"]  # fmt: skip
+    scores = evaluate(compose_config(overrides, tmp_path / "eval", config_name="evaluate"))["metrics"]
+    reference = st.SentenceTransformer(model, device="cpu")
+    anchors, positives = (
+        torch.from_numpy(reference.encode(rows[c], convert_to_numpy=True)) for c in ("anchor", "positive")
+    )
+    expected = retrieval_scores(positive_ranks(anchors, positives, torch.arange(len(anchors))))
+    for name, value in expected.items():
+        assert scores[f"val/{name}"] == pytest.approx(value, abs=1e-6), name

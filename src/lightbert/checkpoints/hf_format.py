@@ -35,6 +35,7 @@ HUB_PATTERNS = [
     "tokenizer_config.json",
     "modules.json",
     "sentence_bert_config.json",
+    "config_sentence_transformers.json",
     "*_Pooling/config.json",
 ]
 _CONFIG_KEYS = {f.name for f in fields(BertConfig)}

@@ -36,6 +36,7 @@ def is_sentence_transformers_dir(path: Path) -> bool:
 
 
 def _json(file: Path) -> dict | list:
+    """A JSON file's content, or one line naming the file."""
     try:
         return json.loads(file.read_text())
     except (OSError, ValueError) as error:
@@ -47,8 +48,11 @@ def read(path: Path) -> tuple[Path, dict]:
     {"pooling": one of POOLINGS, "normalize": bool, "max_seq_length": int or None}. Refuses (`UserError`) a module
     or pooling lightbert does not run."""
     modules = _json(path / MODULES_FILE)
-    if not isinstance(modules, list) or not modules:
-        raise UserError(f"{path / MODULES_FILE} lists no modules; it is not a sentence-transformers directory")
+    if not isinstance(modules, list) or not modules or not all(isinstance(m, dict) for m in modules):
+        raise UserError(
+            f'{path / MODULES_FILE} is not a list of modules ({{"type": ..., "path": ...}} each); it is not a '
+            "sentence-transformers directory lightbert can read"
+        )
     kinds = [(str(m.get("type", "")).rsplit(".", 1)[-1], m.get("path", "")) for m in modules]
     names = [kind for kind, _ in kinds]
     supported = names[:2] == ["Transformer", "Pooling"] and names[2:] in ([], ["Normalize"])
@@ -61,6 +65,8 @@ def read(path: Path) -> tuple[Path, dict]:
         )
     encoder = path / kinds[0][1]
     pooling_config = _json(path / kinds[1][1] / "config.json")
+    if not isinstance(pooling_config, dict):
+        raise UserError(f"{path / kinds[1][1] / 'config.json'} is not a pooling config (a JSON object)")
     mode = pooling_config.get("pooling_mode")  # v5's: a name (or a list of them); before, one boolean per mode
     if mode is not None:
         modes = list(mode) if isinstance(mode, list) else [mode]
@@ -103,8 +109,9 @@ def _max_seq_length(path: Path, encoder: Path) -> int | None:
     model_max_length (sentence-transformers v5 keeps it there)."""
     for file, key in ((encoder / "sentence_bert_config.json", "max_seq_length"),
                       (encoder / "tokenizer_config.json", "model_max_length")):  # fmt: skip
-        if file.is_file():
-            value = _json(file).get(key)
+        content = _json(file) if file.is_file() else None
+        if isinstance(content, dict):
+            value = content.get(key)
             if isinstance(value, int) and 0 < value < 10**6:  # transformers writes 1e30 for "no limit"
                 return value
     return None

@@ -351,10 +351,10 @@ class RunSettings:
                 "trainer.precision=16-mixed (fp16 with a loss scaler) does not run under trainer=fsdp; use "
                 "trainer.precision=bf16-mixed (Ampere GPUs and later) or 32-true"
             )
-        if self.task.module.get("mini_batch_size") and self.trainer.strategy in (
-            "fsdp",
-            "ddp_find_unused_parameters_true",
-        ):
+        finds_unused = "find_unused" in self.trainer.strategy or OmegaConf.select(
+            self.trainer.config, "strategy.find_unused_parameters", default=False
+        )
+        if self.task.module.get("mini_batch_size") and (self.trainer.strategy == "fsdp" or finds_unused):
             # GradCache hands each parameter its gradient from its own backward passes: FSDP's sharded parameters get
             # theirs only through FSDP's own backward, and DDP looking for unused parameters marks them all unused
             # (the loss GradCache returns has no graph back to them), then sees them ready twice.

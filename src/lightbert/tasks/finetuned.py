@@ -99,8 +99,9 @@ def _recorded(pretrained: Pretrained, head: Head) -> tuple[str | None, dict]:
     if pretrained.hf_config:
         recorded = pretrained.hf_config.get("lightbert") or {}
         settings = dict(recorded.get("settings") or {})
-        if pretrained.sentence is not None and pretrained.sentence["max_seq_length"] and not recorded:
-            settings["max_seq_length"] = pretrained.sentence["max_seq_length"]  # where sentence-transformers cuts
+        if pretrained.sentence is not None and not recorded:  # where sentence-transformers cuts the texts
+            positions = pretrained.config["max_position_embeddings"]
+            settings["max_seq_length"] = min(pretrained.sentence["max_seq_length"] or positions, positions)
         return recorded.get("task"), settings
     run = pretrained.run_dir
     if run is None or not (run / ".hydra" / "config.yaml").is_file():

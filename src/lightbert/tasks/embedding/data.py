@@ -95,21 +95,29 @@ class EmbeddingCollator:
 class NoDuplicatesSampler(DistributedSampler):
     """The training order of an epoch, in global batches of `batch_size` x devices rows that share no text; each
     device takes its `batch_size` rows of each global batch. The order is a shuffle of (seed, epoch), the same on
-    every device; rows that clash with a batch wait for a later one, and the rows past the last full global batch
-    wait for the next epoch (a batch of a few rows would be a weaker loss, and the devices would differ in steps).
-    Subclassing `DistributedSampler` keeps Lightning from wrapping it in one of its own."""
+    every device; rows that clash with a batch wait for a later one, and the rows left when no full global batch can
+    be made of them wait for the next epoch (a batch of a few rows would be a weaker loss, and the devices would
+    differ in steps). Its length is the epoch's real number of batches (its batches are drawn once per epoch), so
+    Lightning's schedule counts the steps that run. Subclassing `DistributedSampler` keeps Lightning from wrapping it
+    in one of its own."""
 
     def __init__(self, keys: list[list[int]], batch_size: int, num_replicas: int, rank: int, seed: int):
         super().__init__(range(len(keys)), num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
         self.keys, self.batch_size = keys, batch_size
         self.global_batch = batch_size * num_replicas
-        self.batches_per_epoch = len(keys) // self.global_batch
+        self._drawn: tuple[int, list[list[int]]] | None = None  # (epoch, its global batches)
 
     def global_batches(self) -> list[list[int]]:
+        """This epoch's global batches, drawn once per epoch."""
+        if self._drawn is None or self._drawn[0] != self.epoch:
+            self._drawn = (self.epoch, self._draw())
+        return self._drawn[1]
+
+    def _draw(self) -> list[list[int]]:
         order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.keys)).tolist()
         remaining = dict.fromkeys(order)  # in order; taken rows are deleted
         batches = []
-        while len(batches) < self.batches_per_epoch and len(remaining) >= self.global_batch:
+        while len(remaining) >= self.global_batch:
             batch, seen = [], set()
             for index in remaining:
                 texts = self.keys[index]
@@ -130,7 +138,7 @@ class NoDuplicatesSampler(DistributedSampler):
         return iter([index for batch in self.global_batches() for index in batch[mine]])
 
     def __len__(self) -> int:
-        return self.batches_per_epoch * self.batch_size
+        return len(self.global_batches()) * self.batch_size
 
 
 class EmbeddingDataModule(FineTuningDataModule):
@@ -175,25 +183,24 @@ class EmbeddingDataModule(FineTuningDataModule):
                 "csv, tsv, json or parquet with anchor and positive columns), or a hub dataset with those columns, "
                 "task.datamodule.hub_dataset=NAME"
             )
-        self._negatives: dict[str, list[str]] = {}  # each split's hard-negative columns
+        self._negatives: dict[str, list[str]] = {}  # each split's hard-negative columns (the train split's only)
 
     # -- columns -------------------------------------------------------------------------------------------------
 
     def required_columns(self, split: str) -> tuple[str, ...]:
-        return (self.columns["anchor"], self.columns["positive"], *(self.columns["negatives"] or ()))
+        negatives = (self.columns["negatives"] or ()) if split == "train" else ()
+        return (self.columns["anchor"], self.columns["positive"], *negatives)
 
     def check(self, raw: datasets.Dataset, split: str, where: str) -> datasets.Dataset:
+        # Hard negatives train; validation scores anchors against the split's positives, and its loss is in-batch.
         negatives = self.columns["negatives"]
         if negatives is None:
-            negatives = negative_columns(raw.column_names)
-        counts = {len(n) for n in self._negatives.values()}
-        if counts and len(negatives) not in counts:
-            raise UserError(
-                f"{where} has {len(negatives)} hard-negative column(s) {list(negatives)}, and the other split "
-                f"{counts.pop()}; give every split as many, or name the ones to use with task.columns.negatives=[...]"
-            )
-        self._negatives[split] = list(negatives)
-        used = [self.columns["anchor"], self.columns["positive"], *negatives]
+            negatives = negative_columns(raw.column_names) if split == "train" else []
+        self._negatives[split] = list(negatives) if split == "train" else []
+        used = [self.columns["anchor"], self.columns["positive"], *self._negatives[split]]
+        unused = [c for c in raw.column_names if c not in used]
+        if unused:
+            self.note(where, len(unused), f"column(s) not used: {unused} (task.columns names the ones used)")
         for name in used:
             column = raw[name]
             for row, text in enumerate(column):
@@ -247,18 +254,20 @@ class EmbeddingDataModule(FineTuningDataModule):
         keys = self.datasets[split]["text_keys"]
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # the run's seed, the same in every process of the job
         sampler = NoDuplicatesSampler(keys, self.batch_size, world, rank, seed)
-        if sampler.batches_per_epoch == 0:
+        batches = len(sampler.global_batches())
+        if batches == 0:
             raise UserError(
-                f"the training split has {len(keys)} pairs, fewer than one global batch of {sampler.global_batch} "
-                f"(task.batch_size={self.batch_size} x {world} device(s)); lower task.batch_size or give more pairs"
+                f"the training split's {len(keys)} pairs make no global batch of {sampler.global_batch} "
+                f"(task.batch_size={self.batch_size} x {world} device(s)) without a text twice (too few pairs, or "
+                "texts repeated across rows); lower task.batch_size or give more distinct pairs"
             )
-        left = len(keys) - sampler.batches_per_epoch * sampler.global_batch
+        left = len(keys) - batches * sampler.global_batch
         if left and not getattr(self, "_said_left", False):
             self._said_left = True
             log.info(
-                f"train: {len(keys)} pairs in {sampler.batches_per_epoch} global batches of {sampler.global_batch} an "
-                f"epoch with no text twice in a batch; the {left} left over in an epoch (and any that would repeat a "
-                "text) wait for the next epoch's shuffle"
+                f"train: {len(keys)} pairs in {batches} global batches of {sampler.global_batch} in the first epoch, "
+                f"no text twice in a batch; {left} pairs left out of it (past the last full batch, or repeating a "
+                "text of every batch they could join) wait for a later epoch's shuffle"
             )
         dataset = self.datasets[split].select_columns(self.loader_columns(True))
         workers = self.workers(len(sampler) // self.batch_size)

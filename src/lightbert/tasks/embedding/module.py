@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from lightbert.data.batches import is_padding
 from lightbert.tasks.embedding.loss import GradCache, contrastive_loss
 from lightbert.tasks.embedding.metrics import positive_ranks, retrieval_scores
 from lightbert.tasks.heads import HEADS
@@ -66,7 +67,7 @@ class EmbeddingModule(TaskModule):
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         embeddings = self(batch)
-        padding = "padding" in batch
+        padding = is_padding(batch)
         rows = batch["rows"]
         # Within the device's batch: evaluation batches differ in size between devices, which a gather cannot take.
         loss = self.loss(embeddings, batch, gather=False) if rows > 1 else embeddings.new_zeros(())
@@ -79,10 +80,13 @@ class EmbeddingModule(TaskModule):
         idx, documents, anchors, positives = self._gathered_validation()
         self._validation = []
         order = idx.argsort()
-        idx, documents, anchors, positives = idx[order], documents[order], anchors[order], positives[order]
-        corpus = documents == idx  # each distinct positive once: the rows that are their positive's first
-        position = torch.cumsum(corpus.long(), 0) - 1  # a corpus row's place in the corpus
-        ranks = positive_ranks(anchors, positives[corpus], position[documents])
+        documents, anchors, positives = documents[order], anchors[order], positives[order]
+        # The corpus: each distinct positive once (rows with one `document` share their positive's text), from the
+        # first validated row that has it; a validation of part of the split (trainer.limit_val_batches) included.
+        distinct, relevant = torch.unique(documents, return_inverse=True)  # relevant: each row's place in the corpus
+        rows = torch.arange(len(documents), device=documents.device)
+        first = torch.full_like(distinct, len(documents)).scatter_reduce(0, relevant, rows, "amin")
+        ranks = positive_ranks(anchors, positives[first], relevant)
         for name, value in retrieval_scores(ranks).items():
             self.log_computed(f"val/{name}", value, prog_bar=name == "ndcg_at_10")
 
