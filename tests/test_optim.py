@@ -169,6 +169,9 @@ def test_nvidia_polynomial_schedule():
     assert factor(75) == 0.25**0.5 and factor(100) == 0.0
 
 
+BETAS = "optim.betas must be two numbers, each >= 0 and < 1 (e.g. optim.betas=[0.9,0.999])"
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -181,6 +184,21 @@ def test_nvidia_polynomial_schedule():
         ("optim.name=sgd", "optim.name 'sgd' is not known; valid: ['adamw', 'lamb', 'stableadamw']"),
         ("optim.decouple_lr=yes", "optim.decouple_lr must be true or false, got 'yes'"),
         ("+optim.momentum=0.9", "optim.momentum is not an optimiser setting; valid: name, lr, betas"),
+        ("optim.weight_decay=inf", "optim.weight_decay must be a number, got inf"),
+        # Before, each of these was accepted: eps <= 0 and betas >= 1 trained to NaN, or died at step 1
+        # (ZeroDivisionError) with the run directory half written, as the texts did (abc).
+        ("optim.eps=0", "optim.eps must be > 0, got 0"),
+        ("optim.eps=-1", "optim.eps must be > 0, got -1"),
+        ("optim.eps=abc", "optim.eps must be a number, got 'abc'"),
+        ("optim.eps=nan", "optim.eps must be a number, got nan"),
+        ("optim.betas=[0.9,1.0]", f"{BETAS}, got [0.9, 1.0]"),
+        ("optim.betas=[1.5,0.98]", f"{BETAS}, got [1.5, 0.98]"),
+        ("optim.betas=[-0.1,0.98]", f"{BETAS}, got [-0.1, 0.98]"),
+        ("optim.betas=abc", f"{BETAS}, got 'abc'"),
+        ("optim.betas=[0.9]", "optim.betas must be two numbers"),
+        ("optim.betas=[0.9,0.98,0.99]", "optim.betas must be two numbers"),
+        ("optim.betas=[0.9,abc]", "optim.betas must be two numbers"),
+        ("optim.betas=0.9", "optim.betas must be two numbers"),
     ],
 )
 def test_each_optimiser_setting_is_checked_once_by_the_settings_builder(tmp_path, override, message):
@@ -194,6 +212,23 @@ def test_each_optimiser_setting_is_checked_once_by_the_settings_builder(tmp_path
         run_settings(compose_config(["trainer=cpu", override], tmp_path / "run"))
     assert message in str(refused.value)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("override", ["optim.betas=[0.9,1.0]", "optim.betas=abc", "optim.eps=abc", "optim.eps=-1"])
+def test_a_bad_optimiser_value_is_refused_by_the_command_before_anything_is_written(tmp_path, corpus_file, override):
+    """`python src/train.py`: one line naming the key and exit 2, and nothing written. Before, these trained
+    (eps=-1) or died at step 1 with a traceback, after the record, train.log and the tokenizer were written."""
+    from helpers.runs import TINY_PRETRAIN, run_train_forked, snapshot
+
+    run_dir = tmp_path / "run"
+    before = snapshot(tmp_path)  # the corpus
+    args = [*TINY_PRETRAIN, f"corpus.paths=[{corpus_file}]", "trainer.max_steps=2", f"hydra.run.dir={run_dir}"]
+    refused = run_train_forked(*args, override)
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("lightbert: error:")]
+    key = override.split("=")[0]
+    assert refused.returncode == 2 and len(errors) == 1 and f"error: {key} must be" in errors[0], refused.stderr[-2000:]
+    assert "Traceback" not in refused.stderr and snapshot(tmp_path) == before  # not one file written
+    assert not run_dir.exists() or not any(run_dir.iterdir())
 
 
 def test_the_settings_hold_the_optimisers_values_as_numbers(tmp_path):

@@ -40,6 +40,17 @@ class OptimConfig:
             raise ConfigError(f"optim.decouple_lr must be true or false, got {self.decouple_lr!r}")
         if self.decouple_lr and self.name == "lamb":  # LAMB's decay is inside the step its trust ratio scales
             raise ConfigError("optim.decouple_lr is for adamw and stableadamw; set optim.decouple_lr=false with lamb")
+        # A pair, not one number, so checked here rather than in NUMBERS: each the decay rate of one of Adam's
+        # moments, in [0, 1). At 1 Adam's bias correction 1 - beta^t divides by zero at step 1; above, the moments grow
+        # without bound.
+        betas = self.betas
+        numbers = isinstance(betas, list | tuple) and all(
+            isinstance(b, int | float) and not isinstance(b, bool) for b in betas
+        )
+        if not numbers or len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ConfigError(
+                f"optim.betas must be two numbers, each >= 0 and < 1 (e.g. optim.betas=[0.9,0.999]), got {betas!r}"
+            )
         if self.warmup_ratio >= 1:  # no step would be left to decay over
             raise ConfigError(f"optim.warmup_ratio must be >= 0 and < 1, got {self.warmup_ratio!r}")
         if self.decay_ratio is not None and self.decay_ratio > 1:

@@ -5,7 +5,8 @@ position needs nothing more: `StepSampler` restarts from the global step. What i
 draws dropout: `ResumableRNG` saves every device's generators as they were right after the last optimizer step,
 and sets them back right before the first step after a resume, when the DataLoader has started and would
 not draw from them any more. `LatestCheckpoint` writes the latest checkpoint at the end and when the process is told to
-stop (SIGTERM, which SLURM sends before a preemption or at the time limit).
+stop (SIGTERM, which SLURM sends before a preemption or at the time limit), and stops a run whose loss or weights are
+no longer finite before any checkpoint holds them (Lightning trains on through NaN by itself).
 """
 
 from __future__ import annotations
@@ -223,6 +224,14 @@ def slurm_requeue_signal(trainer: L.Trainer) -> signal.Signals | None:
 stopped_by: signal.Signals = signal.SIGTERM
 
 
+class NotFiniteError(UserError):
+    """The training loss or the weights became NaN or infinite: the run stops (`LatestCheckpoint`), with no
+    checkpoint of that state, and ends as a refused command does (one line, exit 2; a sweep goes on to its next job)."""
+
+
+NEVER = 1 << 62  # no step and no signal: what a process that has none gives the agreement's MIN all-reduce
+
+
 class LatestCheckpoint(L.Callback):
     """Writes the latest checkpoint (the `ModelCheckpoint` without a monitor) when training ends, and when the
     job is told to stop: SIGTERM (what SLURM sends before a preemption or at the time limit), Ctrl-C, submitit's
@@ -237,16 +246,27 @@ class LatestCheckpoint(L.Callback):
     (`run_dir.requeued`).
 
     A process started with SIGINT ignored (a shell's background job) keeps ignoring it.
+
+    A NaN or infinite loss stops the run too, by `NotFiniteError` (one line naming the step and the loss, exit 2): the
+    loss of every batch is noted on its device, and read where the host waits anyway (at the logged steps, in the
+    agreement under DDP, and before every checkpoint, which also checks the weights). Nothing is saved then: the
+    newest checkpoint, written before, is the last finite state.
     """
 
     def __init__(self) -> None:
         self._received: signal.Signals | None = None
         self._handlers: dict[signal.Signals, Any] = {}  # the handlers these replaced, put back after training
         self._requeue: signal.Signals | None = None
+        self._step = 0  # the optimizer step the current batch belongs to
+        # On the loss's device, written every batch and read only where the host waits anyway (`_note_loss`): the
+        # first step whose loss was not finite (0: none yet), and that loss.
+        self._bad_step: torch.Tensor | None = None
+        self._bad_loss: torch.Tensor | None = None
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         processes.training_started()
         self._received = None
+        self._bad_step = self._bad_loss = None
         self._requeue = submitit_signal() or slurm_requeue_signal(trainer)
         stops = [signal.SIGTERM, signal.SIGINT] + ([self._requeue] if self._requeue is not None else [])
         for signum in stops:
@@ -260,22 +280,97 @@ class LatestCheckpoint(L.Callback):
             self._received = signal.Signals(signum)
 
     def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._step = trainer.global_step + 1
         if batch_idx % trainer.accumulate_grad_batches:
             return  # within an optimizer step: the stop waits for the step's end (every process is at the same batch)
-        received = self._agreed(trainer)
+        received, not_finite = self._agreed(trainer)
+        if not_finite:
+            raise self._not_finite(trainer, not_finite)
         if received is not None:
             global stopped_by
             self._received = stopped_by = received
             raise SIGTERMException  # Lightning's stop: on_exception below saves, on every process at this batch
 
-    def _agreed(self, trainer: L.Trainer) -> signal.Signals | None:
-        """The signal any process received (the lowest number, where two differ); None when none did."""
+    def _agreed(self, trainer: L.Trainer) -> tuple[signal.Signals | None, int]:
+        """The signal any process received (the lowest number, where two differ), or None; and under DDP the first
+        step whose loss was not finite on any process (0: none), read in the same all-reduce, which waits for the
+        devices anyway. One process reads its loss's flag at the logged steps instead (`on_train_batch_end`)."""
         mine = int(self._received or 0)
         if is_distributed() and trainer.world_size > 1:
-            flag = torch.tensor([mine or 1 << 16], device=trainer.strategy.root_device)
+            flag = torch.tensor([mine or NEVER, NEVER], device=trainer.strategy.root_device)
+            if self._bad_step is not None:
+                flag[1] = torch.where(self._bad_step > 0, self._bad_step, NEVER)
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
-            mine = int(flag.item()) % (1 << 16)
-        return signal.Signals(mine) if mine else None
+            received, bad = flag.tolist()
+            return (signal.Signals(received) if received != NEVER else None), (bad if bad != NEVER else 0)
+        return (signal.Signals(mine) if mine else None), 0
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):
+            self._note_loss(loss.detach())
+        # Read at the steps Lightning logs, where it reads the logged values from the device too: no wait of its own.
+        # Here, before a checkpoint of this step is saved or a validation runs (checkpoint callbacks run last).
+        if self._bad_step is not None and not is_distributed() and trainer._logger_connector.should_update_logs:
+            bad = int(self._bad_step)
+            if bad:
+                raise self._not_finite(trainer, bad)
+
+    def _note_loss(self, loss: torch.Tensor) -> None:
+        """Notes, on the loss's device and without waiting for it, the first step whose loss is NaN or infinite."""
+        if self._bad_step is None:
+            self._bad_step = torch.zeros((), dtype=torch.long, device=loss.device)
+            self._bad_loss = torch.zeros((), dtype=torch.float32, device=loss.device)
+        first = (self._bad_step == 0) & ~torch.isfinite(loss).all()
+        self._bad_step = torch.where(first, self._step, self._bad_step)
+        self._bad_loss = torch.where(first, loss.float().mean(), self._bad_loss)
+
+    def _not_finite(self, trainer: L.Trainer, step: int, what: str | None = None) -> NotFiniteError:
+        """The stop's one line: what was not finite at which step, and the checkpoint to go on from (saved before,
+        when the state was finite: no checkpoint is written after it, `check_before_save`)."""
+        if what is None:
+            mine = self._bad_step is not None and int(self._bad_step) == step
+            what = f"the training loss is {float(self._bad_loss)}" if mine else "the training loss is not finite"
+        return NotFiniteError(f"{what} at step {step}: the run stopped there; {self._last_finite(trainer)}")
+
+    def _last_finite(self, trainer: L.Trainer) -> str:
+        """Which checkpoint to go on from: the newest, saved before the stop, holds the last finite state. A resume
+        retraces the same steps (the settings are recorded, the data order and the RNG resume exactly)."""
+        latest = self._latest_path(trainer)
+        try:
+            step = int(torch.load(latest, mmap=True, weights_only=True)["global_step"]) if latest else None
+        except Exception:
+            step = None
+        if step is None:
+            return "no checkpoint was saved before it: run again with a lower optim.lr or optim.weight_decay"
+        return (
+            f"the last finite state is {latest} (step {step}): resume=true (hydra.run.dir={latest.parent.parent}) "
+            f"retraces the same steps with the same settings; to change them, start a new run from it with "
+            f"init_from={latest} and e.g. a lower optim.lr"
+        )
+
+    def check_before_save(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        """Before any checkpoint is written (the best, last.ckpt, a signal's: `TaskModule.on_save_checkpoint`, on
+        every process): a loss that was not finite since the last read, or weights that are not, stop the run, so
+        that the newest checkpoint kept is a finite state. A save waits for the device anyway: the read, the weights'
+        check and one all-reduce cost little beside the write."""
+        from torch.distributed.tensor import DTensor
+
+        # FSDP: this process's shard (the others check theirs; the all-reduce joins them)
+        weights = [p.to_local() if isinstance(p, DTensor) else p for p in module.parameters()]
+        device = trainer.strategy.root_device
+        finite = torch.stack([torch.isfinite(w).all() for w in weights]).all() if weights else torch.tensor(True)
+        bad = self._bad_step if self._bad_step is not None else torch.zeros((), dtype=torch.long)
+        flag = torch.stack([torch.where(bad > 0, bad, NEVER).to(device), finite.long().to(device)])
+        if is_distributed() and trainer.world_size > 1:
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        bad_step, all_finite = flag.tolist()
+        if bad_step != NEVER:
+            raise self._not_finite(trainer, bad_step)
+        if not all_finite:
+            raise self._not_finite(trainer, trainer.global_step, "the weights are not finite (NaN or inf)")
 
     def teardown(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
         processes.training_ended()
@@ -283,12 +378,19 @@ class LatestCheckpoint(L.Callback):
             signal.signal(signum, handler)
         self._handlers = {}
 
-    def _save(self, trainer: L.Trainer, why: str) -> None:
+    @staticmethod
+    def _latest_path(trainer: L.Trainer) -> Path | None:
+        """Where the `ModelCheckpoint` without a monitor writes the latest checkpoint (last.ckpt), if there is one."""
         checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
         latest = next((c for c in checkpoints if not c.monitor), None)
         if latest is None or latest.dirpath is None:
+            return None
+        return Path(latest.dirpath) / f"{latest.filename or 'last'}{latest.FILE_EXTENSION}"
+
+    def _save(self, trainer: L.Trainer, why: str) -> None:
+        path = self._latest_path(trainer)
+        if path is None:
             return
-        path = Path(latest.dirpath) / f"{latest.filename or 'last'}{latest.FILE_EXTENSION}"
         trainer.save_checkpoint(path, weights_only=False)  # the whole state: what resume=true continues from
         if why:
             log.warning(
@@ -311,6 +413,12 @@ class LatestCheckpoint(L.Callback):
             handler(received, None)  # submitit's: requeues this job (its first task) and exits
         elif trainer.is_global_zero:
             requeue_slurm_job()
+
+
+def check_before_save(trainer: L.Trainer, module: L.LightningModule) -> None:
+    """`LatestCheckpoint.check_before_save` of the run's `LatestCheckpoint`; without one, only the weights."""
+    stops = next((c for c in trainer.callbacks if isinstance(c, LatestCheckpoint)), None)
+    (stops or LatestCheckpoint()).check_before_save(trainer, module)
 
 
 def requeue_slurm_job() -> None:

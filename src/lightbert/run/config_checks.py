@@ -63,6 +63,9 @@ NUMBERS = {
     "task.datamodule.validation_share": {"kind": float, "positive": True, "largest": 1, "nullable": True},
     "optim.lr": {"kind": float, "positive": True},
     "optim.weight_decay": {"kind": float},
+    # Added to the root of Adam's second moment before it divides: 0 divides 0 by 0 for a weight without gradient
+    # (the loss is NaN within steps), and below 0 the step can change sign. optim.betas, a pair: `OptimConfig`.
+    "optim.eps": {"kind": float, "positive": True},
     "optim.warmup_ratio": {"kind": float},  # and < 1 (`OptimConfig`)
     "optim.warmup_steps": {"kind": int, "nullable": True},  # null: from warmup_ratio
     "optim.decay_power": {"kind": float, "positive": True, "nullable": True},

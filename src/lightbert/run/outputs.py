@@ -4,6 +4,7 @@ and the console's last line, which names the outputs."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
         else ["metrics.csv", "checkpoints/", "tokenizer.json", "predictions/"]
     )
     outputs = [RESULTS_FILE, *_existing(output_dir, left)]
-    write_atomically(output_dir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
+    write_atomically(output_dir / RESULTS_FILE, json.dumps(finite_or_null(results), indent=2, allow_nan=False) + "\n")
     metrics = results["metrics"]
     shown = [f"{k}={v:.4f}" for k, v in metrics.items() if k.startswith("val/")][:6]
     if evaluated:
@@ -87,6 +88,19 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
         f"lightbert: finished {results['global_step']} steps in {results['seconds']:.0f}s ({', '.join(shown)}). "
         f"Outputs in {output_dir}: {', '.join(outputs)}"
     )
+
+
+def finite_or_null(value: Any) -> Any:
+    """`value` with every NaN or infinite number as None: JSON has neither (Python's json writes NaN and Infinity,
+    which strict readers refuse), and results.json is read by other tools. A monitor that was NaN at every validation
+    leaves best_score inf in Lightning, written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_null(item) for item in value]
+    return value
 
 
 def _existing(output_dir: Path, names: list[str]) -> list[str]:

@@ -38,7 +38,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     The run directory is the user's record: it is held for this run alone, and a command refused by the checks
     before training writes nothing into it. SIGTERM or Ctrl-C ends the process as they end the command: during
     training after the current batch, with `last.ckpt` saved and one line that says how to continue, then exit
-    128 + the signal's number; before or after training at once, with one line."""
+    128 + the signal's number; before or after training at once, with one line. A training loss that becomes NaN or
+    infinite stops the run at that step with `plugins.checkpointing.NotFiniteError` (a `UserError`: the command
+    prints its one line and exits 2), no checkpoint of that state and no results.json; the newest checkpoint, saved
+    before, is the last finite state."""
     with environment_restored():
         return train_in(cfg)
 
@@ -154,6 +157,11 @@ def train_in(cfg: DictConfig) -> dict[str, Any]:
                     return outcome
             finally:
                 finish_wandb()
+        except checkpointing.NotFiniteError:
+            # A NaN loss stops every process at the same step, each with the same line: the first says it.
+            if not is_global_zero():
+                sys.exit(2)
+            raise
         except SIGTERMException:
             # Lightning stopped after the current batch and LatestCheckpoint saved it; exit as a process killed by
             # the signal does (SIGTERM, or SIGINT for Ctrl-C).

@@ -19,6 +19,7 @@ from lightbert.data.batches import is_padding
 from lightbert.model import BertConfig
 from lightbert.model.bert import parameter_layout, to_checkpoint
 from lightbert.optim import MasterWeights, OptimConfig, build_optimizer, clip_gradients
+from lightbert.plugins.checkpointing import check_before_save
 from lightbert.plugins.strategies import FullyShardedStrategy
 
 # The model's inputs, (B, T) or multiple choice's (B, C, T)
@@ -58,6 +59,8 @@ class TaskModule(L.LightningModule):
         self.compiled = False  # compile_step: batches come in a few fixed lengths (`fixed_lengths`)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self._trainer is not None:  # every checkpoint, on every process: none holds a NaN or infinite state
+            check_before_save(self.trainer, self)
         if self.head is not None:
             checkpoint["head"] = self.head  # what loads it back says which head it is (lightbert.tasks.heads)
         masters = next((o.master_of() for o in self._optimizers() if isinstance(o, MasterWeights)), None)
