@@ -1,6 +1,6 @@
 """Sentence embeddings: lightbert's `task=embedding` against sentence-transformers' `SentenceTransformerTrainer`.
 
-    python bench/embedding_trainer.py                      # 3 seeds x 2 systems, about 10 minutes on 2 CPU cores
+    python bench/embedding_trainer.py                      # 3 seeds x 2 systems, about 2 minutes on 2 idle CPU cores
     python bench/embedding_trainer.py --quick              # about a minute: 320 pairs, 10 steps, 1 seed
 
 The same job on both sides: contrastive fine-tuning with InfoNCE over in-batch negatives (sentence-transformers'
@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 METRICS = ("recall_at_1", "recall_at_10", "mrr_at_10", "ndcg_at_10")
 SOURCE = "CPython standard-library docstrings (summary line -> next paragraph); Python Software Foundation License v2"
 
-# BERT-Tiny's size (L2/H128/A2; Turc et al. 2019, bert_tiny here): what 2 CPU cores train 6 times in ~10 minutes.
+# BERT-Tiny's size (L2/H128/A2; Turc et al. 2019, bert_tiny here): what 2 CPU cores train 6 times in about 2 minutes.
 # --size mini: bert_mini's (L4/H256/A4), about 4x the work a step.
 SIZES = {
     "tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512},
