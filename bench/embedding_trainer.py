@@ -2,6 +2,7 @@
 
     python bench/embedding_trainer.py                      # 3 seeds x 2 systems, about 2 minutes on 2 idle CPU cores
     python bench/embedding_trainer.py --quick              # about a minute: 320 pairs, 10 steps, 1 seed
+    python bench/embedding_trainer.py --device cuda        # one GPU: a BERT-Base-sized model, 1,920 pairs, 120 steps
 
 The same job on both sides: contrastive fine-tuning with InfoNCE over in-batch negatives (sentence-transformers'
 `MultipleNegativesRankingLoss`: scale 20, cosine similarity), mean pooling, from one Hugging Face BERT directory
@@ -35,6 +36,16 @@ step (forward, backward, clipping, AdamW, schedule; ST's tokenizing is in its co
 run's steps, and of the runs the fastest. `job CPU` is the worker's CPU time over the job (all its threads), the
 measure least moved by other processes on a shared machine. Medians over the seeds; the ratio is ST's time over
 lightbert's (above 1: lightbert faster).
+
+`--device cuda` runs both sides on the GPU as each one's user gets it, so the precision differs from the CPU case
+(fp32 on both sides there): lightbert runs `trainer=gpu` with its GPU defaults, bf16-mixed autocast (fp32 weights and
+AdamW state), fp32 matmuls on TF32 (speed.matmul_precision=high) and the step compiled by torch.compile
+(speed.compile=null compiles a training run on CUDA; each run compiles afresh, its cache in the run's own
+paths.cache_dir, and that compiling counts in its job and its training loop); ST's TrainingArguments take bf16=True
+(the HF Trainer's bf16 autocast, fp32 weights), eager, without TF32. Both trained models are scored by
+`SentenceTransformer.encode` on the GPU in fp32, so lightbert's logged val/* (computed under bf16 autocast) differ from
+the recomputed scores by bf16's rounding, not by 1e-5 as on a CPU. The step timers synchronize the GPU at a step's
+start and end. The defaults grow with the device (see `main`): BERT-Base's size, more pairs, more steps.
 """
 
 from __future__ import annotations
@@ -57,10 +68,12 @@ METRICS = ("recall_at_1", "recall_at_10", "mrr_at_10", "ndcg_at_10")
 SOURCE = "CPython standard-library docstrings (summary line -> next paragraph); Python Software Foundation License v2"
 
 # BERT-Tiny's size (L2/H128/A2; Turc et al. 2019, bert_tiny here): what 2 CPU cores train 6 times in about 2 minutes.
-# --size mini: bert_mini's (L4/H256/A4), about 4x the work a step.
+# --size mini: bert_mini's (L4/H256/A4), about 4x the work a step. --size base: BERT-Base's (L12/H768/A12), the size
+# people fine-tune sentence embeddings from, --device cuda's default.
 SIZES = {
     "tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512},
     "mini": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024},
+    "base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
 }
 
 
@@ -176,6 +189,8 @@ def run_lightbert(args) -> dict:
     from lightbert import train
     from lightbert.run.configs import compose_config
 
+    sync = gpu_sync(args.device)
+
     class LoopTimer(L.Callback):  # first to last training batch, as ST's train_runtime counts its loop; each step
         start = end = None
 
@@ -183,11 +198,13 @@ def run_lightbert(args) -> dict:
             self.steps: list[float] = []
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            sync()
             self.step_start = time.perf_counter()
             if self.start is None:
                 self.start = self.step_start
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            sync()
             self.end = time.perf_counter()
             self.steps.append(self.end - self.step_start)
 
@@ -203,7 +220,7 @@ def run_lightbert(args) -> dict:
         f"init_from={args.model_dir}",
         f"task.data_files.train={args.data_dir}/train.jsonl",
         f"task.data_files.validation={args.data_dir}/dev.jsonl",
-        "trainer=cpu",
+        "trainer=cpu" if args.device == "cpu" else "trainer=gpu",  # with the GPU's defaults: bf16-mixed, compiled
         f"trainer.max_steps={args.steps}",
         f"trainer.max_epochs={args.epochs}",
         f"task.batch_size={args.batch_size}",
@@ -224,7 +241,7 @@ def run_lightbert(args) -> dict:
         L.Trainer.__init__ = original_init
     job = time.perf_counter() - started
     logged = {name: float(results["metrics"][f"val/{name}"]) for name in METRICS}
-    scores, exported = lightbert_scores(results, run_dir, Path(args.data_dir) / "dev.jsonl")
+    scores, exported = lightbert_scores(results, run_dir, Path(args.data_dir) / "dev.jsonl", args.device)
     return {
         "job_s": job,
         "train_loop_s": timer.end - timer.start,
@@ -236,7 +253,7 @@ def run_lightbert(args) -> dict:
     }
 
 
-def lightbert_scores(results: dict, run_dir: Path, dev_file: Path) -> tuple[dict, Path]:
+def lightbert_scores(results: dict, run_dir: Path, dev_file: Path, device: str = "cpu") -> tuple[dict, Path]:
     """The last checkpoint (the one its val/* numbers were logged for), exported as a sentence-transformers directory
     and scored as ST's model is."""
     from sentence_transformers import SentenceTransformer
@@ -244,7 +261,17 @@ def lightbert_scores(results: dict, run_dir: Path, dev_file: Path) -> tuple[dict
     from lightbert.interop.convert import to_hf
 
     exported = to_hf(results["last_checkpoint"], str(run_dir / "exported"))
-    return st_scores(SentenceTransformer(str(exported), device="cpu"), dev_file), exported
+    return st_scores(SentenceTransformer(str(exported), device=device), dev_file), exported
+
+
+def gpu_sync(device: str):
+    """What a step timer calls at a step's start and end: on CUDA, waiting for the GPU (its kernels run behind the
+    host); on a CPU, nothing."""
+    if device == "cpu":
+        return lambda: None
+    import torch
+
+    return torch.cuda.synchronize
 
 
 def run_sentence_transformers(args) -> dict:
@@ -263,7 +290,7 @@ def run_sentence_transformers(args) -> dict:
     started = time.perf_counter()
     word = models.Transformer(args.model_dir, max_seq_length=args.max_seq_length)
     pooling = models.Pooling(word.get_word_embedding_dimension(), pooling_mode="mean")
-    model = SentenceTransformer(modules=[word, pooling], device="cpu")
+    model = SentenceTransformer(modules=[word, pooling], device=args.device)
     train_data = datasets.load_dataset("json", data_files=f"{args.data_dir}/train.jsonl", split="train",
                                        cache_dir=str(run_dir / "hf-cache"))  # fmt: skip
     loss = losses.MultipleNegativesRankingLoss(model, scale=20.0)  # cosine similarity, its default
@@ -279,7 +306,7 @@ def run_sentence_transformers(args) -> dict:
         adam_beta2=0.999,
         adam_epsilon=1e-6,
         max_grad_norm=1.0,
-        optim="adamw_torch_fused",  # lightbert's optim.fused=null: torch's fused AdamW on CPU
+        optim="adamw_torch_fused",  # lightbert's optim.fused=null: torch's fused AdamW (CPU and CUDA)
         batch_sampler=BatchSamplers.NO_DUPLICATES,
         dataloader_drop_last=True,
         seed=args.seed,
@@ -289,15 +316,19 @@ def run_sentence_transformers(args) -> dict:
         logging_steps=max(1, args.steps // 4),
         report_to="none",
         disable_tqdm=True,
-        use_cpu=True,
+        # on a GPU, bf16 autocast as lightbert's trainer=gpu (the HF Trainer's bf16=True: fp32 weights)
+        **({"use_cpu": True} if args.device == "cpu" else {"use_cpu": False, "bf16": True}),
     )
     steps: list[float] = []
+    sync = gpu_sync(args.device)
 
     class StepTimer(transformers.TrainerCallback):  # from the batch in hand to the optimizer's step, as lightbert's
         def on_step_begin(self, args, state, control, **kwargs):
+            sync()
             self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
+            sync()
             steps.append(time.perf_counter() - self.start)
 
     trainer = SentenceTransformerTrainer(model=model, args=training_args, train_dataset=train_data, loss=loss,
@@ -324,6 +355,8 @@ def worker(args) -> None:
     result = run_lightbert(args) if args.worker == "lightbert" else run_sentence_transformers(args)
     result.update(system=args.worker, seed=args.seed, threads=torch.get_num_threads(), imports_s=started - T0,
                   job_cpu_s=time.process_time() - cpu)  # fmt: skip
+    if args.device == "cuda":
+        result["gpu"] = torch.cuda.get_device_name(0)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -335,7 +368,7 @@ def launch(system: str, seed: int, args, paths: dict, run_dir: Path) -> dict:
                "--model-dir", str(paths["model"]), "--data-dir", str(paths["data"]), "--run-dir", str(run_dir),
                "--steps", str(args.steps), "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
                "--max-seq-length", str(args.max_seq_length), "--lr", str(args.lr),
-               "--threads", str(args.threads)]  # fmt: skip
+               "--threads", str(args.threads), "--device", args.device]  # fmt: skip
     for override in args.lightbert_overrides:
         command += ["--lightbert", override]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
@@ -410,7 +443,9 @@ def compare(args) -> dict:
                 raise SystemExit(f"{system} ran {result['steps']} steps, not {args.steps}")
     summary = {
         "date": datetime.date.today().isoformat(),
-        "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}",
+        "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}"
+        + (f", {runs[0]['gpu']}" if "gpu" in runs[0] else ""),
+        "device": args.device,
         "command": "python bench/embedding_trainer.py " + " ".join(sys.argv[1:]),
         "data": {"source": SOURCE, "train_pairs": args.num_train, "heldout_pairs": len(dev_rows)},
         "model": {"size": args.size, **SIZES[args.size]},
@@ -438,14 +473,18 @@ def compare(args) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="about a minute: 320 training pairs, one epoch, one seed")
-    parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="the model's size (default tiny)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where both sides train (cuda: bf16 autocast on both, lightbert compiled)")  # fmt: skip
+    parser.add_argument("--size", choices=sorted(SIZES), default=None, help="default tiny (cuda: base)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2 (--quick: 0)")
-    parser.add_argument("--num-train", type=int, default=None, help="training pairs (default 1280; --quick 320)")
+    parser.add_argument("--num-train", type=int, default=None,
+                        help="training pairs (default 1280, cuda 1920; --quick 320)")  # fmt: skip
     parser.add_argument("--num-dev", type=int, default=None, help="held-out pairs, at least (default 300; --quick 200)")
-    parser.add_argument("--epochs", type=int, default=None, help="default 1")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--epochs", type=int, default=None, help="default 1 (cuda 4; --quick 1)")
+    parser.add_argument("--batch-size", type=int, default=None, help="default 32 (cuda 64)")
     parser.add_argument("--max-seq-length", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (a small model from scratch)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="peak learning rate (default 3e-4, a small model from scratch; cuda 1e-4)")  # fmt: skip
     parser.add_argument("--vocab-size", type=int, default=None, help="WordPiece entries (default 8000)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads on both sides")
     parser.add_argument("--lightbert", dest="lightbert_overrides", action="append", default=[], metavar="OVERRIDE",
@@ -463,11 +502,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         worker(args)
         return
-    quick = args.quick
+    quick, gpu = args.quick, args.device == "cuda"
     args.seeds = args.seeds or ([0] if quick else [0, 1, 2])
-    args.num_train = args.num_train or (320 if quick else 1280)
+    # On a GPU: BERT-Base's size, what sentence embeddings are fine-tuned from (a tiny or mini step is a few
+    # launch-bound milliseconds there: it would time the host, not the training); 64 pairs a batch, a busier GPU and
+    # more in-batch negatives, as MultipleNegativesRankingLoss is used; 1,920 pairs, nearly all the docstrings leave
+    # beside the held-out files, for 4 epochs: 120 steps, enough for a steady median step. The whole job and the loop
+    # still hold lightbert's compiling (never measured here; tens of seconds by estimate), which so short a run does
+    # not pay back, as a user's short first run does not. lr 1e-4: BERT's own peak for its base size.
+    args.size = args.size or ("base" if gpu else "tiny")
+    args.num_train = args.num_train or (320 if quick else 1920 if gpu else 1280)
     args.num_dev = args.num_dev or (200 if quick else 300)
-    args.epochs = args.epochs or 1
+    args.epochs = args.epochs or (4 if gpu and not quick else 1)
+    args.batch_size = args.batch_size or (64 if gpu else 32)
+    args.lr = args.lr or (1e-4 if gpu else 3e-4)
     args.vocab_size = args.vocab_size or 8000
     summary = compare(args)
     print(summary["table"])

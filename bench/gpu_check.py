@@ -25,11 +25,17 @@ reported as "not run: <why>" and the next part starts; the overall --budget caps
    is missing (fp8 without torchao) is reported as not run, with the reason.
 8. The modern encoder's pre-training step (`--modern-model`, modernbert_base): its recipe's (masked LM alone on
    packed chunks of documents, 30% masked, StableAdamW) at 1,024 tokens, 32 rows, eager and compiled, against
-   transformers' ModernBertForMaskedLM eager and compiled: its MFU. Last, as issue 63's and not issue 60's: where the
+   transformers' ModernBertForMaskedLM eager and compiled: its MFU. As issue 63's and not issue 60's: where the
    parts before it spend the overall budget, `--parts "pre-training modernbert"` runs it alone.
+9. Sentence embeddings (issue 69): `bench/embedding_trainer.py --device cuda`, lightbert's `task=embedding` against
+   sentence-transformers' `SentenceTransformerTrainer` (MultipleNegativesRankingLoss), the same BERT-Base-sized model,
+   pairs, steps, schedule and seed, each side in a fresh process with its GPU defaults (lightbert: bf16-mixed,
+   compiled; ST: bf16=True): the whole job's and the training loop's time ratios, one step each side, NDCG@10 each
+   side. Not run without sentence-transformers and accelerate; `--parts "sentence embeddings"` runs it alone.
 
 Every case is `bench/pretrain_step.py`'s or `bench/predict_vs_pipeline.py`'s own code, imported, and read with
-`bench/switch_table.py`'s parsing, so the figures mean what those scripts print. Each pre-training case also runs
+`bench/switch_table.py`'s parsing, so the figures mean what those scripts print (part 9: `bench/embedding_trainer.py`'s
+`main`, read from the JSON it writes). Each pre-training case also runs
 one steady step of lightbert's under torch's profiler (`bench/step_profile.py`): milliseconds and share by kind of
 work (GEMM, attention, normalization, element-wise, loss, optimizer, copies, host gaps) and the kernel launches,
 in a second table. With `--device cpu` the sizes are tiny (bert_tiny, 64 tokens, batch 4, one repeat, graphs
@@ -57,6 +63,7 @@ import io
 import json
 import multiprocessing
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -97,6 +104,7 @@ PYTEST_LINE = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|
 PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 PROFILE = re.compile(r"^profile json: (\{.*\})$", re.MULTILINE)
 HEADLINE = "headline command (src/train.py)"
+EMBEDDING = "lightbert vs sentence-transformers"
 # The figures issue 60 sets targets for, in the JSON's "targets" (null where not run, always with --device cpu).
 TARGETS = [
     "headline_bert_large_s128_b32_mfu",
@@ -128,7 +136,7 @@ class Part:
     name: str
     budget: float  # seconds on a GPU; on a CPU the tiny sizes need less
     cases: dict[str, list[str]] = field(default_factory=dict)  # case -> command-line flags of its script
-    kind: str = "pretrain"  # pretrain | finetune | inference | pytest
+    kind: str = "pretrain"  # pretrain | finetune | inference | embedding | pytest
     not_run: dict[str, str] = field(default_factory=dict)  # case -> why it cannot run here
 
 
@@ -160,6 +168,15 @@ def parts(args: argparse.Namespace) -> list[Part]:
         "test_reduce_overhead_with_packing_records_no_graph_after_its_warm_up runs CUDA graphs",
         "speed.matmul_precision": "it changes fp32 matmuls only, and these steps run in bf16",
     }
+    embedding_cases, embedding_not_run = {EMBEDDING: embedding_flags(args)}, {}
+    packages = {"sentence_transformers": "sentence-transformers", "accelerate": "accelerate"}
+    if missing := [package for name, package in packages.items() if importlib.util.find_spec(name) is None]:
+        verb = "is" if len(missing) == 1 else "are"
+        why = (
+            f"{' and '.join(missing)} {verb} not installed (the reference side, SentenceTransformerTrainer, needs both:"
+            " the dev extra, pip install -e '.[dev]'; on a GPU machine without network, their wheels on PYTHONPATH)"
+        )
+        embedding_cases, embedding_not_run = {}, {EMBEDDING: why}
     if importlib.util.find_spec("torchao") is None:
         del switches["speed.fp8=true"]
         not_run["speed.fp8=true"] = "torchao is not installed (the fp8 extra: pip install -e '.[fp8]')"
@@ -188,7 +205,20 @@ def parts(args: argparse.Namespace) -> list[Part]:
             120,
             {"eager": modern, "compiled": [*modern, "--compile", "--hf-compile"]},
         ),
+        # Two fresh processes (imports, data, a WordPiece vocabulary, bert_base written) and lightbert's compiling:
+        # about 4 minutes on a GPU by estimate, never measured; on a CPU two tiny 4-step runs take about a minute.
+        Part("sentence embeddings", 300, embedding_cases, kind="embedding", not_run=embedding_not_run),
     ]
+
+
+def embedding_flags(args: argparse.Namespace) -> list[str]:
+    """bench/embedding_trainer.py's flags: on a GPU its --device cuda defaults (bert_base's size, 1,920 pairs, 120
+    steps of 64) with one seed; on a CPU its smallest run (64 pairs, 4 steps of 16, tiny), as tests/test_bench.py's."""
+    threads = ["--threads", str(torch.get_num_threads()), "--seeds", "0"]
+    if args.device == "cuda":
+        return ["--device", "cuda", *threads]
+    return ["--device", "cpu", "--quick", "--num-train", "64", "--num-dev", "40", "--batch-size", "16",
+            "--max-seq-length", "32", "--vocab-size", "1000", *threads]  # fmt: skip
 
 
 def headline_overrides(args: argparse.Namespace) -> list[str]:
@@ -249,6 +279,43 @@ def headline_case(overrides: list[str], run_dir: Path) -> dict:
     return {**steady_rate(run_dir / "metrics.csv", steps), "command_s": round(seconds, 1)}
 
 
+def embedding_case(flags: list[str], out: Path) -> dict:
+    """bench/embedding_trainer.py's comparison (its two workers are processes of this part's group): the ratios and
+    each side's times and scores (medians over its seeds, the fastest run's step), its settings; its own table and
+    JSON in `out` as sentence-embeddings.md/.json. The work directory (data, models, runs) is removed once it ends."""
+    import embedding_trainer
+
+    work, summary_path = out / "sentence-embeddings-work", out / "sentence-embeddings.json"
+    shutil.rmtree(work, ignore_errors=True)
+    argv = sys.argv
+    sys.argv = ["embedding_trainer.py", *flags]  # what its summary's "command" says
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            embedding_trainer.main([*flags, "--work-dir", str(work), "--out", str(summary_path)])
+    except SystemExit as error:  # a worker's failure: its stderr's tail, kept whole beside the table; one line here
+        log = out / "sentence-embeddings-error.log"
+        log.write_text(f"{error.code}\n")
+        lines = [line.strip() for line in str(error.code).splitlines() if line.strip()] or ["no message"]
+        said = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+        raise RuntimeError(f"{said} (see {log.name})") from None
+    finally:
+        sys.argv = argv
+    shutil.rmtree(work, ignore_errors=True)  # bert_base's checkpoints and exports: gigabytes
+    summary = json.loads(summary_path.read_text())
+    found = {"ratio_job": round(summary["ratio_job"], 3), "ratio_train_loop": round(summary["ratio_train_loop"], 3)}
+    for system in ("lightbert", "sentence-transformers"):
+        runs = [r for r in summary["runs"] if r["system"] == system]
+        side = {
+            key: round(statistics.median(r[key] for r in runs), 2) for key in ("job_s", "train_loop_s", "imports_s")
+        }
+        side["step_ms"] = round(min(r["step_ms"] for r in runs), 2)
+        side["scores"] = {m: round(statistics.mean(r["scores"][m] for r in runs), 4) for m in embedding_trainer.METRICS}
+        found[system] = side
+    found["logged_vs_recomputed_max_abs"] = summary["logged_vs_recomputed_max_abs"]
+    found.update({key: summary[key] for key in ("device", "model", "data", "settings", "machine")})
+    return found
+
+
 def steady_rate(metrics: Path, steps: int) -> dict:
     """A run's steady `train/tokens_per_s` (and `train/mfu` on a GPU) from its metrics.csv: the median of the logged
     steps of its second half, or of every logged step where the second half logged none."""
@@ -269,6 +336,8 @@ def run_case(part: Part, flags: list[str], datamodules: dict) -> str:
     out = io.StringIO()
     if flags and "=" in flags[0]:  # src/train.py's overrides: the headline command
         return json.dumps(headline_case(flags, datamodules["out"] / "headline-run"))
+    if part.kind == "embedding":
+        return json.dumps(embedding_case(flags, datamodules["out"]))
     if part.kind == "inference":
         argv = sys.argv
         sys.argv = ["predict_vs_pipeline.py", *flags]
@@ -313,7 +382,9 @@ def part_process(part: Part, path: Path) -> None:
         started = time.perf_counter()
         try:
             output = run_case(part, flags, datamodules)
-            results[case] = json.loads(output) if case == HEADLINE else figures(case, output)
+            results[case] = (
+                json.loads(output) if case == HEADLINE or part.kind == "embedding" else figures(case, output)
+            )
         except KeyboardInterrupt:
             results[case] = {"not run": "interrupted by SIGINT (Ctrl-C)"}
             path.write_text(json.dumps(results))
@@ -404,6 +475,8 @@ def run_part(part: Part, args: argparse.Namespace, budget: float) -> dict[str, d
     process group and raises `StopSignal` holding what finished."""
     if part.kind == "pytest":
         return run_pytest(part, args, budget)
+    if not part.cases:  # every case needs what is missing here: no process to start
+        return {case: {"not run": reason} for case, reason in part.not_run.items()}
     import_benchmarks()
     path = args.out / "parts" / (re.sub(r"\W+", "_", part.name) + ".json")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -465,6 +538,8 @@ def table_rows(part: str, results: dict[str, dict]) -> list[list[str]]:
                                                                              else "")])  # fmt: skip
         elif "error" in found:
             rows.append([part, case, "", "", "", "", "", "", f"not run: {found['error']}"])
+        elif case == EMBEDDING:
+            rows += embedding_rows(part, found)
         elif case == HEADLINE:
             ratio = f"{found['vs bare step']:.2f}x the bare step's tokens/s" if "vs bare step" in found else ""
             mfu = f"{100 * found['mfu']:.1f}%" if "mfu" in found else ""
@@ -482,6 +557,23 @@ def table_rows(part: str, results: dict[str, dict]) -> list[list[str]]:
             rows.append([part, case, f"{ours['ms']}" if ours else "", throughput, peak, found.get("vs eager", ""),
                          found.get("vs compiled", ""), hf_peak, notes])  # fmt: skip
     return rows
+
+
+def embedding_rows(part: str, found: dict) -> list[list[str]]:
+    """Sentence embeddings' rows: the whole job's and the training loop's ratio (ST's time over lightbert's, in the
+    "vs transformers" column), one step each side, NDCG@10 each side."""
+    ours, theirs = found["lightbert"], found["sentence-transformers"]
+    steps = f"{found['settings']['steps']} steps of {found['settings']['batch_size']} pairs, {found['model']['size']}"
+    ndcg = f"lightbert {ours['scores']['ndcg_at_10']:.3f}, sentence-transformers {theirs['scores']['ndcg_at_10']:.3f}"
+    return [
+        [part, "whole job", "", "", "", f"{found['ratio_job']:.2f}x", "", "",
+         f"lightbert {ours['job_s']:.1f} s, sentence-transformers {theirs['job_s']:.1f} s; {steps}"],
+        [part, "training loop", "", "", "", f"{found['ratio_train_loop']:.2f}x", "", "",
+         f"lightbert {ours['train_loop_s']:.1f} s, sentence-transformers {theirs['train_loop_s']:.1f} s"],
+        [part, "one step", f"{ours['step_ms']:.1f}", "", "", f"{theirs['step_ms'] / ours['step_ms']:.2f}x", "", "",
+         f"sentence-transformers {theirs['step_ms']:.1f} ms (median step; the fastest seed's)"],
+        [part, "NDCG@10", "", "", "", "", "", "", ndcg + " (held-out docstring pairs)"],
+    ]  # fmt: skip
 
 
 def profile_rows(report: dict) -> list[list[str]]:
@@ -667,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
         for part in all_parts:
             if args.parts and not any(part.name in named(given, names) for given in args.parts):
                 continue
-            cases = [*(part.cases or ["gpu tests"]), *part.not_run]
+            cases = [*(part.cases or (["gpu tests"] if part.kind == "pytest" else [])), *part.not_run]
             if interrupted:
                 report["parts"][part.name] = {
                     c: {"not run": f"the run was interrupted by {interrupted}"} for c in cases

@@ -30,7 +30,7 @@ def test_gpu_check_runs_every_kind_of_part_and_reports_what_it_could_not_run(tmp
     command = [
         "--device", "cpu", "--out", str(tmp_path),
         "--pytest-paths", "tests/test_gpu.py",  # the marked tests live there; the whole suite's collection takes long
-        "--parts", "pytest", "bert_tiny at 128 tokens", "fine-tuning", "inference",
+        "--parts", "pytest", "bert_tiny at 128 tokens", "fine-tuning", "inference", "sentence embeddings",
         "--model", "bert_unknown",  # pretrain_step.py refuses it: the fine-tuning part raises
         "--large-model", "bert_tiny",
         "--part-budget", "inference=0.01",  # less than even a forked process takes to load a model: past its budget
@@ -44,7 +44,9 @@ def test_gpu_check_runs_every_kind_of_part_and_reports_what_it_could_not_run(tmp
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     parts = report["parts"]
     # A part's whole name picks that part alone ("bert_tiny at 128 tokens, batch 32" starts so too)
-    assert list(parts) == ["pytest -m gpu", "bert_tiny at 128 tokens", "fine-tuning step", "inference"]
+    assert list(parts) == [
+        "pytest -m gpu", "bert_tiny at 128 tokens", "fine-tuning step", "inference", "sentence embeddings",
+    ]  # fmt: skip
     gpu_tests = parts["pytest -m gpu"]["gpu tests"]
     assert gpu_tests["counts"]["skipped"] >= 10 and set(gpu_tests["counts"]) == {"skipped"}  # no CUDA here
     assert gpu_tests["failed"] == [] and gpu_tests["exit_code"] == 0
@@ -61,6 +63,14 @@ def test_gpu_check_runs_every_kind_of_part_and_reports_what_it_could_not_run(tmp
     assert all(profile["kinds"][k]["ms"] > 0 for k in ("GEMM", "attention", "normalization", "loss", "optimizer"))
     assert "unknown --model bert_unknown" in parts["fine-tuning step"]["eager"]["error"]
     assert parts["inference"]["predict vs pipeline"] == {"not run": "the part ran past its budget of 0.01 s"}
+    # bench/embedding_trainer.py's smallest run (4 steps of 16 pairs, bert_tiny's size): both sides trained and scored
+    embedding = parts["sentence embeddings"]["lightbert vs sentence-transformers"]
+    assert embedding["ratio_job"] > 0 and embedding["ratio_train_loop"] > 0, embedding
+    assert embedding["settings"]["steps"] == 4 and embedding["device"] == "cpu" and embedding["model"]["size"] == "tiny"
+    for side in ("lightbert", "sentence-transformers"):
+        assert embedding[side]["step_ms"] > 0 and 0 <= embedding[side]["scores"]["ndcg_at_10"] <= 1
+    assert embedding["logged_vs_recomputed_max_abs"] < 1e-5
+    assert not (tmp_path / "sentence-embeddings-work").exists()  # the runs' directories are removed
     # What a committed result needs: the device, torch, the commit, and the six targets (null on a CPU)
     assert report["device"] == "cpu" and report["torch"] == torch.__version__
     assert report["commit"] is None or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", report["commit"])
@@ -69,17 +79,55 @@ def test_gpu_check_runs_every_kind_of_part_and_reports_what_it_could_not_run(tmp
     assert len(dated) == 1 and json.loads(dated[0].read_text()) == report
 
     table = (tmp_path / "gpu-check.md").read_text().splitlines()
-    rows = [line for line in table[:10] if line.startswith("| ") and not line.startswith("| part |")]
-    assert len(rows) == 4 and table[2].startswith("| part | case | lightbert ms | throughput | % of matmul peak |")
+    rows = [line for line in table[:14] if line.startswith("| ") and not line.startswith("| part |")]
+    assert len(rows) == 8 and table[2].startswith("| part | case | lightbert ms | throughput | % of matmul peak |")
     assert rows[0].endswith(f"| {gpu_tests['counts']['skipped']} skipped |")
     assert rows[1].startswith("| bert_tiny at 128 tokens | eager | ") and "not run" not in rows[1]
     assert "not run: SystemExit: pretrain_step.py: unknown --model bert_unknown" in rows[2]
     assert rows[3].endswith("| not run: the part ran past its budget of 0.01 s |")
+    assert [row.split(" | ")[1] for row in rows[4:]] == ["whole job", "training loop", "one step", "NDCG@10"]
+    assert rows[4].startswith(f"| sentence embeddings | whole job |{'  |' * 3} {embedding['ratio_job']:.2f}x |")
+    assert rows[6].startswith(f"| sentence embeddings | one step | {embedding['lightbert']['step_ms']:.1f} |")
+    assert "sentence-transformers" in rows[7] and "not run" not in "".join(rows[4:])
     profiled = table[table.index("Where one steady step's time goes (torch.profiler, aten ops' CPU time):") + 2 :]
     assert profiled[0].startswith("| part | case | step ms | launches | GEMM ms (share) | attention ms (share) |")
     assert profiled[2].startswith(f"| bert_tiny at 128 tokens | eager | {profile['step_ms']:.1f} | ")
     assert stdout.strip().splitlines()[-1].startswith("gpu_check: ")
     assert "2 case(s) not run" in stdout
+
+
+def test_the_sentence_embeddings_part_is_not_run_without_its_reference_packages(tmp_path, monkeypatch):
+    """Without accelerate (or sentence-transformers), SentenceTransformerTrainer cannot run: the part is one row saying
+    so and which extra has it, and no process starts for it."""
+    gpu_check = gpu_check_module(monkeypatch)
+    find_spec = gpu_check.importlib.util.find_spec
+    monkeypatch.setattr(
+        gpu_check.importlib.util, "find_spec", lambda name: None if name == "accelerate" else find_spec(name)
+    )
+    monkeypatch.setattr(gpu_check.multiprocessing, "get_context", lambda method: pytest.fail("a process started"))
+    assert gpu_check.main(["--device", "cpu", "--out", str(tmp_path), "--parts", "sentence embeddings"]) == 0
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    why = report["parts"]["sentence embeddings"]["lightbert vs sentence-transformers"]["not run"]
+    assert why.startswith("accelerate is not installed (") and "pip install -e '.[dev]'" in why
+    assert f"| sentence embeddings | lightbert vs sentence-transformers |{'  |' * 6} not run: accelerate is" in (
+        (tmp_path / "gpu-check.md").read_text()
+    )
+
+
+def test_a_failed_embedding_worker_is_one_line_with_its_error_and_the_whole_stderr_in_a_log(tmp_path, monkeypatch):
+    """bench/embedding_trainer.py stops with a worker's stderr tail (a traceback): the case's error is its first line
+    and its last, and the whole of it is kept beside the table."""
+    gpu_check = gpu_check_module(monkeypatch)
+    import embedding_trainer
+
+    failure = "lightbert seed 0 failed (1):\nTraceback (most recent call last):\n  File x\nValueError: boom\n"
+    monkeypatch.setattr(embedding_trainer, "main", lambda argv: sys.exit(failure))
+    with pytest.raises(RuntimeError) as raised:
+        gpu_check.embedding_case(["--device", "cpu"], tmp_path)
+    assert str(raised.value) == (
+        "lightbert seed 0 failed (1): ... ValueError: boom (see sentence-embeddings-error.log)"
+    )
+    assert (tmp_path / "sentence-embeddings-error.log").read_text() == failure + "\n"
 
 
 TARGETS = [
