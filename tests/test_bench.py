@@ -333,32 +333,17 @@ def test_the_gpu_default_step_compiles_to_one_graph_on_meta_tensors():
         assert (found["graphs"], found["breaks"], found["recompilations"]) == (1, 0, 0), (packing, found)
 
 
-@pytest.mark.slow  # two fresh processes that import torch, Lightning and sentence-transformers, and train 4 steps each
-def test_the_embedding_benchmark_trains_both_sides_on_docstring_pairs_and_scores_them_alike(tmp_path):
-    """bench/embedding_trainer.py at its smallest (64 pairs, 4 steps of 16, one seed): each side trains in its own
-    process, both models are scored by the same metrics, lightbert's logged val/* equal that computation on its
-    exported model, and the summary has its keys. Timings are the benchmark's business, not the test's."""
-    pytest.importorskip("sentence_transformers")
-    pytest.importorskip("accelerate")  # SentenceTransformerTrainer's
+def test_the_embedding_benchmarks_pairs_repeat_no_text_and_hold_out_files_of_their_own(tmp_path):
+    """bench/embedding_trainer.py's data: (summary line, next paragraph) pairs from the standard library's docstrings,
+    every text once over both splits, the held-out pairs from source files the training pairs do not come from. (Its
+    two sides, trained and scored, run in tests/test_gpu_check.py's sentence-embeddings part.)"""
     bench = bench_module("embedding_trainer")
-    out = tmp_path / "out.json"
-    lines = run_bench(
-        "embedding_trainer.py", "--quick", "--num-train", "64", "--num-dev", "40", "--batch-size", "16",
-        "--max-seq-length", "32", "--vocab-size", "1000", "--work-dir", str(tmp_path / "work"), "--out", str(out),
-    )  # fmt: skip
-    assert re.fullmatch(r"job time ratio sentence-transformers / lightbert: \d+\.\d\dx; training loop: \d+\.\d\dx",
-                        lines[-1]), lines[-1]  # fmt: skip
-    summary = json.loads(out.read_text())
-    assert out.with_suffix(".md").read_text().startswith("| | lightbert")
-    keys = {"date", "command", "data", "model", "settings", "runs", "ratio_job", "ratio_train_loop", "table"}
-    assert keys <= set(summary)
-    assert [r["system"] for r in summary["runs"]] == ["lightbert", "sentence-transformers"]
-    for run in summary["runs"]:
-        assert run["steps"] == 4 and run["threads"] == 2
-        assert set(run["scores"]) == set(bench.METRICS) and all(0 <= v <= 1 for v in run["scores"].values())
-    assert summary["logged_vs_recomputed_max_abs"] < 1e-5
-    # The data: every text once, the held-out pairs from files of their own.
-    rows = {split: [json.loads(line) for line in (tmp_path / "work" / "data" / name).read_text().splitlines()]
-            for split, name in (("train", "train.jsonl"), ("validation", "dev.jsonl"))}  # fmt: skip
+    paths = bench.prepare_data(tmp_path, num_train=64, num_dev=40)
+    rows = {s: [json.loads(line) for line in p.read_text().splitlines()] for s, p in paths.items()}
     texts = [r[c] for split in rows.values() for r in split for c in ("anchor", "positive")]
     assert len(rows["train"]) == 64 and len(rows["validation"]) >= 40 and len(set(texts)) == len(texts)
+    sources = {}
+    for source, anchor, _ in bench.docstring_pairs():
+        sources.setdefault(anchor, source)
+    held_out = {sources[r["anchor"]] for r in rows["validation"]}
+    assert not held_out & {sources[r["anchor"]] for r in rows["train"]}

@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers.embedding_files import WORDS, pair_files, pair_rows, write_pairs
 from helpers.models import write_hf_bert, write_hf_modernbert
-from helpers.runs import compose_config, run_script_forked, snapshot
+from helpers.runs import compose_config, snapshot
 from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 from sentence_transformers.sentence_transformer.modules import Pooling
 
@@ -183,16 +183,6 @@ def test_evaluate_scores_the_run_again_as_its_embeddings_rank_the_pairs(bert_run
     for name, value in retrieval_scores(ranks).items():
         assert scores[f"val/{name}"] == pytest.approx(value, abs=1e-6), name
     assert torch.allclose(anchors.norm(dim=-1), torch.ones(len(anchors)), atol=1e-5)  # normalised, as trained
-
-
-def test_predict_writes_one_embedding_per_line(bert_run, tmp_path):
-    _, _, run_dir = bert_run
-    (tmp_path / "in.txt").write_text("river city music\nthe stream town song\n")
-    done = run_script_forked("predict", f"init_from={run_dir}", f"input_file={tmp_path / 'in.txt'}",
-                      f"output_file={tmp_path / 'out.jsonl'}")  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert len(lines) == 2 and all(len(line["embedding"]) == 32 for line in lines)
 
 
 def test_a_run_from_a_transformers_modernbert_learns(tmp_path, pairs):
