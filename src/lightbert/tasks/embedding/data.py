@@ -74,8 +74,8 @@ def encode_rows(batch: dict, columns: dict, tokenizer: BertTokenizer, max_seq_le
 
 class EmbeddingCollator:
     """Rows -> one padded (N, T) batch of every text: the rows' anchors (B), their positives (B), then their hard
-    negatives (B x k, row by row); `rows` is B. Validation batches carry each row's `idx` and the corpus `document`
-    of its positive."""
+    negatives (B x k, row by row); `rows` is B. Validation batches carry the corpus `document` of each row's
+    positive."""
 
     def __init__(self, pad_id: int, pad_to_multiple_of: int | tuple[int, ...] | None = 8):
         self.pad_id, self.pad_to_multiple_of = pad_id, pad_to_multiple_of
@@ -86,9 +86,8 @@ class EmbeddingCollator:
         batch = pad_batch([{"input_ids": t, "token_type_ids": [0] * len(t)} for t in texts], self.pad_id,
                           self.pad_to_multiple_of)  # fmt: skip
         batch["rows"] = len(rows)
-        for key in ("idx", "document"):
-            if key in rows[0]:
-                batch[key] = torch.tensor([r[key] for r in rows], dtype=torch.long)
+        if "document" in rows[0]:
+            batch["document"] = torch.tensor([r["document"] for r in rows], dtype=torch.long)
         return batch
 
 
@@ -243,7 +242,7 @@ class EmbeddingDataModule(FineTuningDataModule):
 
     def loader_columns(self, train: bool) -> list[str] | None:
         texts = ["anchor_ids", "positive_ids", "negative_ids"]
-        return texts if train else [*texts, "idx", "document"]
+        return texts if train else [*texts, "document"]
 
     def loader(self, split: str, train: bool = False) -> DataLoader:
         if not train:

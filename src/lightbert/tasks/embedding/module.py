@@ -74,13 +74,11 @@ class EmbeddingModule(TaskModule):
         self.log_mean("val/loss", self.val_losses[0], loss, 0 if padding or rows < 2 else rows)
         if not padding:
             anchors, positives, _ = split_texts(embeddings.detach(), rows)
-            self._validation.append((batch["idx"], batch["document"], anchors.float(), positives.float()))
+            self._validation.append((batch["document"], anchors.float(), positives.float()))
 
     def log_metrics(self) -> None:
-        idx, documents, anchors, positives = self._gathered_validation()
+        documents, anchors, positives = self._gathered_validation()
         self._validation = []
-        order = idx.argsort()
-        documents, anchors, positives = documents[order], anchors[order], positives[order]
         # The corpus: each distinct positive once (rows with one `document` share their positive's text), from the
         # first validated row that has it; a validation of part of the split (trainer.limit_val_batches) included.
         distinct, relevant = torch.unique(documents, return_inverse=True)  # relevant: each row's place in the corpus
@@ -91,14 +89,14 @@ class EmbeddingModule(TaskModule):
             self.log_computed(f"val/{name}", value, prog_bar=name == "ndcg_at_10")
 
     def _gathered_validation(self) -> tuple[torch.Tensor, ...]:
-        """This validation's (idx, document, anchor and positive embeddings) from every device: each example once
+        """This validation's (document, anchor and positive embeddings) from every device: each example once
         (the evaluation sampler gives each device its own share)."""
         hidden = self.config.hidden_size
         device = self.device
         parts = self._validation or [
-            (torch.zeros(0, dtype=torch.long, device=device),) * 2 + (torch.zeros(0, hidden, device=device),) * 2
+            (torch.zeros(0, dtype=torch.long, device=device), *(torch.zeros(0, hidden, device=device),) * 2)
         ]
-        local = [torch.cat([p[i] for p in parts]) for i in range(4)]
+        local = [torch.cat(column) for column in zip(*parts, strict=True)]
         if self.trainer.world_size == 1:
             return tuple(local)
         counts = self.all_gather(torch.tensor(len(local[0]), device=device)).view(-1)
