@@ -90,8 +90,8 @@ def test_the_compile_mode_reaches_torch_compile(tmp_path):
     no mode. The losses are compiled too, never in CUDA graphs (a replay would overwrite the logged losses)."""
     from helpers.runs import compose_config, run_settings
 
-    from lightbert.run.settings import SpeedSettings
     from lightbert.run.speed import apply_speed_switches
+    from lightbert.run.speed_settings import SpeedSettings
     from lightbert.tasks.pretraining.module import PreTrainingModule, pretraining_losses
 
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)

@@ -23,9 +23,9 @@ FLOORS = (
     ("tasks",),  # the task base, the head registry, pre-training, the fine-tuning base and the families
     ("plugins", "checkpoints"),  # what the Trainer is handed; checkpoint files read
     ("data",),  # plumbing every task shares
-    # the encoder and its checked architecture; processes and ranks; optimisers and their checked settings; atomic
-    # writes
-    ("model", "model_config", "cluster", "optim", "optim_config", "files"),
+    # the encoder and its checked architecture; processes and ranks; optimisers and their checked settings; a
+    # setting's one home (its typed field); atomic writes
+    ("model", "model_config", "cluster", "optim", "optim_config", "settings_fields", "files"),
     ("distributed", "errors", "hub"),  # the ground
 )
 

@@ -304,9 +304,11 @@ def fine_tuning_start(overrides: list[str], output_dir) -> tuple[torch.nn.Module
     `run_model`, the task's module, `load_pretrained_weights`; no data), and the weights that start fresh."""
     from helpers.runs import run_settings
 
-    from lightbert.run.building import instantiate_config, load_pretrained_weights, with_vocabulary
+    from lightbert.run.building import instantiate_config, with_vocabulary
     from lightbert.run.model_choice import run_model
     from lightbert.run.run_dir import Start
+    from lightbert.tasks.heads import carry_head, task_head
+    from lightbert.tasks.pretraining.continued import load_pretrained_weights
 
     settings = run_settings(compose_config(overrides, output_dir))
     model = run_model(settings, Start(), load_pretrained(settings.init_from))
@@ -317,7 +319,9 @@ def fine_tuning_start(overrides: list[str], output_dir) -> tuple[torch.nn.Module
         optim=settings.optim.hyperparameters(),
         _convert_="all",
     )
-    return module.model, load_pretrained_weights(settings, module, model.pretrained, tokenizer)
+    head = task_head(settings.task.module_class, settings.task.module_arguments)
+    carry = carry_head(model.pretrained, *head) if head is not None else None
+    return module.model, load_pretrained_weights(module.model, model.pretrained, tokenizer, carry)
 
 
 FAMILIES = [  # (the task's overrides, transformers' class): one task of each head family

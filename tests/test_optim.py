@@ -25,7 +25,7 @@ from lightbert.optim import (
 def train_steps(fused: bool, steps: int = 12) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     model = BertForPreTraining(TINY)
-    config = OptimConfig(lr=1e-3, warmup_steps=3, fused=fused)
+    config = OptimConfig.recipe(lr=1e-3, warmup_ratio=0.01, warmup_steps=3, fused=fused)
     optimizer = build_optimizer(model, config, total_steps=steps)
     input_ids, token_type_ids, attention_mask = random_batch()
     for _ in range(steps):
@@ -40,7 +40,12 @@ def train_steps(fused: bool, steps: int = 12) -> dict[str, torch.Tensor]:
 def test_fused_adamw_equals_the_foreach_implementation():
     """optim.fused=null picks the fused kernel on CPU (bench/RESULTS.md): same weights after 12 steps."""
     model = BertForPreTraining(TINY)
-    assert build_optimizer(model, OptimConfig(), total_steps=10)["optimizer"].defaults["fused"] is True
+    assert (
+        build_optimizer(model, OptimConfig.recipe(lr=1e-4, warmup_ratio=0.01), total_steps=10)["optimizer"].defaults[
+            "fused"
+        ]
+        is True
+    )
     fused, foreach = train_steps(fused=True), train_steps(fused=False)
     for name, weight in foreach.items():
         torch.testing.assert_close(fused[name], weight, atol=1e-6, rtol=1e-5, msg=name)
@@ -112,7 +117,9 @@ def test_lamb_on_a_fused_weight_takes_one_trust_ratio_per_block():
 
 def test_lamb_groups_the_fused_projections_by_their_blocks():
     model = BertForPreTraining(TINY)
-    optimizer = build_optimizer(model, OptimConfig(name="lamb"), total_steps=10)["optimizer"]
+    optimizer = build_optimizer(model, OptimConfig.recipe("lamb", lr=1e-4, warmup_ratio=0.01), total_steps=10)[
+        "optimizer"
+    ]
     fused = [g for g in optimizer.param_groups if g["blocks"] == 3]
     assert len(fused) == 1 and len(fused[0]["params"]) == TINY.num_hidden_layers and fused[0]["adapt"]
     assert all(p.shape == (3 * TINY.hidden_size, TINY.hidden_size) for p in fused[0]["params"])
@@ -252,7 +259,7 @@ def test_decay_ratio_and_decay_power_are_two_schedules():
     from lightbert.errors import ConfigError
 
     with pytest.raises(ConfigError, match="set one of them"):
-        OptimConfig(decay_ratio=0.1, decay_power=0.5)
+        OptimConfig.recipe(lr=1e-4, warmup_ratio=0.01, decay_ratio=0.1, decay_power=0.5)
 
 
 def test_lamb_loads_a_state_saved_without_blocks_or_foreach():
@@ -357,7 +364,7 @@ def test_decouple_lr_decays_by_weight_decay_times_the_share_of_the_peak_rate(nam
     weight_decay / 2 (ModernBERT's fully decoupled weight decay), not by lr x weight_decay; vectors not at all."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    config = OptimConfig(name=name, lr=1e-3, weight_decay=0.1, warmup_steps=2, decouple_lr=True)
+    config = OptimConfig.recipe(name, lr=1e-3, warmup_ratio=0, weight_decay=0.1, warmup_steps=2, decouple_lr=True)
     built = build_optimizer(model, config, total_steps=10)
     optimizer, schedule = built["optimizer"], built["lr_scheduler"]["scheduler"]
     start = [p.detach().clone() for p in model.parameters()]
@@ -376,7 +383,7 @@ def test_decouple_lr_is_refused_with_lamb():
     from lightbert.errors import ConfigError
 
     with pytest.raises(ConfigError, match="set optim.decouple_lr=false with lamb"):
-        OptimConfig(name="lamb", decouple_lr=True)
+        OptimConfig.recipe("lamb", lr=1e-4, warmup_ratio=0.01, decouple_lr=True)
 
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-master-weights"])
@@ -389,7 +396,7 @@ def test_stableadamw_resumes_from_its_state_dict(bf16):
     def make():
         torch.manual_seed(1)
         model = torch.nn.Linear(4, 5).to(torch.bfloat16 if bf16 else torch.float32)
-        config = OptimConfig(name="stableadamw", lr=1e-2, betas=(0.9, 0.98), weight_decay=0.1, decouple_lr=True)
+        config = OptimConfig.recipe("stableadamw", lr=1e-2, warmup_ratio=0.01, weight_decay=0.1)
         built = build_optimizer(model, config, total_steps=6)
         return model, built["optimizer"], built["lr_scheduler"]["scheduler"]
 

@@ -145,8 +145,8 @@ def test_the_speed_switches_set_the_encoders_unpadding_and_it_takes_only_known_m
     it does not know and keeps the one it had."""
     from helpers.runs import compose_config, run_settings
 
-    from lightbert.run.settings import SpeedSettings
     from lightbert.run.speed import apply_speed_switches
+    from lightbert.run.speed_settings import SpeedSettings
     from lightbert.tasks.glue.module import SequenceClassificationModule
 
     module = SequenceClassificationModule(CONFIG.to_dict(), {"lr": 1e-4}, task="sst2")

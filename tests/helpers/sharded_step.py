@@ -67,7 +67,7 @@ def step(
         model = BertForPreTraining(CONFIG)
         shard_bert(model, init_device_mesh("cpu", (world_size,)), "32-true", activation_checkpointing=checkpointing)
         input_ids = torch.randint(0, CONFIG.vocab_size, (2 * world_size, 8), generator=torch.Generator().manual_seed(1))
-        settings = OptimConfig(name=optimizer, warmup_ratio=0, lr=1e-2)
+        settings = OptimConfig.recipe(optimizer, warmup_ratio=0, lr=1e-2)
         expected = build_optimizer(reference, settings, 10)["optimizer"]
         sharded = build_optimizer(model, settings, 10)["optimizer"]
         for scale in (1.0, 1000.0) if spike else (1.0,):

@@ -19,8 +19,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, Pr
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from lightbert.checkpoints.reading import Pretrained, load_into
-from lightbert.data.tokenizer import BertTokenizer
+from lightbert.checkpoints.reading import Pretrained
 from lightbert.errors import ConfigError, ParameterError, UserError, message_of
 from lightbert.model_config import BertConfig
 from lightbert.plugins.agreement import SameResumeOnEveryNode
@@ -28,16 +27,17 @@ from lightbert.plugins.callbacks import CompileTime, FineTuningResume, RunProgre
 from lightbert.plugins.checkpointing import (
     AtomicCheckpointIO,
     CheckpointsWhereTheRunIs,
+    EpochsFromPhaseStart,
     LatestCheckpoint,
     ResumableRNG,
 )
 from lightbert.plugins.launcher import use_run_launcher
 from lightbert.plugins.loggers import RunCSVLogger
+from lightbert.run.model_choice import RunModel
 from lightbert.run.run_dir import Start
 from lightbert.run.settings import RunSettings
 from lightbert.run.speed import apply_speed_switches
-from lightbert.tasks.heads import carry_head, head_of, task_head
-from lightbert.tasks.pretraining.continued import carried_line, with_added_words
+from lightbert.tasks.pretraining.continued import load_pretrained_weights
 
 log = logging.getLogger(__name__)
 
@@ -126,83 +126,48 @@ def phase_datamodules(settings: RunSettings, first: L.LightningDataModule) -> di
     return built
 
 
-def data_and_module(
-    settings: RunSettings, pretrained: Pretrained | None, model_config: BertConfig, kwargs: dict, training: bool = True
-):
+def data_and_module(settings: RunSettings, model: RunModel, kwargs: dict, training: bool = True):
     """A run's data and its LightningModule. The data: the task's DataModule, and for training each phase's
     (`phase_datamodules`; none without phases). The module: the model `run.model_choice` decided, with the tokenizer's
-    vocabulary, holding init_from's weights. Then the speed switches, on the data's batches and the module. Returns
-    the DataModule, the phases' DataModules by number, the module and the weights that start fresh."""
+    vocabulary, holding init_from's weights (and its head where `RunModel.carry` says so). Then the speed switches, on
+    the data's batches and the module. Returns the DataModule, the phases' DataModules by number, the module and the
+    weights that start fresh."""
     compiles = step_compiles(settings, training)  # decided once, for the batches' shapes and the module
     data = datamodule(settings, kwargs)
     phases = phase_datamodules(settings, data) if training else {}
+    pretrained = model.pretrained
     module = instantiate_config(
         settings.task.module,
-        model=with_vocabulary(model_config, data.tokenizer, pretrained),
+        model=with_vocabulary(model.config, data.tokenizer, pretrained),
         optim=settings.optim.hyperparameters(),
-        **chosen_by_init_from(settings, pretrained),
+        **model.chosen,
         _convert_="all",
     )
-    fresh = load_pretrained_weights(settings, module, pretrained, data.tokenizer) if pretrained is not None else []
+    fresh = load_pretrained_weights(module.model, pretrained, data.tokenizer, model.carry) if pretrained else []
     speed, trainer, task = settings.speed, settings.trainer, settings.task
     datamodules = (data, *phases.values())
     apply_speed_switches(module, speed, trainer, task.packing, compiles, training, task.cache_dir, datamodules)
     return data, phases, module, fresh
 
 
-def chosen_by_init_from(settings: RunSettings, pretrained: Pretrained | None) -> dict:
-    """The task module's arguments that the config leaves null for init_from to decide (`Head.from_checkpoint`: an
-    embedding model's pooling), said on the console once."""
-    wanted = task_head(settings.task.module_class, settings.task.module_arguments)
-    if wanted is None or wanted[0].from_checkpoint is None:
-        return {}
-    head = wanted[0]
-    found = head_of(pretrained) if pretrained is not None else None
-    theirs = found[1] if found is not None and found[0] == head.name else None
-    given = settings.task.module_arguments
-    chosen = {k: v for k, v in head.from_checkpoint(theirs).items() if given.get(k) is None}
-    if chosen:
-        values = ", ".join(f"task.{k}={v}" for k, v in chosen.items())
-        whose = f"init_from={settings.init_from}'s" if theirs is not None else "the defaults, init_from has none"
-        log.info(f"{values}: {whose} (set them on the command line to change)")
-    return chosen
-
-
 def with_vocabulary(config: BertConfig, tokenizer, pretrained: Pretrained | None) -> dict:
     """The architecture as the LightningModule takes it, with its vocabulary: the size files leave it to the
     tokenizer; a checkpoint brings its own embedding rows, which its tokenizer fits (`run.model_choice.vocabulary`),
     or as many as the run's tokenizer has tokens where it has more (the words `task.datamodule.add_words` added:
-    `load_pretrained_weights` grows init_from's rows for them, `with_added_words`)."""
+    `continued.load_pretrained_weights` grows init_from's rows for them)."""
     if pretrained is None:
         return replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id).to_dict()
     return replace(config, vocab_size=max(pretrained.config["vocab_size"], tokenizer.vocab_size)).to_dict()
-
-
-def load_pretrained_weights(
-    settings: RunSettings, module: L.LightningModule, pretrained: Pretrained, tokenizer: BertTokenizer
-) -> list[str]:
-    """init_from's weights into the task's model: its rows grown for the words `tokenizer` added to its own
-    (`with_added_words`), the encoder, and its fine-tuned head where that head means what the task's does (one
-    console line says whether it was carried, how its labels matched, or why not). Returns the weights that start
-    fresh."""
-    pretrained, growth = with_added_words(pretrained, tokenizer)
-    wanted = task_head(settings.task.module_class, settings.task.module_arguments)
-    carry = carry_head(pretrained, *wanted) if wanted is not None else None
-    # With a fine-tuned head, load_into says its line (and what of it starts from init_from's masked-LM head); without
-    # (pre-training), what is carried and what starts fresh is said after, in one line.
-    fresh = load_into(module.model, pretrained, carry, say=carry is not None)
-    if carry is None:
-        log.info(carried_line(module.model, pretrained, fresh, growth))
-    return fresh
 
 
 # What evaluation runs without: it saves no checkpoint and trains no step.
 TRAINING_ONLY_CALLBACKS = (ModelCheckpoint, LatestCheckpoint, ResumableRNG, LearningRateMonitor)
 
 
-def callbacks(settings: RunSettings, start: Start | None = None) -> list:
+def callbacks(settings: RunSettings, start: Start | None = None, first_step: int = 0) -> list:
     """The run's callbacks: the config's, and the job's one resume decision (`start`); without `start`, an
-    evaluation's, which saves no checkpoint and trains no step."""
+    evaluation's, which saves no checkpoint and trains no step. `first_step`: where the phase of the recipe that they
+    train starts (`EpochsFromPhaseStart`, for a later phase)."""
     built = [instantiate_config(c) for c in settings.callbacks]
     if start is None:
         return [c for c in built if not isinstance(c, TRAINING_ONLY_CALLBACKS)]
@@ -212,6 +177,7 @@ def callbacks(settings: RunSettings, start: Start | None = None) -> list:
         *([FineTuningResume()] if start.resuming and settings.task.fine_tuning else []),
         *([CheckpointsWhereTheRunIs()] if start.resuming else []),  # a run directory moved since it was saved
         *([CompileTime()] if settings.compiles else []),
+        *([EpochsFromPhaseStart(first_step)] if first_step else []),
     ]
 
 

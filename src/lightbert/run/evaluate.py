@@ -79,9 +79,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         try:
             # The DataModule (fine-tuning data: no training split needed) and the LightningModule with the weights.
             kwargs = {**model.tokenizer, **({"fit": False} if task.fine_tuning else {})}
-            datamodule, _, module, fresh = building.data_and_module(
-                settings, model.pretrained, model.config, kwargs, training=False
-            )
+            datamodule, _, module, fresh = building.data_and_module(settings, model, kwargs, training=False)
             if fresh:
                 raise UserError(
                     f"init_from={settings.init_from} has no fine-tuned {task.name} head: {', '.join(fresh[:3])} would "

@@ -10,14 +10,14 @@ from typing import NamedTuple
 
 from omegaconf import OmegaConf
 
-from lightbert.checkpoints.reading import Pretrained
+from lightbert.checkpoints.reading import HeadCarry, Pretrained
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import ConfigError, UserError
 from lightbert.model_config import INITIALIZER_FIELDS, REGULARISATION_FIELDS, SIZE_FIELDS, BertConfig
 from lightbert.run.configs import CONF_DIR
 from lightbert.run.run_dir import Start
 from lightbert.run.settings import RunSettings
-from lightbert.tasks.heads import carry_head, head_of, task_head
+from lightbert.tasks.heads import carry_head, head_of, head_start, task_head
 from lightbert.tasks.pretraining.continued import check_added_words_fit
 from lightbert.tasks.pretraining.domain_words import read_word_file
 
@@ -30,6 +30,10 @@ class RunModel(NamedTuple):
     tokenizer: dict  # what the DataModule is given of the tokenizer (`vocabulary`)
     name: str | None  # init_from's conf/model/ size (`size_name`), for the record; None: the model= the config names
     left_to_right: str | None  # why the model attends left to right, for the run line; None: both ways
+    # Whether init_from's fine-tuned head starts the task's (`tasks.heads.carry_head`, which says why in its line);
+    # None without a head to carry (pre-training, no init_from).
+    carry: HeadCarry | None
+    chosen: dict  # the task module's arguments the config leaves to init_from (`tasks.heads.head_start`)
 
 
 def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None) -> RunModel:
@@ -77,7 +81,9 @@ def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None
             f"segments (a sentence pair); fine-tune it on a task of single sentences, or start from a model with "
             f"type_vocab_size {segments}"
         )
-    return RunModel(pretrained, config, tokenizer, name, left_to_right)
+    task = settings.task
+    carry, chosen = head_start(task.module_class, task.module_arguments, pretrained, settings.init_from)
+    return RunModel(pretrained, config, tokenizer, name, left_to_right, carry, chosen)
 
 
 def model_sizes(settings: RunSettings, pretrained: Pretrained | None) -> BertConfig:

@@ -69,7 +69,8 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
         else ["metrics.csv", "checkpoints/", "tokenizer.json", "predictions/"]
     )
     outputs = [RESULTS_FILE, *_existing(output_dir, left)]
-    write_atomically(output_dir / RESULTS_FILE, json.dumps(finite_or_null(results), indent=2, allow_nan=False) + "\n")
+    recorded = finite_or_null(results)
+    write_atomically(output_dir / RESULTS_FILE, json.dumps(recorded, indent=2, allow_nan=False) + "\n")
     metrics = results["metrics"]
     shown = [f"{k}={v:.4f}" for k, v in metrics.items() if k.startswith("val/")][:6]
     if evaluated:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from lightbert.model_config import BertConfig
 from lightbert.run.run_dir import Start
-from lightbert.run.settings import MATMUL_PRECISIONS, RunSettings
+from lightbert.run.settings import RunSettings
+from lightbert.run.speed_settings import MATMUL_PRECISIONS
 
 
 def describe_run(

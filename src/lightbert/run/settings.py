@@ -23,20 +23,14 @@ from omegaconf import DictConfig, OmegaConf
 from lightbert.errors import ConfigError, ParameterError
 from lightbert.model_config import POOLINGS, BertConfig
 from lightbert.optim_config import OptimConfig
-from lightbert.run.config_checks import CheckedConfig
 from lightbert.run.phases import Phase, phases_of
+from lightbert.run.speed_settings import SpeedSettings
+from lightbert.settings_fields import CountOrFile, Number, setting, values_of
 from lightbert.tasks.pretraining.objectives import OBJECTIVES, MaskingShares, check_examples
 
 # Lightning's precisions (lightning.fabric.connector._PRECISION_INPUT), here so that a refusal needs no torch.
 PRECISIONS = ("16-true", "16-mixed", "bf16-true", "bf16-mixed", "32-true", "64-true", "16", "bf16", "32", "64",
               "transformer-engine", "transformer-engine-float16")  # fmt: skip
-# torch.compile's modes: reduce-overhead captures CUDA graphs (a launch-bound step, e.g. the paper's per-device
-# batch), one per input shape: `speed.fix_batch_shapes` gives its batches a few shapes, and `SpeedSettings` and
-# `RunSettings` refuse what changes them every batch.
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# speed.unpad -> BertModel.unpad; true picks by the device (`run.speed.unpadding_for`).
-UNPAD_SETTINGS = {False: "off", "groups": "groups", "varlen": "varlen"}
-MATMUL_PRECISIONS = {"highest": "full fp32 matmuls", "high": "TF32 matmuls", "medium": "bf16 matmuls for fp32"}
 
 
 def _choice(group: str) -> str | None:
@@ -44,50 +38,17 @@ def _choice(group: str) -> str | None:
     return HydraConfig.get().runtime.choices.get(group) if HydraConfig.initialized() else None
 
 
-def _part(numbers: dict[str, Any], part: str) -> dict[str, Any]:
-    """The checked numbers of one part of the config (`trainer`, `optim`), by their keys in it."""
-    return {key.removeprefix(f"{part}."): v for key, v in numbers.items() if key.startswith(f"{part}.")}
-
-
 def _plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
 @dataclass(frozen=True)
-class SpeedSettings:
-    """`speed.*` (conf/train.yaml): switches that change how fast a run goes, never its numbers."""
+class CheckedConfig:
+    """The composed config once checked (`run.config_checks.checked_config`), what `RunSettings.from_config` is built
+    from: `config` is a copy of it that holds each checked value as checked, `numbers` those values by key."""
 
-    unpad: bool | str = True
-    compile: bool | None = None  # None: by the device (`compiles`)
-    compile_mode: str = "default"
-    matmul_precision: str = "high"
-    fp8: bool = False
-
-    def __post_init__(self) -> None:
-        if self.unpad is not True and self.unpad not in UNPAD_SETTINGS:
-            raise ConfigError(
-                f"speed.unpad={self.unpad} is not known; valid: true (by the device), false, groups, varlen"
-            )
-        if self.compile not in (True, False, None):
-            raise ConfigError(f"speed.compile={self.compile} is not known; valid: null (by the device), true, false")
-        if self.compile_mode not in COMPILE_MODES:
-            raise ConfigError(f"speed.compile_mode={self.compile_mode} is not known; valid: {', '.join(COMPILE_MODES)}")
-        if self.matmul_precision not in MATMUL_PRECISIONS:
-            raise ConfigError(
-                f"speed.matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)}, got {self.matmul_precision}"
-            )
-
-    def compiles(self, on_cuda: bool, training: bool = True) -> bool:
-        """speed.compile, null resolved by the device: a training run on a CUDA GPU compiles (the step measured
-        1.36x the eager one on an H100, bench/RESULTS.md), unless speed.unpad=groups, whose host syncs split the
-        step into pieces; a CPU run and an evaluation stay eager (on a CPU compiling measured slower)."""
-        if self.compile is not None:
-            return self.compile
-        return on_cuda and training and self.unpad != "groups"
-
-    def cuda_graphs(self, compiles: bool) -> bool:
-        """Whether the step runs in CUDA graphs (compile_mode=reduce-overhead), given whether it compiles."""
-        return compiles and self.compile_mode == "reduce-overhead"
+    config: DictConfig
+    numbers: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -98,13 +59,18 @@ class TrainerSettings:
     option: str | None  # the trainer= choice, for messages
     accelerator: str
     devices: Any  # as given: a count, -1 or auto for all, or device indices
-    num_nodes: int
     precision: str
     strategy: str  # its name on the run line: auto, ddp, fsdp, ...
-    max_steps: int
-    max_epochs: int | None
-    accumulate_grad_batches: int
     progress_bar: bool
+    # The numbers, each with its kind and range (`settings_fields`); no default: every trainer config sets them (the
+    # YAML's is the one default). log_every_n_steps, gradient_clip_val, val_check_interval: Lightning reads `config`.
+    num_nodes: int = setting(number=Number(int, minimum=1))
+    max_steps: int = setting(number=Number(int, minimum=-1))
+    accumulate_grad_batches: int = setting(number=Number(int, minimum=1))
+    log_every_n_steps: int = setting(number=Number(int, minimum=1))
+    max_epochs: int | None = setting(number=Number(int, minimum=-1, nullable=True))
+    gradient_clip_val: float | None = setting(number=Number(float, nullable=True))
+    val_check_interval: float | None = setting(number=Number(float, positive=True, nullable=True))
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -173,7 +139,6 @@ class TrainerSettings:
     @classmethod
     def from_config(cls, trainer: DictConfig, numbers: dict[str, Any]) -> TrainerSettings:
         """`numbers`: the config's numbers, checked (`run.config_checks.checked_config`)."""
-        checked = _part(numbers, "trainer")
         strategy = trainer.get("strategy", "auto")
         if OmegaConf.is_dict(strategy):
             target = str(strategy.get("_target_", ""))
@@ -183,13 +148,10 @@ class TrainerSettings:
             option=_choice("trainer"),
             accelerator=str(trainer.get("accelerator", "auto")),
             devices=_plain(trainer.get("devices", "auto")),
-            num_nodes=checked.get("num_nodes", 1),
             precision=str(trainer.get("precision", "32-true")),
             strategy=str(strategy),
-            max_steps=checked.get("max_steps", -1),
-            max_epochs=checked.get("max_epochs"),
-            accumulate_grad_batches=checked.get("accumulate_grad_batches", 1),
             progress_bar=bool(trainer.get("enable_progress_bar", True)),
+            **values_of(cls, "trainer", numbers),
         )
 
 
@@ -202,13 +164,36 @@ class TaskSettings:
     option: str | None  # the task= choice, for messages
     datamodule: DictConfig = field(repr=False)
     module: DictConfig = field(repr=False)
-    batch_size: int
-    global_batch_size: int | None
-    max_seq_length: int | None
     data_files: dict[str, str] | None  # fine-tuning: the given files by split (None for pre-training)
     objective: str | None  # pre-training's
     packing: bool
     sparse_mlm_head: bool
+    # The numbers, each with its kind and range (`settings_fields`): no default where every task's config sets it (the
+    # YAML's is the one default), else None where this task's config does not have it (each is one task's or a few).
+    # task.datamodule's are handed to the DataModule within `datamodule`, as checked.
+    batch_size: int = setting(number=Number(int, minimum=1))
+    global_batch_size: int | None = setting(number=Number(int, minimum=1, nullable=True))
+    max_seq_length: int | None = setting(number=Number(int, minimum=1, nullable=True))
+    num_workers: int | str = setting(number=Number(int, or_auto=True), key="datamodule.num_workers")
+    checkpoint_every_n_steps: int | None = setting(None, number=Number(int, minimum=1, nullable=True))
+    cpu_val_check_interval: int | None = setting(None, number=Number(int, minimum=1, nullable=True))
+    scale: float | None = setting(None, number=Number(float, positive=True))  # task=embedding: 1 / temperature
+    mini_batch_size: int | None = setting(None, number=Number(int, minimum=1, nullable=True))  # embedding's GradCache
+    eval_batch_size: int | None = setting(
+        None, number=Number(int, minimum=1, nullable=True), key="datamodule.eval_batch_size"
+    )
+    dupe_factor: int | None = setting(None, number=Number(int, minimum=1), key="datamodule.dupe_factor")
+    # null: from the masking rate
+    max_predictions_per_seq: int | None = setting(
+        None, number=Number(int, minimum=1, nullable=True), key="datamodule.max_predictions_per_seq"
+    )
+    vocab_size: int | None = setting(None, number=Number(int, minimum=1), key="datamodule.vocab_size")
+    # Words appended to init_from's vocabulary: a count, or a file of them (`tasks.pretraining.domain_words`).
+    add_words: int | str | None = setting(None, number=CountOrFile("words"), key="datamodule.add_words")
+    # A share of the training batches between two validations (pre-training); null reads the whole held-out split.
+    validation_share: float | None = setting(
+        None, number=Number(float, positive=True, largest=1, nullable=True), key="datamodule.validation_share"
+    )
 
     def __post_init__(self) -> None:
         if self.objective is not None and self.objective not in OBJECTIVES:
@@ -246,12 +231,6 @@ class TaskSettings:
         return self.datamodule.get("hub_dataset")
 
     @property
-    def add_words(self) -> int | str | None:
-        """task.datamodule.add_words as checked (`run.config_checks.checked_add_words`): a count of words (an int), the
-        path of a file of them, or None."""
-        return self.datamodule.get("add_words")
-
-    @property
     def pooling(self) -> str | None:
         """A sentence embedding task's task.pooling as given (checked in `__post_init__`); None: init_from's."""
         return self.module.get("pooling")
@@ -284,13 +263,11 @@ class TaskSettings:
             option=_choice("task"),
             datamodule=task.datamodule,
             module=task.module,
-            batch_size=numbers["task.batch_size"],
-            global_batch_size=numbers.get("task.global_batch_size"),
-            max_seq_length=numbers.get("task.max_seq_length"),
             data_files=None if files is None else {split: str(path) for split, path in files.items() if path},
             objective=task.get("objective"),
             packing=task.datamodule.get("packing") is True,
             sparse_mlm_head=task.module.get("sparse_mlm_head") is True,
+            **values_of(cls, "task", numbers),
         )
 
 
@@ -313,7 +290,7 @@ class RunSettings:
 
     config: DictConfig = field(repr=False)
     output_dir: Path
-    seed: int
+    seed: int = setting(number=Number(int, largest=2**32 - 1))  # numpy's and Python's seeds
     init_from: str | None
     resume: bool  # resume=true: continue from checkpoints/last.ckpt
     overrides: tuple[str, ...]  # the command line's
@@ -325,7 +302,7 @@ class RunSettings:
     task: TaskSettings
     trainer: TrainerSettings
     speed: SpeedSettings
-    optim: OptimConfig  # its numbers as checked (`run.config_checks.NUMBERS`)
+    optim: OptimConfig  # each value as its field checked it
     phases: tuple[Phase, ...]
     callbacks: tuple[DictConfig, ...] = field(repr=False)
     corpus: DictConfig | None = field(repr=False)  # pre-training's corpus= group
@@ -473,11 +450,11 @@ class RunSettings:
         task = TaskSettings.from_config(cfg.task, numbers)
         overrides = tuple(str(o) for o in cfg.get("overrides") or [])
         speed = cfg.get("speed") or {}
-        optim = {**OmegaConf.to_container(cfg.optim, resolve=True), **_part(numbers, "optim")}
+        optim = {**OmegaConf.to_container(cfg.optim, resolve=True), **values_of(OptimConfig, "optim", numbers)}
         return cls(
             config=cfg,
             output_dir=Path(cfg.paths.output_dir),
-            seed=numbers["seed"],
+            **values_of(cls, "", numbers),
             init_from=str(cfg.init_from) if cfg.get("init_from") else None,
             resume=bool(cfg.get("resume", False)),
             overrides=overrides,

@@ -15,7 +15,8 @@ import torch
 from lightbert.data.batches import length_buckets
 from lightbert.model.fp8 import convert_to_fp8
 from lightbert.model.varlen import flash_varlen_device
-from lightbert.run.settings import UNPAD_SETTINGS, SpeedSettings, TrainerSettings
+from lightbert.run.settings import TrainerSettings
+from lightbert.run.speed_settings import UNPAD_SETTINGS, SpeedSettings
 
 log = logging.getLogger(__name__)
 

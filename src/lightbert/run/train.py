@@ -112,9 +112,7 @@ def train_in(cfg: DictConfig) -> dict[str, Any]:
             try:
                 # The DataModule (each phase's too, with the tokenizer the run began with: a phase's data is refused
                 # now, not after a phase trained) and the LightningModule, with init_from's weights.
-                datamodule, phase_data, module, _ = building.data_and_module(
-                    settings, model.pretrained, model.config, model.tokenizer
-                )
+                datamodule, phase_data, module, _ = building.data_and_module(settings, model, model.tokenizer)
                 if not start.resuming and is_global_zero():
                     # Next to the checkpoints, so a run directory is enough to load the model again.
                     datamodule.tokenizer.save(output_dir / "tokenizer.json")
@@ -141,7 +139,7 @@ def train_in(cfg: DictConfig) -> dict[str, Any]:
                         # Fresh callbacks for each phase: their state comes back from the checkpoint it starts from.
                         trainer = building.trainer(
                             settings,
-                            building.callbacks(settings, start),
+                            building.callbacks(settings, start, phase.first_step),
                             loggers,
                             **({"max_steps": phase.end_step} if len(phases) > 1 else {}),
                         )

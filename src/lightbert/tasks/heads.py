@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import pkgutil
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 
     from lightbert.model import BertConfig
     from lightbert.tasks.task_module import TaskModule
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,30 @@ def head_of_module(module: type) -> Head | None:
     """The head a LightningModule class trains; None for pre-training."""
     name = getattr(module, "head", None)
     return HEADS.get(name) if name else None
+
+
+def head_start(
+    module: type, arguments: Mapping[str, Any], pretrained: Pretrained | None, init_from: str | None
+) -> tuple[HeadCarry | None, dict]:
+    """How the task's head starts from init_from, decided once before the module is built: whether its fine-tuned
+    head is carried (`carry_head`; None without a head to carry: pre-training, no init_from), and the module's
+    arguments the config leaves null for init_from to decide (`Head.from_checkpoint`: an embedding model's pooling),
+    said on the console once."""
+    wanted = task_head(module, arguments)
+    if wanted is None:
+        return None, {}
+    head = wanted[0]
+    carry = carry_head(pretrained, *wanted) if pretrained is not None else None
+    if head.from_checkpoint is None:
+        return carry, {}
+    found = head_of(pretrained) if pretrained is not None else None
+    theirs = found[1] if found is not None and found[0] == head.name else None
+    chosen = {k: v for k, v in head.from_checkpoint(theirs).items() if arguments.get(k) is None}
+    if chosen:
+        values = ", ".join(f"task.{k}={v}" for k, v in chosen.items())
+        whose = f"init_from={init_from}'s" if theirs is not None else "the defaults, init_from has none"
+        log.info(f"{values}: {whose} (set them on the command line to change)")
+    return carry, chosen
 
 
 def task_head(module: type, arguments: Mapping[str, Any]) -> tuple[Head, HeadArguments] | None:

@@ -8,6 +8,7 @@ device by torchmetrics: exact whatever the batch sizes and the number of devices
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, ClassVar
 
 import lightning as L
@@ -52,7 +53,6 @@ class TaskModule(L.LightningModule):
         # Called here, it records the subclass's arguments too (Lightning reads every __init__ frame of `self`).
         self.save_hyperparameters(ignore=["validation_tags"])
         self.config = BertConfig.from_dict(model)
-        self.optim_config = OptimConfig(**optim)
         # One validation set each ('' for the only one; MNLI's 'm' and 'mm'): logged as val/loss, val/loss_m, ...
         self.validation_tags = validation_tags
         self.val_losses = torch.nn.ModuleList(MeanMetric() for _ in validation_tags)
@@ -160,6 +160,12 @@ class TaskModule(L.LightningModule):
         # from; otherwise they would start from the bf16-rounded ones. The cast gives each parameter new storage.
         if stage == "fit":  # elsewhere no optimiser is built, and the references would keep a copy of the model
             self._fp32_weights = {id(p): p.detach() for p in self.model.parameters() if p.dtype == torch.float32}
+
+    @cached_property
+    def optim_config(self) -> OptimConfig:
+        """The optimiser's settings as recorded (`optim`), checked when the optimiser is built: a module built to
+        predict or convert has none (optim={}); those a checkpoint of an older lightbert lacks are its recipe's."""
+        return OptimConfig.recipe(**self.hparams.optim)
 
     def configure_optimizers(self) -> dict:
         # Only what trains: a frozen encoder's parameters have requires_grad=False and stay out of the optimiser.

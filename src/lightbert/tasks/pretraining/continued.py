@@ -15,15 +15,18 @@ Old tokens keep their rows, so text of old words gives the logits it gave before
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import replace
 from typing import NamedTuple
 
 import torch
 
-from lightbert.checkpoints.reading import Pretrained
+from lightbert.checkpoints.reading import HeadCarry, Pretrained, load_into
 from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import UserError
+
+log = logging.getLogger(__name__)
 
 PAD_MULTIPLE = 64  # how far an earlier lightbert padded the rows of added words (the model pads its own now)
 
@@ -154,3 +157,19 @@ def with_added_words(pretrained: Pretrained, tokenizer: BertTokenizer) -> tuple[
         state[DECODER_BIAS] = new_bias
     config = {**pretrained.config, "vocab_size": size}
     return replace(pretrained, config=config, state_dict=state), Growth(old.vocab_size, len(words), rows, size)
+
+
+def load_pretrained_weights(
+    model: torch.nn.Module, pretrained: Pretrained, tokenizer: BertTokenizer, carry: HeadCarry | None
+) -> list[str]:
+    """init_from's weights into a run's model: its rows grown for the words `tokenizer` added to its own
+    (`with_added_words`), the encoder, and its fine-tuned head where `carry` (`tasks.heads.carry_head`: the head means
+    what the task's does) says so; one console line says what was carried, how the labels matched, or why not.
+    Returns the weights that start fresh."""
+    pretrained, growth = with_added_words(pretrained, tokenizer)
+    # With a fine-tuned head, load_into says its line (and what of it starts from init_from's masked-LM head); without
+    # (pre-training), what is carried and what starts fresh is said after, in one line.
+    fresh = load_into(model, pretrained, carry, say=carry is not None)
+    if carry is None:
+        log.info(carried_line(model, pretrained, fresh, growth))
+    return fresh
