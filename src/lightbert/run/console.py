@@ -126,6 +126,14 @@ class RunLogFile(logging.FileHandler):
                 handler.emit(record)
 
 
+def in_train_log(line: str) -> None:
+    """A line the console shows as it is (printed: the run's last line, which names its outputs), kept in train.log
+    too, where every other console line is."""
+    record = logging.LogRecord("lightbert", logging.INFO, __file__, 0, line, None, None)
+    for handler in RunLogFile._configured:
+        handler.handle(record)
+
+
 @contextmanager
 def logging_like_the_command(output_dir: Path) -> Iterator[None]:
     """Outside a Hydra run (`lightbert.train(cfg)` from a notebook or a script, `cfg` from `compose_config`), the

@@ -11,6 +11,7 @@ from typing import Any
 from lightbert.cluster.environment import is_global_zero
 from lightbert.distributed import gather_dict
 from lightbert.files import RESULTS_FILE, write_atomically
+from lightbert.run.console import in_train_log
 from lightbert.run.run_dir import LAST_CHECKPOINT
 from lightbert.tasks.finetuning.datamodule import FineTuningDataModule
 
@@ -74,7 +75,7 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
     metrics = results["metrics"]
     shown = [f"{k}={v:.4f}" for k, v in metrics.items() if k.startswith("val/")][:6]
     if evaluated:
-        print(
+        said(
             f"lightbert: evaluated {results['evaluated']} in {results['seconds']:.0f}s ({', '.join(shown)}). "
             f"Outputs in {output_dir}: {', '.join(outputs)}"
         )
@@ -85,10 +86,16 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
         shown = [
             "no validation ran: raise trainer.max_steps or trainer.max_epochs, or lower trainer.val_check_interval"
         ]
-    print(
+    said(
         f"lightbert: finished {results['global_step']} steps in {results['seconds']:.0f}s ({', '.join(shown)}). "
         f"Outputs in {output_dir}: {', '.join(outputs)}"
     )
+
+
+def said(line: str) -> None:
+    """The run's last line: on the console as it is, and in train.log with the console's other lines."""
+    print(line)
+    in_train_log(line)
 
 
 def finite_or_null(value: Any) -> Any:

@@ -123,9 +123,18 @@ class PreTrainingModule(TaskModule):
         out = self._step(batch)
         # packed: read on the host, in validation only. A padding batch (devices kept in step) weighs nothing.
         batch_size = 0 if is_padding(batch) else int(examples_in(batch))
-        self.log_mean("val/loss", self.val_losses[0], out["loss"], batch_size)
-        # MLM numbers are per predicted token, NSP numbers per sequence: weight each accordingly.
+        # MLM numbers are per predicted token, NSP numbers per sequence: weight each accordingly (val/loss is their
+        # sum, `on_validation_epoch_end`).
         predictions = out["num_predictions"] * (batch_size > 0)
         weights = {"mlm_loss": predictions, "mlm_accuracy": predictions}
         for name, metric in self.val_sums.items():
             self.log_mean(f"val/{name}", metric, out[name], weights.get(name, batch_size))
+
+    def on_validation_epoch_end(self) -> None:
+        """val/loss: the sum of the objectives' split means, each over what it predicts (the MLM loss per masked
+        token, NSP's per sequence), as the training loss sums them per batch. A mean of the batches' summed losses
+        weighs every batch's tokens by its sequences, and parts from val/mlm_loss alone once a validation spans
+        batches of different counts (MLM alone: 2.7690 against 2.7289)."""
+        parts = ("mlm_loss", "nsp_loss") if self.next_sentence else ("mlm_loss",)
+        self.log_computed("val/loss", sum(self.val_sums[name].compute() for name in parts))
+        super().on_validation_epoch_end()
