@@ -49,6 +49,15 @@ def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None
     name = size_name(config) if pretrained is not None else None
     left_to_right = left_to_right_because(settings, pretrained)
     pretrained, tokenizer = vocabulary(settings, start, pretrained)
+    given = tokenizer.get("tokenizer")
+    if settings.task.whole_word_masking and given is not None and not given.subword_ids:
+        # WordPiece marks a word's continuation (`##`), which whole-word masking masks with its word; a byte-level BPE
+        # (ModernBERT's) marks a word's start instead, and the masking would fail on the first batch.
+        whose = f"init_from={settings.init_from}'s tokenizer" if pretrained is not None else "the tokenizer"
+        raise ConfigError(
+            f"task.datamodule.whole_word_masking=true masks each word with its `##` continuation pieces (WordPiece), "
+            f"and {whose} has none (a byte-level BPE): set task.datamodule.whole_word_masking=false"
+        )
     lengths = {"task.max_seq_length": settings.task.max_seq_length}
     for number, phase in enumerate(settings.phases):
         if phase.max_seq_length is not None:

@@ -227,6 +227,10 @@ class TaskSettings:
         return str(given) if given else None
 
     @property
+    def whole_word_masking(self) -> bool:
+        return self.datamodule.get("whole_word_masking") is True
+
+    @property
     def hub_dataset(self) -> str | None:
         return self.datamodule.get("hub_dataset")
 
