@@ -161,10 +161,13 @@ class BertConfig:
                 f"({self.head_size}) must be even"
             )
         if self.sliding and self.local_attention > self.max_position_embeddings:
+            # Said from the context's side: a shorter context is what a user changes, and lowering the window alone
+            # would leave sequences longer than the context, refused next.
+            window, context = self.local_attention, self.max_position_embeddings
             raise ConfigError(
-                f"model.local_attention ({self.local_attention}) is larger than the context "
-                f"(model.max_position_embeddings, {self.max_position_embeddings}): the sliding layers would attend "
-                "globally; lower local_attention, or set global_attn_every_n_layers=1 for global attention everywhere"
+                f"model.max_position_embeddings ({context}) is shorter than model.local_attention ({window}), the "
+                f"window of the sliding layers: raise model.max_position_embeddings to at least {window} and to "
+                f"task.max_seq_length (the longest input), or lower model.local_attention to {context} or less"
             )
         if self.norm_position == "post" and (self.final_norm or not self.embedding_norm):
             raise ConfigError(

@@ -4,6 +4,7 @@ module that holds it, with init_from's weights, is built by `run.building`."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -13,13 +14,21 @@ from omegaconf import OmegaConf
 from lightbert.checkpoints.reading import HeadCarry, Pretrained
 from lightbert.data.tokenizer import load_tokenizer
 from lightbert.errors import ConfigError, UserError
-from lightbert.model_config import INITIALIZER_FIELDS, REGULARISATION_FIELDS, SIZE_FIELDS, BertConfig
+from lightbert.model_config import (
+    ARCHITECTURE_FIELDS,
+    INITIALIZER_FIELDS,
+    REGULARISATION_FIELDS,
+    SIZE_FIELDS,
+    BertConfig,
+)
 from lightbert.run.configs import CONF_DIR
 from lightbert.run.run_dir import Start
 from lightbert.run.settings import RunSettings
 from lightbert.tasks.heads import carry_head, head_of, head_start, task_head
 from lightbert.tasks.pretraining.continued import check_added_words_fit
 from lightbert.tasks.pretraining.domain_words import read_word_file
+
+log = logging.getLogger(__name__)
 
 
 class RunModel(NamedTuple):
@@ -46,6 +55,12 @@ def run_model(settings: RunSettings, start: Start, pretrained: Pretrained | None
             "weights); copy the tokenizer it was trained with there, or give it with task.datamodule.tokenizer_path=..."
         )
     config = model_sizes(settings, pretrained)
+    if config.sliding and config.local_attention % 2:
+        window = config.local_attention
+        log.info(
+            f"model.local_attention={window} is odd: each token sees {window // 2} tokens on each side, a window of "
+            f"{window - 1} (as in transformers' ModernBERT)"
+        )
     name = size_name(config) if pretrained is not None else None
     left_to_right = left_to_right_because(settings, pretrained)
     pretrained, tokenizer = vocabulary(settings, start, pretrained)
@@ -103,15 +118,28 @@ def model_sizes(settings: RunSettings, pretrained: Pretrained | None) -> BertCon
     if pretrained is None:
         return asked
     explicit = settings.model_overrides
-    # model=<size> asks for every size; model.<key>=... for that key only.
+    # model=<size> asks for every size; model.<key>=... for that key only (an architecture field too: the block's
+    # attention window, which layers attend globally).
     keys = [o.lstrip("+~").split("=", 1)[0] for o in explicit]
-    named = SIZE_FIELDS if "model" in keys else [k.removeprefix("model.") for k in keys]
-    differ = [f for f in SIZE_FIELDS if f in named and getattr(asked, f) != pretrained.config[f]]
+    given = [k.removeprefix("model.") for k in keys if k.startswith("model.")]
+    named = SIZE_FIELDS if "model" in keys else given
+    kept = [f for f in ARCHITECTURE_FIELDS if f in given and f != "classifier_pooling"]
+    differ = [
+        f for f in (*SIZE_FIELDS, *kept) if f in (*named, *kept) and getattr(asked, f) != pretrained.config.get(f)
+    ]
     if differ:
-        sizes = ", ".join(f"{f} {pretrained.config[f]} (asked {getattr(asked, f)})" for f in differ)
+        sizes = ", ".join(f"{f} {pretrained.config.get(f)} (asked {getattr(asked, f)})" for f in differ)
         raise ConfigError(
             f"init_from={settings.init_from} has other sizes than {' '.join(explicit)} asks for: {sizes}. "
             "The checkpoint sets the architecture: drop the model override"
+        )
+    # How a classifier pools its tokens (cls or mean) is the task head's, as transformers' from_pretrained takes it:
+    # applied where the command line names it, said where it differs from the checkpoint's.
+    pooling = {"classifier_pooling": asked.classifier_pooling} if "classifier_pooling" in given else {}
+    if pooling and pooling["classifier_pooling"] != pretrained.config.get("classifier_pooling"):
+        log.info(
+            f"model.classifier_pooling={asked.classifier_pooling}: the task head pools so (init_from="
+            f"{settings.init_from} has {pretrained.config.get('classifier_pooling')})"
         )
     # The dropout asked for: every rate with model=<size>, a rate named on its own (model.hidden_dropout_prob=...);
     # another key (model.initializer=...) leaves the checkpoint's rates as they are.
@@ -120,7 +148,7 @@ def model_sizes(settings: RunSettings, pretrained: Pretrained | None) -> BertCon
     # weights are not drawn, so this is the task head's choice.
     drawn = {f: getattr(asked, f) for f in INITIALIZER_FIELDS if f in named}
     # The checkpoint's architecture (its fields, checked as it was read), with the dropout and the draw asked for.
-    return replace(asked, **{**pretrained.config, **regularisation, **drawn, "vocab_size": None})
+    return replace(asked, **{**pretrained.config, **regularisation, **drawn, **pooling, "vocab_size": None})
 
 
 def left_to_right_because(settings: RunSettings, pretrained: Pretrained | None) -> str | None:
