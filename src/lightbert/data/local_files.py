@@ -45,14 +45,29 @@ def wide_encoding(head: bytes) -> tuple[str, str] | None:
         for order, zeros in (("LE", range(1, width)), ("BE", range(width - 1))):
             if all(sample[i + z] == 0 for i in range(0, len(sample), width) for z in zeros):
                 return name + order, name + order
+    if nul_run(head):  # a run of NULs is no wide text's (UTF-32 puts at most 3 in a row): padding after the text
+        return None
     return "UTF-16 or UTF-32", "UTF-16"
+
+
+def nul_run(head: bytes) -> bool:
+    """Whether the bytes hold a run of 4 NULs or more, which no UTF-8, UTF-16 or UTF-32 text has (but for NUL
+    characters): the padding a crash or a preallocated file leaves after the text."""
+    return b"\0\0\0\0" in head
 
 
 def conversion_advice(path: Path) -> str:
     """How to make `path` UTF-8: iconv from the wide encoding its first bytes show, else from Latin-1 (the commonest
     8-bit encoding)."""
     with path.open("rb") as handle:
-        wide = wide_encoding(handle.read(4096))
+        head = handle.read(4096)
+    wide = wide_encoding(head)
+    if wide is None and nul_run(head):
+        # Converting from another encoding would keep the NULs (and garble the UTF-8 before them): remove them.
+        return (
+            f"it holds runs of NUL bytes ({head.count(0)} in its first {len(head)} bytes: padding after the text?); "
+            f"remove them, e.g. `tr -d '\\000' < {path.name} > {path.stem}.clean{path.suffix}`"
+        )
     source = wide[1] if wide else "latin1"
     found = f"it is {wide[0]} text; " if wide else ""
     return f"{found}convert it, e.g. `iconv -f {source} -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}`"

@@ -24,7 +24,14 @@ from pathlib import Path
 
 import datasets
 
-from lightbert.data.local_files import conversion_advice, digest, file_identity, progress_bars_for, wide_encoding
+from lightbert.data.local_files import (
+    conversion_advice,
+    digest,
+    file_identity,
+    nul_run,
+    progress_bars_for,
+    wide_encoding,
+)
 from lightbert.errors import UserError
 from lightbert.files import open_atomically
 from lightbert.hub import hub_reachable
@@ -65,8 +72,9 @@ class TextCorpus:
                     "line between documents"
                 )
             with path.open("rb") as handle:
-                wide = wide_encoding(handle.read(4096))
-            if wide is not None:  # without a byte-order mark it decodes as UTF-8, to text of NUL characters
+                head = handle.read(4096)
+            # Either decodes as UTF-8 without an error, to text of NUL characters.
+            if wide_encoding(head) is not None or nul_run(head):
                 raise UserError(f"corpus file {path} is not UTF-8 text; {conversion_advice(path)}")
 
     @property
