@@ -216,6 +216,14 @@ def hf_family(config: dict, where: str = "the checkpoint") -> str:
     ]
     if not differ:
         return "bert"
+    modern_but = [k for k, v in MODERNBERT_BLOCKS.items() if values[k] != v]
+    if len(modern_but) < len(differ):  # the modern recipe's blocks with a setting or two of its own: name those
+        theirs = ", ".join(f"{k}={MODERNBERT_BLOCKS[k]}" for k in modern_but)
+        raise UserError(
+            f"{where} is the modern encoder but for {', '.join(f'{k}={values[k]}' for k in modern_but)}; "
+            f"transformers' ModernBERT has {theirs} only, so it cannot be exported as one: run it with lightbert "
+            "(src/predict.py) or export it with to-onnx"
+        )
     raise UserError(
         f"{where} mixes BERT's blocks with the modern recipe's ({', '.join(f'{k}={values[k]}' for k in differ)}), "
         "which neither transformers' BERT nor its ModernBERT runs; run it with lightbert (src/predict.py) or export "
