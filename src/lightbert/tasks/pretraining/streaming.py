@@ -123,6 +123,22 @@ class StreamingExamples(IterableDataset):
             if sentences:
                 yield number, sentences
 
+    def _no_document(self, reader: int, readers: int) -> str:
+        """Why a reader found no training document, as a fix: the validation split took every document of the corpus
+        (fewer readers would not help), or this reader's share of those left is empty (fewer readers would)."""
+        held_out = {_digest(document) for document in islice(self.stream(), self.skip_documents)}
+        if all(_digest(document) in held_out for document in self.stream()):
+            return (
+                f"the validation split (task.datamodule.validation_documents={self.skip_documents}) took every "
+                f"document of the streamed corpus, and none is left to train on; set "
+                f"task.datamodule.validation_documents below the corpus's number of documents, or use a larger corpus"
+            )
+        return (
+            f"the streamed corpus has no document for reader {reader} of {readers} (devices x DataLoader workers) "
+            "after the validation documents; use a larger corpus, fewer task.datamodule.num_workers, or fewer "
+            "task.datamodule.validation_documents"
+        )
+
     def pairs(self, reader: int, readers: int) -> Iterator[dict]:
         """Sentence pairs (or chunks) in stream order, pass after pass, each pass with its own draws."""
         epoch = 0
@@ -147,11 +163,7 @@ class StreamingExamples(IterableDataset):
                     self.tokenizer.sep_id,
                 )
             if not found:
-                raise UserError(
-                    f"the streamed corpus has no document for reader {reader} of {readers} (devices x DataLoader "
-                    "workers) after the validation documents; use a larger corpus, fewer "
-                    "task.datamodule.num_workers, or fewer task.datamodule.validation_documents"
-                )
+                raise UserError(self._no_document(reader, readers))
             epoch += 1
 
     def __iter__(self) -> Iterator[dict]:
