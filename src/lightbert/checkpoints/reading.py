@@ -129,7 +129,7 @@ def run_checkpoint(path: Path) -> tuple[str, Path]:
     """The checkpoint a finished run directory starts others from (its best, else its last) and which it is, found in
     the directory itself: results.json names the files where the run was written, and a run directory is moved and
     copied (a cluster's scratch to a laptop, a renamed sweep), so each is read at its place under `path`, never at
-    the recorded one. Refuses (`UserError`) a directory without that checkpoint or without its tokenizer.json."""
+    the recorded one. Refuses (`UserError`) a directory without that checkpoint."""
     try:
         results = json.loads((path / RESULTS_FILE).read_text())
     except (OSError, ValueError) as error:
@@ -144,12 +144,8 @@ def run_checkpoint(path: Path) -> tuple[str, Path]:
             f"the run in {path} has no checkpoint on disk: its {which} checkpoint {checkpoint} is missing; copy it "
             "there with the run, or give a .ckpt file instead"
         )
-    tokenizer = path / "tokenizer.json"  # every run writes it beside its checkpoints: the ids its weights know
-    if not tokenizer.is_file():
-        raise UserError(
-            f"the run in {path} has no {tokenizer.name} ({tokenizer} is missing): its weights need the tokenizer they "
-            "were trained with; copy it there from the run it was trained in"
-        )
+    # Without its tokenizer.json (a run copied without it) it loads as a .ckpt alone does, with no tokenizer: each
+    # command then asks for one in its own terms (a training run takes task.datamodule.tokenizer_path).
     return which, checkpoint
 
 
