@@ -41,6 +41,11 @@ def check_export_dir(out_dir: Path) -> None:
             raise UserError(f"cannot read {out_dir} ({error.strerror}); choose a new output directory") from None
         if not empty:
             raise UserError(f"{out_dir} exists and is not empty; choose a new output directory (nothing was written)")
+        if os.path.ismount(out_dir) and not os.access(out_dir, os.W_OK | os.X_OK):
+            raise UserError(
+                f"{out_dir} is a read-only mount point (or one you cannot write in); give an output directory where "
+                "you can write (nothing was written)"
+            )
         if os.path.ismount(out_dir):
             raise UserError(
                 f"{out_dir} is a mount point, which an export cannot be renamed onto; give a new directory inside it, "
