@@ -120,7 +120,11 @@ def export_hf(
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         readable_as_usual(tmp / "model.safetensors")  # safetensors writes it 0600, unlike every other file here
-        write_tokenizer_files(pretrained.tokenizer, tmp, pretrained.config["max_position_embeddings"], modern)
+        # A fine-tuned model's inputs are cut where its run cut them (predict.py does): AutoTokenizer's
+        # truncation=True (a pipeline's) cuts there too. Otherwise at the position embeddings' length.
+        trained = ((head_config or {}).get("lightbert") or {}).get("settings", {}).get("max_seq_length")
+        length = trained or pretrained.config["max_position_embeddings"]
+        write_tokenizer_files(pretrained.tokenizer, tmp, length, modern)
         if sentence is not None:
             pooling, normalize, length = sentence["pooling"], sentence["normalize"], sentence["max_seq_length"]
             sentence_transformers.write(tmp, pooling, normalize, length, pretrained.config["hidden_size"])

@@ -144,6 +144,38 @@ def rescale_batch_progress(checkpoint: dict[str, Any], factor: float) -> None:
             counts[key] = round(processed * factor) - (processed - value)
 
 
+class EpochsFromPhaseStart(L.Callback):
+    """A recipe's later phase (`run.phases`) starts its data's first epoch at its first step, as a run starts at
+    step 0. Its DataModule's position is the steps since then (`PretrainDataModule._position`: epoch and batch of its
+    `StepSampler`), and Lightning ends an epoch by its own count of the epoch's batches, which the checkpoint the
+    phase starts from carries over from the phase before (stopped at its max_steps mid-epoch). Left so, the phase's
+    first epoch ended after (batches per epoch - the count) batches, or after one: the rest of that epoch went
+    untrained, and a run resumed within the phase, whose sampler counts from the phase's start, trained other data.
+    The count is set back to 0 in the loaded checkpoint before Lightning restores its loops from it (callbacks load
+    first); a checkpoint saved later in the phase counts from its start already."""
+
+    def __init__(self, first_step: int) -> None:
+        self.first_step = first_step
+
+    def on_load_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if checkpoint.get("global_step") == self.first_step:
+            restart_epoch_count(checkpoint)
+
+
+def restart_epoch_count(checkpoint: dict[str, Any]) -> None:
+    """The loaded checkpoint's count of the current epoch's batches, set to 0: the next batch is an epoch's first.
+    Set at `processed`; the others keep their offsets from it, by which Lightning tells where the checkpoint was saved
+    (`rescale_batch_progress`)."""
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+    counts = (progress or {}).get("current", {})
+    if "processed" not in counts:
+        return
+    processed = counts["processed"]
+    for key, value in counts.items():
+        counts[key] = value - processed
+    progress["is_last_batch"] = False  # no batch of the phase's data has been read: none was an epoch's last
+
+
 class CheckpointsWhereTheRunIs(L.Callback):
     """A resumed run reads its `ModelCheckpoint`s' state from last.ckpt: the best checkpoint kept so far, its score,
     the k best, each by absolute path. In a run directory moved or copied since (scratch to another disk, a renamed

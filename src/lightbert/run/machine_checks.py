@@ -16,6 +16,7 @@ from lightbert.files import cannot_be_made
 from lightbert.model.fp8 import MIN_CAPABILITY, import_torchao
 from lightbert.plugins.checkpointing import saved_job_shape
 from lightbert.run.building import instantiate_config
+from lightbert.run.phases import Phase
 from lightbert.run.run_dir import Start
 from lightbert.run.settings import RunSettings
 from lightbert.tasks.pretraining.corpus import TextCorpus
@@ -69,7 +70,10 @@ def check_job_shape(settings: RunSettings, start: Start) -> bool:
     """Whether a resume runs on another number of devices with the checkpoint's global batch: the data continues
     exactly (its position is the step, each step the same examples), said once; the record then lets the devices,
     nodes and accumulation differ. Another global batch would re-train or skip examples: refused with the key that
-    keeps it. A checkpoint from before lightbert recorded its job's shape resumes only as it was recorded."""
+    keeps it. A checkpoint from before lightbert recorded its job's shape resumes only as it was recorded.
+
+    A recipe's phase may train its own batch (`task.phases[i].datamodule.batch_size`: the modern recipe's 8,192-token
+    phase takes 1 row for 8 of 1,024): a checkpoint is compared with the batch of the phase its step falls in."""
     if not start.resuming:
         return False
     resume_from = start.resume_from
@@ -78,21 +82,39 @@ def check_job_shape(settings: RunSettings, start: Start) -> bool:
         return False
     batches = settings.batches
     world = batches.devices * batches.nodes
+    # The batch per device of the phase that trained the checkpoint's step; at a boundary, of either phase (the
+    # earlier one's last checkpoint, or the later one's stopped before its first step). The devices and the
+    # accumulation are the run's in every phase.
+    sizes = [phase.datamodule.get("batch_size", batches.per_device) for phase in phases_at(settings.phases, start.step)]
+    per_device = next((size for size in sizes if size * world * batches.accumulate == shape["global_batch"]), sizes[0])
+    global_batch = per_device * world * batches.accumulate
     then = f"{shape['batch_size']} per device x {shape['world_size']} device(s) x {shape['accumulate']} accumulated"
-    now = f"{batches.per_device} per device x {world} device(s) x {batches.accumulate} accumulated"
-    if batches.global_batch != shape["global_batch"]:
+    now = f"{per_device} per device x {world} device(s) x {batches.accumulate} accumulated"
+    if global_batch != shape["global_batch"]:
+        # task.global_batch_size is the first phase's global batch (task.batch_size's); a phase's scales with it.
+        keeps, left = divmod(shape["global_batch"] * batches.per_device, per_device)
+        keep = (
+            f"Keep the global batch with task.global_batch_size={keeps} (the accumulation adapts), or start"
+            if not left
+            else "Start"
+        )
         raise ConfigError(
             f"{resume_from} was trained with {shape['global_batch']} sequences per step ({then}), and this job makes "
-            f"{batches.global_batch} ({now}): resumed so, it would train some examples twice or skip some. Keep the "
-            f"global batch with task.global_batch_size={shape['global_batch']} (the accumulation adapts), or start a "
-            "new run from its weights with init_from=..."
+            f"{global_batch} ({now}): resumed so, it would train some examples twice or skip some. {keep} a new run "
+            "from its weights with init_from=..."
         )
     if world != shape["world_size"]:
         log.info(
             f"resuming on {world} device(s), the checkpoint's job had {shape['world_size']}: the global batch stays "
-            f"{batches.global_batch} ({now}), and the data continues at step {start.step}"
+            f"{global_batch} ({now}), and the data continues at step {start.step}"
         )
     return world != shape["world_size"] or batches.accumulate != shape["accumulate"]
+
+
+def phases_at(phases: tuple[Phase, ...], step: int) -> list[Phase]:
+    """The phases whose job may have saved a checkpoint of `step`: the one that trained that step (the first at step
+    0), and at a boundary the next one too, stopped before its first step."""
+    return [phase for phase in phases if phase.first_step <= step <= phase.end_step] or [phases[-1]]
 
 
 def data_sources(settings: RunSettings) -> dict[str, Any]:
