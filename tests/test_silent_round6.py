@@ -313,3 +313,45 @@ def test_a_modern_export_tokenizes_and_classifies_as_the_run_did(tmp_path, moder
         assert max(scores, key=lambda s: s["score"])["label"] == prediction["label"]
         for score in scores:
             assert score["score"] == pytest.approx(prediction["probabilities"][score["label"]], abs=1e-5)
+
+
+def test_a_damaged_last_checkpoint_is_named_with_the_older_one_to_resume_from(tmp_path, corpus_file):
+    """Garbage inside last.ckpt: the run said "resumed from step 4", then died in torch's reader (or, with the bytes
+    inside a tensor, trained on from damaged weights). It now refuses before anything is written, naming the damaged
+    file and the newest whole checkpoint, whose command resumes."""
+    import os
+    import re
+    import signal
+    from pathlib import Path
+
+    from helpers.runs import run_train_recorded, snapshot
+
+    run_dir = tmp_path / "run"
+    args = [
+        *TINY_PRETRAIN,
+        f"corpus.paths=[{corpus_file}]",
+        "trainer.max_steps=8",
+        "trainer.val_check_interval=2",  # the best checkpoint, kept beside last.ckpt
+        "task.checkpoint_every_n_steps=2",
+        f"hydra.run.dir={run_dir}",
+    ]
+    killed = run_train_recorded(
+        *args, "+callbacks.kill._target_=helpers.loss_recorder.KillAtStep", "+callbacks.kill.step=5", new_session=True
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    last = run_dir / "checkpoints" / "last.ckpt"
+    data = bytearray(last.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = os.urandom(64)  # inside a tensor's record
+    last.write_bytes(bytes(data))
+    before = snapshot(run_dir)
+    refused = run_train_forked(*args, "resume=true")
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("lightbert: error:")]
+    assert refused.returncode == 2 and len(errors) == 1, refused.stderr[-3000:]
+    assert f"{last} is damaged" in errors[0] and "resumed from" not in refused.stdout + refused.stderr
+    assert snapshot(run_dir) == before  # nothing written, the damaged file kept
+    # The run keeps one checkpoint with its training state (last.ckpt); the best one holds weights to start from.
+    older = Path(re.search(r"init_from=(\S+) and another hydra.run.dir", errors[0]).group(1))
+    assert older.parent == last.parent and older.name != "last.ckpt"
+    again = [a for a in args if not a.startswith("hydra.run.dir=")]
+    started = run_train_forked(*again, f"init_from={older}", f"hydra.run.dir={tmp_path / 'again'}")
+    assert started.returncode == 0, started.stderr[-3000:]

@@ -7,7 +7,8 @@ shares), and a child whose parent was killed with SIGKILL lives on until it noti
 lock, so that a `resume=true` right after a crash was refused as "another run is training". `install()` makes every
 child forked from then on close the lock's descriptor, die with the process that forked it (Linux's
 PR_SET_PDEATHSIG), and leave Ctrl-C to its parent (a terminal sends SIGINT to the whole process group; the parent
-stops the children itself).
+stops the children itself). DataLoader workers leave SIGTERM to it too (`dataloader_worker_init`): torch sets its own
+handler in them after the fork.
 
 SIGTERM or Ctrl-C outside training (while the tokenizer, the examples or a cache are being built, or the predictions
 written) ends the run with one line that names its directory; during training Lightning's own handler takes SIGTERM
@@ -77,6 +78,35 @@ def install() -> None:
     if not _installed:
         os.register_at_fork(before=_before_fork, after_in_child=_in_child)
         _installed = True
+
+
+# The signals a job's whole process group receives that the run, not its DataLoader workers, takes.
+STOPS_FOR_THE_RUN = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def dataloader_worker_init(worker_id: int) -> None:
+    """The `worker_init_fn` of the run's DataLoaders: SIGTERM and Ctrl-C are the run's to take, not its workers'.
+
+    `scancel`, SLURM's time limit, `docker stop` and a terminal's Ctrl-C signal the whole process group, the workers
+    with it. torch's own SIGTERM handler in a worker (set after the fork, over `_in_child`'s) ended the worker, and the
+    run died mid-batch of "DataLoader worker ... exited unexpectedly": a traceback, exit 1, no checkpoint. Ignored
+    here, the signal reaches the main process alone in effect: it stops after the current batch, saves last.ckpt and
+    shuts its workers down itself (torch's sentinel on their queues, not a signal). A worker whose run was killed
+    (SIGKILL) still dies with it (`install`'s PR_SET_PDEATHSIG; without it, torch's watch of the parent, within 5 s).
+
+    Lightning adds its worker seeding (`seed_everything(workers=True)`) only to a loader without a `worker_init_fn`:
+    it runs here instead, with the rank Lightning gives it (the process's global rank), so the workers' seeds are
+    the same as before."""
+    # SIGUSR1/SIGUSR2 too: SLURM's --signal=USR1@t (without B:) and submitit's USR2 reach every process of the job
+    # step, and their default action would end a worker the same way.
+    for signum in STOPS_FOR_THE_RUN:
+        signal.signal(signum, signal.SIG_IGN)
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):
+        import torch
+        from lightning.fabric.utilities.seed import pl_worker_init_function
+
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        pl_worker_init_function(worker_id, rank=torch.distributed.get_rank() if distributed else 0)
 
 
 # What the run is doing: "training" leaves SIGTERM to Lightning's handler (and Ctrl-C to LatestCheckpoint's);

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from lightbert.cluster.processes import dataloader_worker_init
 from lightbert.distributed import is_distributed
 from lightbert.errors import ParameterError
 
@@ -245,5 +246,6 @@ def make_loader(dataset: Dataset, collate_fn, batch_size: int, train: bool, num_
         collate_fn=collate_fn,
         num_workers=num_workers,
         persistent_workers=num_workers > 0 and train,
+        worker_init_fn=dataloader_worker_init,  # a SIGTERM to the whole process group is the run's to take
         pin_memory=torch.cuda.is_available(),
     )

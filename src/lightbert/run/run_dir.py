@@ -125,6 +125,9 @@ def checkpoint_step(path: Path, settings: RunSettings | None = None) -> int:
     """The global step of a checkpoint to resume from, read without loading its weights (mmap); a file that is no
     checkpoint (truncated by a full disk, or something else) is one message, not torch's traceback. With
     `settings`, a checkpoint of another kind of run than theirs is refused too (`check_same_kind`)."""
+    damaged = damaged_record(path)
+    if damaged is not None:
+        raise UserError(f"{path} is damaged ({damaged}): the run cannot resume from it. {_older_to_resume_from(path)}")
     try:
         import torch
 
@@ -139,6 +142,48 @@ def checkpoint_step(path: Path, settings: RunSettings | None = None) -> int:
     if settings is not None:
         check_same_kind(path, checkpoint, settings)
     return step
+
+
+def damaged_record(path: Path) -> str | None:
+    """What of a checkpoint file is damaged, or None: each record of its zip checked against its checksum (torch.load
+    reads changed bytes inside a tensor without a word, and its mmap read of the step does not touch them)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as error:
+        return f"not a whole checkpoint: {str(error)[:200]}"
+    return f"{bad} fails its checksum" if bad is not None else None
+
+
+def _older_to_resume_from(damaged: Path) -> str:
+    """What to go on from instead of a damaged checkpoint, keeping the damaged file: the newest whole checkpoint of
+    the run that holds its training state (resumed exactly), else the newest whole one of weights alone (the best
+    by validation: a new run starts from them), else nothing."""
+    import torch
+
+    whole = []
+    for other in damaged.parent.glob("*.ckpt"):
+        if other == damaged or damaged_record(other) is not None:
+            continue
+        try:
+            checkpoint = torch.load(other, mmap=True, weights_only=True)
+            whole.append(("optimizer_states" in checkpoint, int(checkpoint["global_step"]), other))
+        except Exception:  # another unreadable file: not one to go on from
+            continue
+    if not whole:
+        return "No other checkpoint of the run is whole: restore last.ckpt from a copy, or start a new run directory"
+    state, step, older = max(whole)
+    if state:
+        return (
+            f"{older.name} (step {step}) is whole: resume from it with `mv {damaged} {damaged}.damaged && cp {older} "
+            f"{damaged}`, then the same command"
+        )
+    return (
+        f"No other checkpoint holds the training state; {older.name} (step {step}) holds its weights: start a new run "
+        f"from them with init_from={older} and another hydra.run.dir"
+    )
 
 
 def check_same_kind(path: Path, checkpoint: dict, settings: RunSettings) -> None:

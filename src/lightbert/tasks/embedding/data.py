@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from lightbert.cluster.processes import dataloader_worker_init
 from lightbert.data.batches import pad_batch
 from lightbert.data.encoding import encode_truncated
 from lightbert.data.tokenizer import BertTokenizer
@@ -277,6 +278,7 @@ class EmbeddingDataModule(FineTuningDataModule):
             collate_fn=self.collator(True),
             num_workers=workers,
             persistent_workers=workers > 0,
+            worker_init_fn=dataloader_worker_init,  # a SIGTERM to the whole process group is the run's to take
             pin_memory=torch.cuda.is_available(),
             drop_last=True,
         )

@@ -35,6 +35,7 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
+from lightbert.cluster.processes import dataloader_worker_init
 from lightbert.data.batches import evaluation_shares
 from lightbert.data.encoding import check_max_seq_length
 from lightbert.data.local_files import cache_writes, digest
@@ -351,6 +352,7 @@ class PretrainDataModule(L.LightningDataModule):
             collate_fn=collate_fn or self.collator(),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            worker_init_fn=dataloader_worker_init,  # a SIGTERM to the whole process group is the run's to take
             pin_memory=torch.cuda.is_available(),
             generator=torch.Generator().manual_seed(self.seed),  # worker seeds never draw from the global RNG
         )
