@@ -355,3 +355,26 @@ def test_a_damaged_last_checkpoint_is_named_with_the_older_one_to_resume_from(tm
     again = [a for a in args if not a.startswith("hydra.run.dir=")]
     started = run_train_forked(*again, f"init_from={older}", f"hydra.run.dir={tmp_path / 'again'}")
     assert started.returncode == 0, started.stderr[-3000:]
+
+
+def test_a_phase_with_its_own_batch_says_the_global_batch_it_trains(tmp_path, corpus_file):
+    """task.global_batch_size=8 with the modern quick start, whose second phase trains batch_size 4: the phase
+    trains 4 sequences a step, which nothing said (the setting seemed to do nothing there). Its phase line says it."""
+    done = run_train_forked(
+        "experiment=modern_quick_start",
+        "logger=csv",
+        "task.datamodule.num_workers=0",
+        "task.datamodule.vocab_size=400",
+        "task.global_batch_size=8",
+        "trainer.max_steps=10",
+        f"corpus.paths=[{corpus_file}]",
+        "corpus=text",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if "phase 2/2: steps 9-10" in line]
+    assert len(lines) == 1, (done.stdout + done.stderr)[-3000:]
+    assert lines[0].endswith(
+        "; 4 sequences a step (4 per device x 1 device(s) x 1 accumulated), where task.global_batch_size=8 sets the "
+        "first phase's"
+    )

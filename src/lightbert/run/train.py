@@ -81,7 +81,7 @@ def train_in(cfg: DictConfig) -> dict[str, Any]:
         from lightbert.run.model_choice import run_model
         from lightbert.run.outputs import results, write_results, write_test_predictions
         from lightbert.run.record import record_run, recorded_config
-        from lightbert.run.run_line import describe_run
+        from lightbert.run.run_line import describe_phase, describe_run
 
         started = time.time()
         quiet_console()
@@ -131,10 +131,7 @@ def train_in(cfg: DictConfig) -> dict[str, Any]:
                         if len(phases) > 1:
                             if phase.end_step <= start.step and number < len(phases):
                                 continue  # finished before the checkpoint this run resumes from
-                            log.info(
-                                f"phase {number}/{len(phases)}: steps {phase.first_step}-{phase.end_step}, "
-                                f"{phase.datamodule}"
-                            )
+                            log.info(describe_phase(settings, number, phase))
                             datamodule = phase_data[number]
                         # Fresh callbacks for each phase: their state comes back from the checkpoint it starts from.
                         trainer = building.trainer(
