@@ -74,11 +74,18 @@ def test_to_hf_loads_with_the_auto_class_and_gives_equal_logits(run_name, reques
 
 
 def test_text_classification_pipeline_gives_predicts_labels_and_probabilities(sst2_run, tmp_path):
+    """The export's AutoTokenizer encodes as the run did ([CLS] and [SEP], cut at the run's max_seq_length with
+    truncation=True), and its pipeline gives predict.py's labels and probabilities (ModernBERT: test_silent_round6)."""
     out = tmp_path / "hf"
     convert(["to-hf", str(sst2_run.dir), str(out)])
     records = records_of(sst2_run)
+    texts = [r["text"] for r in records]
+    tokenizer = load_finetuned(str(sst2_run.dir)).tokenizer
+    length = json.loads((out / "config.json").read_text())["lightbert"]["settings"]["max_seq_length"]  # the run's
+    ours = [[tokenizer.cls_id, *ids[: length - 2], tokenizer.sep_id] for ids in tokenizer.encode_batch(texts)]
+    assert transformers.AutoTokenizer.from_pretrained(out)(texts, truncation=True)["input_ids"] == ours
     classify = transformers.pipeline("text-classification", model=str(out), device="cpu")
-    theirs = classify([r["text"] for r in records], top_k=None)
+    theirs = classify(texts, top_k=None, truncation=True)
     for prediction, scores in zip(predict(sst2_run.dir, records, tmp_path), theirs, strict=True):
         assert max(scores, key=lambda s: s["score"])["label"] == prediction["label"]
         for score in scores:

@@ -6,6 +6,7 @@ import csv
 import hashlib
 import inspect
 import logging
+import math
 import netrc
 import os
 import sys
@@ -122,11 +123,15 @@ def summarise_in_wandb(trainer: L.Trainer, results: dict[str, Any]) -> None:
 
 
 class HistoryWriter(ExperimentWriter):
-    """Lightning's metrics.csv writer, except that it never deletes what a run directory holds: a resumed run
-    appends to its metrics.csv, after dropping the rows of the steps it will log again (those after the checkpoint
-    it resumes from: the work a kill lost). The file is rewritten only once the run logs its first metrics."""
+    """Lightning's metrics.csv writer, except that it never deletes a row: the run directory is the user's record.
 
-    def __init__(self, log_dir: str, resumed_step: int | None):
+    A resumed run appends to metrics.csv. The rows of the attempt before it that it logs again (those of the steps
+    after its checkpoint: the work a kill lost, trained again) move to metrics.attempt-<n>.csv beside it, so that
+    metrics.csv holds each step once (what plots and `best_validation_metrics` read) and every row anyone saw is still
+    in the run directory. A run that starts again from the beginning (resume=true without a checkpoint,
+    `resumed_step` inf) appends after every row. The files change only once the run logs its first metrics."""
+
+    def __init__(self, log_dir: str, resumed_step: float | None):
         self.resumed_step = resumed_step
         super().__init__(log_dir)
 
@@ -136,19 +141,51 @@ class HistoryWriter(ExperimentWriter):
     def save(self) -> None:
         if self.resumed_step is not None and self.metrics:
             if os.path.isfile(self.metrics_file_path):
-                with open(self.metrics_file_path, newline="") as file:
-                    reader = csv.DictReader(file)
-                    kept = [row for row in reader if _step(row) < self.resumed_step]  # row steps count from 0
-                    header = list(reader.fieldnames or [])
-                self.metrics_keys = sorted(set(header) | set(self.metrics_keys))
-                with open_atomically(Path(self.metrics_file_path), newline="") as file:
-                    writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
-                    writer.writeheader()
-                    writer.writerows(kept)
-            # The history is in place (or there was none): append from here on. Left set, a later save would drop
-            # the rows this run has just written (a killed run that left no metrics.csv lost its first row so).
+                self._continue_history()
+            # The history is in place (or there was none): append from here on. Left set, a later save would set
+            # aside the rows this run has just written.
             self.resumed_step = None
         super().save()
+
+    def _continue_history(self) -> None:
+        """metrics.csv as this run continues it: the rows it will not log again, under the header of every column."""
+        path = Path(self.metrics_file_path)
+        with path.open(newline="") as file:
+            reader = csv.DictReader(file)
+            rows = list(reader)
+            header = list(reader.fieldnames or [])
+        self.metrics_keys = sorted(set(header) | set(self.metrics_keys))
+        # The rows this run logs again are those numbered from its first row on, not from the checkpoint's step:
+        # after a resume from a checkpoint saved at a batch's start (a stop by SIGTERM), Lightning numbers each step's
+        # rows one higher than before, no longer the step less one. Cut at the checkpoint's step, a later resume from
+        # step N deleted the rows of step N itself (its validation among them), which it does not log again
+        # (issue 71). From the beginning (inf), every row stays.
+        first = math.inf if self.resumed_step == math.inf else min(_step(row) for row in self.metrics)
+        again = [row for row in rows if _step(row) >= first]
+        if again:
+            aside = _next_attempt_file(path)
+            # Written before metrics.csv loses them: a crash in between leaves them in both files, never in none.
+            with open_atomically(aside, newline="") as file:
+                writer = csv.DictWriter(file, fieldnames=header)
+                writer.writeheader()
+                writer.writerows(again)
+            log.info(
+                f"metrics.csv: the earlier attempt's {len(again)} row(s) from step {first:g} on, which this run "
+                f"logs again, are kept in {aside.name}"
+            )
+        with open_atomically(path, newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
+            writer.writeheader()
+            writer.writerows(row for row in rows if _step(row) < first)
+
+
+def _next_attempt_file(metrics: Path) -> Path:
+    """metrics.attempt-<n>.csv beside `metrics`, n the first number not taken (a run killed and resumed twice past
+    its checkpoint sets aside two attempts' rows)."""
+    n = 1
+    while (aside := metrics.with_name(f"{metrics.stem}.attempt-{n}{metrics.suffix}")).exists():
+        n += 1
+    return aside
 
 
 def _step(row: dict) -> float:
