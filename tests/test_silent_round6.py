@@ -378,3 +378,23 @@ def test_a_phase_with_its_own_batch_says_the_global_batch_it_trains(tmp_path, co
         "; 4 sequences a step (4 per device x 1 device(s) x 1 accumulated), where task.global_batch_size=8 sets the "
         "first phase's"
     )
+
+
+def test_a_refusal_after_wandb_started_does_not_offer_to_upload_what_it_took_back(tmp_path):
+    """A bad row found once training set up its data, with the default W&B logger (offline): the command is refused
+    and its run directory taken back, W&B's files with it. Before, it still printed "upload it with: wandb sync
+    <dir>" for the directory it then removed."""
+    from helpers.glue_files import glue_data_files, glue_overrides
+    from helpers.models import write_hf_bert
+
+    bert_dir = write_hf_bert(tmp_path / "bert")
+    files = glue_data_files(tmp_path / "data", "sst2", ext="jsonl")
+    rows = files["train"].read_text().splitlines()
+    files["train"].write_text("\n".join([*rows, '{"sentence": "a film", "label": 7, "idx": 99}']) + "\n")
+    run_dir = tmp_path / "run"
+    overrides = [o for o in glue_overrides("sst2", files, bert_dir) if o != "logger=csv"]  # the default: wandb
+    refused = run_train_forked(*overrides, f"hydra.run.dir={run_dir}", WANDB_API_KEY="", WANDB_MODE="offline")
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("lightbert: error:")]
+    assert refused.returncode == 2 and len(errors) == 1, refused.stderr[-3000:]
+    assert "wandb sync" not in refused.stdout + refused.stderr
+    assert not run_dir.exists() or not any(run_dir.iterdir())

@@ -103,7 +103,10 @@ def finish_wandb() -> None:
         offline = run.settings.mode == "offline" or getattr(run, "offline", False)
         where = Path(run.dir).parent if run.dir else None
         wandb.finish()
-        if offline and where is not None:
+        # A refused command takes back what it wrote, its W&B files with it (`run.run_dir.refused_leaves_nothing`):
+        # nothing is left to upload.
+        refused = isinstance(sys.exc_info()[1], UserError)
+        if offline and where is not None and not refused:
             log.info(f"W&B: saved offline in {where}; upload it with: wandb sync {where}")
         elif not offline and run.url:
             log.info(f"W&B: {run.url}")
