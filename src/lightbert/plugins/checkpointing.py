@@ -176,6 +176,37 @@ def restart_epoch_count(checkpoint: dict[str, Any]) -> None:
     progress["is_last_batch"] = False  # no batch of the phase's data has been read: none was an epoch's last
 
 
+def as_saved_at_the_last_batch_end(checkpoint: dict[str, Any]) -> None:
+    """A checkpoint saved at a batch's start (a stop by a signal, `LatestCheckpoint`), given in place the loop counters
+    a checkpoint saved at the end of the batch before it holds, with which Lightning resumes where it stopped.
+
+    At a batch's start Lightning has fetched the batch and counted it `ready` (not `started`), and has counted the
+    step before it done (`completed`, and `_batches_that_stepped`, the step number the loggers write). From a
+    checkpoint saved at a batch's end (`completed == processed - 1`) Lightning counts that batch's completion and its
+    step when it resumes; from this one it counted the step again (`_batches_that_stepped` one ahead: every row logged
+    at a number one higher, and a row number skipped) and kept the fetched batch in its total (`ready`: validation at
+    val_check_interval came a step early). Each signal stop added one more. Set back by one, the counters are those of
+    the batch before's end; at an epoch's first batch, those of a batch's end that leaves the new epoch with none done
+    (its validation was made before the stop: Lightning skips it on resume, as from any checkpoint of that step).
+    Anything else (`ready == started`: saved at a batch's end, at a validation's, at the end) is left as it is, and so
+    is a checkpoint already set back."""
+    loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    progress = loop.get("epoch_loop.batch_progress") or {}
+    total = progress.get("total", {})
+    if "ready" not in total or total["ready"] != total.get("started", total["ready"]) + 1:
+        return
+    for part in ("total", "current"):
+        counts = progress.get(part, {})
+        for key in ("ready", "completed"):
+            if key in counts:
+                counts[key] -= 1
+    # Of the epoch the counters are in, the last batch counted had one after it, or none is counted (its first batch)
+    progress["is_last_batch"] = False
+    state = loop.get("epoch_loop.state_dict", {})
+    if "_batches_that_stepped" in state:
+        state["_batches_that_stepped"] -= 1
+
+
 class CheckpointsWhereTheRunIs(L.Callback):
     """A resumed run reads its `ModelCheckpoint`s' state from last.ckpt: the best checkpoint kept so far, its score,
     the k best, each by absolute path. In a run directory moved or copied since (scratch to another disk, a renamed
@@ -283,6 +314,10 @@ class LatestCheckpoint(L.Callback):
     loss of every batch is noted on its device, and read where the host waits anyway (at the logged steps, in the
     agreement under DDP, and before every checkpoint, which also checks the weights). Nothing is saved then: the
     newest checkpoint, written before, is the last finite state.
+
+    A signal's checkpoint is saved at the start of the batch after the last step; it holds the loop counters of that
+    step's end (`as_saved_at_the_last_batch_end`), so that the resumed run validates, logs and ends at the steps an
+    unbroken run does. A last.ckpt saved at a batch's start by an earlier lightbert is set back when it is loaded.
     """
 
     def __init__(self) -> None:
@@ -432,6 +467,12 @@ class LatestCheckpoint(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self._save(trainer, "")
+
+    def on_save_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        as_saved_at_the_last_batch_end(checkpoint)  # a signal's, saved at a batch's start; any other is left as it is
+
+    def on_load_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        as_saved_at_the_last_batch_end(checkpoint)  # one saved before lightbert set the counters back when saving
 
     def on_exception(self, trainer: L.Trainer, module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException):
