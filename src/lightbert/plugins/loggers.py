@@ -158,11 +158,11 @@ class HistoryWriter(ExperimentWriter):
             rows = list(reader)
             header = list(reader.fieldnames or [])
         self.metrics_keys = sorted(set(header) | set(self.metrics_keys))
-        # The rows this run logs again are those numbered from its first row on, not from the checkpoint's step:
-        # after a resume from a checkpoint saved at a batch's start (a stop by SIGTERM), Lightning numbers each step's
-        # rows one higher than before, no longer the step less one. Cut at the checkpoint's step, a later resume from
-        # step N deleted the rows of step N itself (its validation among them), which it does not log again
-        # (issue 71). From the beginning (inf), every row stays.
+        # The rows this run logs again are those numbered from its first row on, not from the checkpoint's step: the
+        # cut holds however Lightning numbers a resumed run's rows. (A checkpoint a signal saved at a batch's start
+        # numbered them one ahead, until `checkpointing.as_saved_at_the_last_batch_end`; cut at the checkpoint's
+        # step, a later resume from step N then deleted the rows of step N, its validation among them: issue 71.)
+        # From the beginning (inf), every row stays.
         first = math.inf if self.resumed_step == math.inf else min(_step(row) for row in self.metrics)
         again = [row for row in rows if _step(row) >= first]
         if again:
