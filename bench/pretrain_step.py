@@ -217,7 +217,7 @@ def bench_pretrain(args, datamodule: PretrainDataModule, device: torch.device, p
     torch.manual_seed(args.seed)
     objective = "mlm" if modern(config) else "mlm_nsp"  # the modern recipe's masked LM alone
     print(f"optimizer: {args.optimizer}, both sides")
-    module = PreTrainingModule(config.to_dict(), {"lr": 1e-5}, not args.dense_mlm_head, objective)
+    module = PreTrainingModule(config.to_dict(), {"lr": 1e-5, "warmup_ratio": 0.01}, not args.dense_mlm_head, objective)
     module.model.bert.set_unpadding(unpadding(args, device, packing=args.packing))
     hf = hf_twin(module.model, config, "pretraining", datamodule.tokenizer)
     module.to(device)

@@ -61,7 +61,7 @@ def batches(datamodule, batch_size: int, seq_len: int, seed: int) -> tuple[dict,
 
 def module_for(config, unpad: str, sparse_head: bool, seed: int = 0) -> PreTrainingModule:
     torch.manual_seed(seed)
-    module = PreTrainingModule(config.to_dict(), {"lr": 1e-5}, sparse_mlm_head=sparse_head)
+    module = PreTrainingModule(config.to_dict(), {"lr": 1e-5, "warmup_ratio": 0.01}, sparse_mlm_head=sparse_head)
     module.model.bert.set_unpadding(unpad)
     return module
 

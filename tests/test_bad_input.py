@@ -209,7 +209,7 @@ REFUSED = [
     ("a directory that is not a run's", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]",
                                                    f"hydra.run.dir={i['not_a_run']}"], "is not a run directory"),
     ("truncated last.ckpt", lambda i: [*PRETRAIN, f"corpus.paths=[{i['corpus']}]", "resume=true",
-                                        f"hydra.run.dir={i['truncated_run']}"], "cannot be read as a checkpoint"),
+                                        f"hydra.run.dir={i['truncated_run']}"], "is damaged (not a whole checkpoint"),
     # messages that once misled
     ("a directory as corpus file", lambda i: [*PRETRAIN, f"corpus.paths=[{i['root'] / 'corpus_dir'}]"],
      "is a directory; give its files"),

@@ -115,9 +115,9 @@ def test_the_gpu_default_fine_tuning_step_compiles_one_graph_per_length_bucket(f
     makes no new graph. The losses equal the unbucketed batches' (attention masks the padding)."""
     torch.manual_seed(0)
     config = {**MODEL, "max_position_embeddings": 128}
-    module = SequenceClassificationModule(config, {"lr": 1e-4}, task="sst2")
+    module = SequenceClassificationModule(config, {"lr": 1e-4, "warmup_ratio": 0.01}, task="sst2")
     module.model.eval()  # no dropout: the bucketed and the unbucketed losses are the same numbers
-    reference = SequenceClassificationModule(config, {"lr": 1e-4}, task="sst2")
+    reference = SequenceClassificationModule(config, {"lr": 1e-4, "warmup_ratio": 0.01}, task="sst2")
     reference.load_state_dict(module.state_dict())
     reference.model.eval()
     gpu_default(module, cache_dir=tmp_path / "cache")
@@ -144,7 +144,7 @@ def test_the_gpu_default_pretraining_step_compiles_one_graph_per_length_bucket(f
     """The pre-training step of a GPU run with the defaults (compiled, padded, fixed MLM slots): batches padded up to
     a bucket make one graph for the model and one for the losses per length, forward and backward, no break,
     whatever the number of masked tokens or of rows."""
-    module = PreTrainingModule(MODEL, {"lr": 1e-4})
+    module = PreTrainingModule(MODEL, {"lr": 1e-4, "warmup_ratio": 0.01})
     gpu_default(module)
     assert module.model.bert.unpad == "off" and module.compiled
     collate = MaskingCollator(VOCAB, 0, 3, [0, 1, 2, 3, 4], pad_to_multiple_of=length_buckets(WIDTH))

@@ -73,7 +73,7 @@ def test_the_compiled_training_step_fuses_dropout_residual_layernorm_and_gelu():
     LayerNorm is one kernel, GELU and its gradient are fused into neighbouring kernels, and the losses are one kernel
     each way. (The GEMMs are library calls, not kernels Inductor writes.)"""
     torch.manual_seed(0)
-    module = PreTrainingModule({**CONFIG.to_dict(), "num_hidden_layers": LAYERS}, {"lr": 1e-4})
+    module = PreTrainingModule({**CONFIG.to_dict(), "num_hidden_layers": LAYERS}, {"lr": 1e-4, "warmup_ratio": 0.01})
     batch = PackingCollator(masking(), WIDTH)(sentence_pairs(16))
     module.compile_step()
     model_forward, model_backward, losses_forward, losses_backward = generated(

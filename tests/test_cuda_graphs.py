@@ -77,7 +77,7 @@ def test_packed_batches_meet_at_most_four_row_counts_with_under_ten_percent_empt
 
 def test_empty_rows_change_no_loss_and_the_collator_pads_up_to_a_fixed_count():
     examples = sentence_pairs(16, seed=1)
-    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4})
+    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4, "warmup_ratio": 0.01})
     module.model.load_state_dict(model().state_dict())
     module.eval()
     plain = PackingCollator(masking(), WIDTH)(examples)

@@ -96,7 +96,7 @@ def test_the_compile_mode_reaches_torch_compile(tmp_path):
 
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
     for mode, given in (("reduce-overhead", "reduce-overhead"), ("default", None)):
-        module = PreTrainingModule(config.to_dict(), {"lr": 1e-4})
+        module = PreTrainingModule(config.to_dict(), {"lr": 1e-4, "warmup_ratio": 0.01})
         with mock.patch.object(module.model, "compile") as compile_, mock.patch("torch.compile") as compile_losses:
             trainer = run_settings(compose_config(["trainer=cpu"], tmp_path)).trainer
             apply_speed_switches(

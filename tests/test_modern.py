@@ -177,7 +177,7 @@ def test_a_modernbert_setting_the_encoder_lacks_is_one_line(hf_dir, setting, nam
 
 
 def test_a_window_larger_than_the_context_is_refused():
-    with pytest.raises(ConfigError, match="local_attention.*larger than the context"):
+    with pytest.raises(ConfigError, match="is shorter than model.local_attention"):
         BertConfig(max_position_embeddings=64, global_attn_every_n_layers=3, local_attention=128)
     BertConfig(max_position_embeddings=64, global_attn_every_n_layers=1, local_attention=128)  # no local layer
 
@@ -488,7 +488,7 @@ def test_modern_recipe_pretrains_in_phases_and_fine_tunes(tmp_path, corpus_file,
     [
         (["task.objective=mlm_nsp"], "task=pretrain_modern is masked LM alone"),
         (["task=pretrain"], "no next sentence prediction"),  # the modern encoder with BERT's task: NSP asked of it
-        (["model.local_attention=16384"], "larger than the context"),
+        (["model.local_attention=16384"], "is shorter than model.local_attention (16384)"),
     ],
 )
 def test_modern_recipe_refuses_in_one_line_before_writing(tmp_path, corpus_file, overrides, says):

@@ -63,6 +63,8 @@ def test_a_copy_of_a_run_whose_original_was_renamed_starts_evaluates_and_predict
 
 
 def test_a_copy_without_its_tokenizer_is_refused_in_one_line_naming_the_file(sst2_run, tmp_path):
+    """As its .ckpt alone: refused in one line naming tokenizer.json and task.datamodule.tokenizer_path, which a run
+    copied without its tokenizer takes (tests/test_silent_round6.py runs it so)."""
     copy = copy_of(sst2_run, tmp_path / "copy")
     (copy / "tokenizer.json").unlink()
     out = tmp_path / "run"
@@ -70,7 +72,8 @@ def test_a_copy_without_its_tokenizer_is_refused_in_one_line_naming_the_file(sst
     with pytest.raises(UserError) as refused:
         train(compose_config(overrides, out))
     message = str(refused.value)
-    assert "\n" not in message and f"{copy / 'tokenizer.json'} is missing" in message, message
+    assert "\n" not in message and f"init_from={copy} comes without its tokenizer (tokenizer.json" in message, message
+    assert "task.datamodule.tokenizer_path=" in message
     assert not out.exists() or not any(out.iterdir())  # refused: nothing written
 
 

@@ -98,7 +98,7 @@ def test_every_example_in_a_packed_batch_has_the_losses_it_has_alone(unpad):
 def test_the_packed_batch_loss_is_the_plain_batch_loss():
     """The module's loss means over predicted tokens and over examples, packed or not."""
     examples = sentence_pairs(16, seed=1)
-    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4})
+    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4, "warmup_ratio": 0.01})
     module.model.load_state_dict(model().state_dict())
     module.eval()
     with torch.no_grad():
@@ -117,7 +117,7 @@ def test_the_packed_step_compiles_to_one_graph_without_breaks_or_recompiles():
 
     torch._dynamo.reset()
     counters.clear()
-    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4})
+    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4, "warmup_ratio": 0.01})
     module.compile_step(backend="aot_eager")
     collate = PackingCollator(masking(), WIDTH)
     row_counts = set()

@@ -204,7 +204,7 @@ def test_losses_and_their_softmax_stay_fp32_under_bf16_autocast(monkeypatch):
 
     monkeypatch.setattr("lightbert.tasks.pretraining.module.F.cross_entropy", recording)
     config = {"vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
-    module = PreTrainingModule({**config, "intermediate_size": 32}, {"lr": 1e-3})
+    module = PreTrainingModule({**config, "intermediate_size": 32}, {"lr": 1e-3, "warmup_ratio": 0.01})
     input_ids = torch.randint(5, 50, (2, 8))
     batch = {
         "input_ids": input_ids,
@@ -305,7 +305,7 @@ def test_bf16_true_master_weights_start_from_the_fp32_weights():
     from torch.utils.data import DataLoader
 
     torch.manual_seed(0)
-    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4})
+    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4, "warmup_ratio": 0.01})
     fp32 = {name: p.detach().clone() for name, p in module.model.named_parameters()}
     assert any(not torch.equal(w, w.bfloat16().float()) for w in fp32.values())  # bf16 would round them
     seen = {}

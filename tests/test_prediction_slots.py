@@ -71,7 +71,7 @@ def test_a_row_is_never_masked_beyond_its_slots_and_the_shares_hold_under_the_ca
 
 
 def test_fixed_slots_give_the_boolean_paths_losses_accuracy_and_gradients():
-    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4})
+    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4, "warmup_ratio": 0.01})
     module.model.load_state_dict(model().state_dict())
     module.eval()
     batch = collator()(sentence_pairs(16, seed=3))
@@ -104,7 +104,7 @@ def test_the_gathered_head_gives_transformers_logits_and_loss():
     hf.load_state_dict(state, strict=True)
     hf.eval()
     batch = collator()(sentence_pairs(16, seed=4))
-    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4})
+    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4, "warmup_ratio": 0.01})
     module.model.load_state_dict(ours.state_dict())
     module.eval()
     inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
@@ -126,7 +126,7 @@ def test_the_compiled_padded_step_is_one_graph_with_no_break_or_recompilation():
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4})
+    module = PreTrainingModule(CONFIG.to_dict(), {"lr": 1e-4, "warmup_ratio": 0.01})
     module.model.bert.set_unpadding("off")  # speed.unpad=true on a CUDA GPU
     module.compile_step(backend="aot_eager")
     c = collator(pad_to_multiple_of=WIDTH)

@@ -149,7 +149,7 @@ def test_the_speed_switches_set_the_encoders_unpadding_and_it_takes_only_known_m
     from lightbert.run.speed_settings import SpeedSettings
     from lightbert.tasks.glue.module import SequenceClassificationModule
 
-    module = SequenceClassificationModule(CONFIG.to_dict(), {"lr": 1e-4}, task="sst2")
+    module = SequenceClassificationModule(CONFIG.to_dict(), {"lr": 1e-4, "warmup_ratio": 0.01}, task="sst2")
     trainer = run_settings(compose_config(["trainer=cpu"], tmp_path)).trainer
     for setting, how in ((False, "off"), ("varlen", "varlen"), (True, "groups")):  # true: length groups on a CPU
         apply_speed_switches(

@@ -127,7 +127,8 @@ class StreamingExamples(IterableDataset):
         """Why a reader found no training document, as a fix: the validation split took every document of the corpus
         (fewer readers would not help), or this reader's share of those left is empty (fewer readers would)."""
         held_out = {_digest(document) for document in islice(self.stream(), self.skip_documents)}
-        if all(_digest(document) in held_out for document in self.stream()):
+        documents = [_digest(document) for document in self.stream()]
+        if held_out and documents and all(digest in held_out for digest in documents):
             return (
                 f"the validation split (task.datamodule.validation_documents={self.skip_documents}) took every "
                 f"document of the streamed corpus, and none is left to train on; set "
