@@ -4,7 +4,6 @@ batches (`train` and `evaluate` say it once the run's record is written)."""
 from __future__ import annotations
 
 from lightbert.model_config import BertConfig
-from lightbert.run.phases import Phase
 from lightbert.run.run_dir import Start
 from lightbert.run.settings import RunSettings
 from lightbert.run.speed_settings import MATMUL_PRECISIONS
@@ -52,18 +51,20 @@ def describe_run(
     )
 
 
-def describe_phase(settings: RunSettings, number: int, phase: Phase) -> str:
-    """The line a phase of a recipe starts with: its steps and what it changes, and where it trains its own batch,
+def describe_phases(settings: RunSettings) -> list[str]:
+    """The line each phase of a recipe starts with: its steps and what it changes, and where it trains its own batch,
     how many sequences a step that makes (task.global_batch_size is the first phase's: a phase's batch_size scales
     the global batch with it, the accumulation and the devices staying the run's)."""
-    line = f"phase {number}/{len(settings.phases)}: steps {phase.first_step}-{phase.end_step}, {phase.datamodule}"
-    per_device, batches = phase.datamodule.get("batch_size"), settings.batches
-    if per_device is None or per_device == batches.per_device:
-        return line
-    devices = batches.devices * batches.nodes
-    line += (
-        f"; {per_device * devices * batches.accumulate} sequences a step ({per_device} per device x {devices} "
-        f"device(s) x {batches.accumulate} accumulated)"
-    )
-    wanted = settings.task.global_batch_size
-    return line + (f", where task.global_batch_size={wanted} sets the first phase's" if wanted else "")
+    lines, batches, phases = [], settings.batches, settings.phases
+    devices, wanted = batches.devices * batches.nodes, settings.task.global_batch_size
+    for number, phase in enumerate(phases, start=1):
+        line = f"phase {number}/{len(phases)}: steps {phase.first_step}-{phase.end_step}, {phase.datamodule}"
+        per_device = phase.datamodule.get("batch_size")
+        if per_device is not None and per_device != batches.per_device:
+            line += (
+                f"; {per_device * devices * batches.accumulate} sequences a step ({per_device} per device x "
+                f"{devices} device(s) x {batches.accumulate} accumulated)"
+            )
+            line += f", where task.global_batch_size={wanted} sets the first phase's" if wanted else ""
+        lines.append(line)
+    return lines

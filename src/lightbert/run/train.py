@@ -81,7 +81,7 @@ def train_in(cfg: DictConfig) -> dict[str, Any]:
         from lightbert.run.model_choice import run_model
         from lightbert.run.outputs import results, write_results, write_test_predictions
         from lightbert.run.record import record_run, recorded_config
-        from lightbert.run.run_line import describe_phase, describe_run
+        from lightbert.run.run_line import describe_phases, describe_run
 
         started = time.time()
         quiet_console()
@@ -108,6 +108,7 @@ def train_in(cfg: DictConfig) -> dict[str, Any]:
             record_run(config, settings.overrides, output_dir, start.resuming, resized, sources)
             RunLogFile.start()  # train.log from here on, with what was logged while the checks ran
             log.info(describe_run(settings, model.config, False, model.left_to_right, start))
+            phase_lines = describe_phases(settings)
 
             try:
                 # The DataModule (each phase's too, with the tokenizer the run began with: a phase's data is refused
@@ -131,7 +132,7 @@ def train_in(cfg: DictConfig) -> dict[str, Any]:
                         if len(phases) > 1:
                             if phase.end_step <= start.step and number < len(phases):
                                 continue  # finished before the checkpoint this run resumes from
-                            log.info(describe_phase(settings, number, phase))
+                            log.info(phase_lines[number - 1])
                             datamodule = phase_data[number]
                         # Fresh callbacks for each phase: their state comes back from the checkpoint it starts from.
                         trainer = building.trainer(
