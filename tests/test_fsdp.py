@@ -1,19 +1,23 @@
 """trainer=fsdp (torch's FSDP2, fully_shard) on 2 CPU processes over gloo, as the README's dry run starts it: the
 weights sharded in halves, one full last.ckpt that a kill -9 resumes from bit for bit (and on one process), a
-fine-tune under FSDP from it with init_from, src/evaluate.py and `convert to-hf` of it."""
+fine-tune under FSDP from it with init_from, src/evaluate.py and `convert to-hf` of it; and every task model's
+gradients under FSDP, which are the unsharded model's, with no unit returning a view."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import shutil
 import signal
 from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing
 from helpers.glue_files import glue_data_files
 from helpers.loss_recorder import recorded
-from helpers.runs import TINY_PRETRAIN, run_script_forked, run_train_recorded, snapshot, write_bert_corpus
+from helpers.runs import TINY_PRETRAIN, free_port, run_script_forked, run_train_recorded, snapshot, write_bert_corpus
+from helpers.sharded_step import gradients
 
 from lightbert.interop.convert import main as convert
 
@@ -81,6 +85,20 @@ def test_each_process_holds_half_of_every_weight_and_the_checkpoint_the_whole(ru
     assert weights["model.bert.embeddings.word_embeddings.weight"].shape == (tokens, 128)
     assert all(tensor.dtype == torch.float32 for tensor in weights.values())  # fp32 shards, bf16 only gathered
     assert checkpoint["global_step"] == 8
+
+
+def test_sharded_gradients_are_the_unsharded_models_and_no_unit_returns_a_view():
+    """Every task's model under FSDP on 2 processes (32-true): each parameter's gradient, gathered, is the unsharded
+    model's on the whole batch (1e-6 relative), and FSDP never warns that a unit returned a view (an in-place op on
+    one would skip its weights' gather in the backward). Before, every run warned of its root unit, the task's
+    model: its heads return views (the MLM logits narrowed from the padded vocabulary's, ...)."""
+    with multiprocessing.Manager() as manager:
+        results = manager.dict()
+        # Forked from this process: the subject is the sharded backward, not the start of two interpreters.
+        torch.multiprocessing.start_processes(gradients, args=(2, free_port(), results), nprocs=2, start_method="fork")
+        results = dict(results)
+    assert results.pop("view warnings 0") == results.pop("view warnings 1") == []
+    assert len(results) == 6 and all(worst < 1e-6 for worst in results.values()), results
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,23 @@ unsharded model on the whole batch: what `tests/test_precision.py` holds the FSD
 
 from __future__ import annotations
 
+import copy
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
 
-from lightbert.model import BertConfig, BertForPreTraining
+from lightbert.model import (
+    BertConfig,
+    BertForMultipleChoice,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 from lightbert.model.bert import parameter_layout, to_checkpoint
+from lightbert.model.embedding import BertForEmbedding
 from lightbert.optim import OptimConfig, build_optimizer, clip_gradients
 from lightbert.plugins.strategies import shard_bert
 
@@ -67,7 +77,9 @@ def step(
         model = BertForPreTraining(CONFIG)
         shard_bert(model, init_device_mesh("cpu", (world_size,)), "32-true", activation_checkpointing=checkpointing)
         input_ids = torch.randint(0, CONFIG.vocab_size, (2 * world_size, 8), generator=torch.Generator().manual_seed(1))
-        settings = OptimConfig.recipe(optimizer, warmup_ratio=0, lr=1e-2)
+        # The values these tests were measured with (AdamW's defaults for every optimiser), over its recipe's.
+        old = {"betas": (0.9, 0.999), "weight_decay": 0.01, "decouple_lr": False, "decay_power": None}
+        settings = OptimConfig.recipe(optimizer, warmup_ratio=0, lr=1e-2, **old)
         expected = build_optimizer(reference, settings, 10)["optimizer"]
         sharded = build_optimizer(model, settings, 10)["optimizer"]
         for scale in (1.0, 1000.0) if spike else (1.0,):
@@ -99,5 +111,68 @@ def step(
         # No process tears down gloo while the other still works (as processes.end_process_group): one fresh-clone run
         # saw a process abort (SIGABRT) at the end of this step without it.
         dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def head_models() -> dict[str, tuple[torch.nn.Module, dict[str, torch.Tensor]]]:
+    """Each task's model (the root FSDP unit of its runs) and a batch of 4 rows for it. Their outputs that are views by
+    design: the MLM logits (narrowed from the padded vocabulary's), Linear's on (B, T, H), SQuAD's unbound start and
+    end logits, SWAG's reshaped scores, the [CLS] row of the embeddings."""
+    ids = torch.randint(3, CONFIG.vocab_size, (4, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = mask[3, 6:] = 0  # padded rows too
+    batch = {"input_ids": ids, "token_type_ids": (torch.arange(8) >= 4).long().expand(4, 8), "attention_mask": mask}
+    choices = {key: value.view(2, 2, 8) for key, value in batch.items()}  # 2 examples of 2 choices: one per rank
+    masked = torch.tensor([[1, 2, 3], [0, 4, 4], [5, 6, 7], [2, 3, 5]])  # (B, P): as pre-training runs the MLM head
+    torch.manual_seed(0)
+    return {
+        "pretraining": (BertForPreTraining(CONFIG), {**batch, "masked_positions": masked}),
+        "sequence classification": (BertForSequenceClassification(CONFIG, 3), batch),
+        "question answering": (BertForQuestionAnswering(CONFIG), batch),
+        "token classification": (BertForTokenClassification(CONFIG, 3), batch),
+        "multiple choice": (BertForMultipleChoice(CONFIG), choices),
+        "embedding": (BertForEmbedding(CONFIG, pooling="cls", normalize=False), batch),
+    }
+
+
+def cubes(output) -> torch.Tensor:
+    """A loss that reaches every output: the sum of each output's mean cube. (Not squares: the mean square of a
+    LayerNorm's output, the embedding's, is 1 whatever its input, and its gradients would be rounding noise.)"""
+    outputs = output if isinstance(output, tuple) else (output,)
+    return sum(t.float().pow(3).mean() for t in outputs if t is not None)
+
+
+def gradients(rank: int, world_size: int, port: int, results: dict) -> None:
+    """Rank `rank`'s part, on one thread (forked): each of `head_models` sharded by `shard_bert` (32-true) and its
+    backward on this rank's rows, against the unsharded model's on all of them. Puts in `results`, per model (rank 0),
+    the largest relative difference of a parameter's gathered gradient from the unsharded one's, ||g - g'|| / ||g'||,
+    and, per rank, FSDP's warnings of a unit returning a view."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)  # a forked child: OpenMP's threads do not survive a fork (tests/test_precision.py)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        mesh = init_device_mesh("cpu", (world_size,))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for name, (reference, batch) in head_models().items():
+                model = copy.deepcopy(reference)  # the decoder still tied to the word embeddings
+                shard_bert(model, mesh, "32-true")
+                # The mean over ranks of each rank's mean loss: what FSDP's reduce-scatter averages.
+                rows = zip(*(value.chunk(world_size) for value in batch.values()), strict=True)
+                shares = [dict(zip(batch, share, strict=True)) for share in rows]  # each rank's rows of the batch
+                sum(cubes(reference(**share)) for share in shares).div(world_size).backward()
+                cubes(model(**shares[rank])).backward()
+                worst = 0.0
+                sharded = dict(model.named_parameters())
+                for key, want in reference.named_parameters():
+                    got = sharded[key].grad.full_tensor()
+                    worst = max(worst, ((got - want.grad).norm() / want.grad.norm().clamp(min=1e-30)).item())
+                if rank == 0:
+                    results[name] = worst
+        results[f"view warnings {rank}"] = [str(w.message) for w in caught if "a view tensor" in str(w.message)]
+        dist.barrier()  # no process tears down gloo while the other still works (as `step`)
     finally:
         dist.destroy_process_group()

@@ -13,6 +13,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from torch.utils._pytree import tree_map_only
 
 from lightbert.errors import ConfigError
 from lightbert.model.bert import BertLayer, from_checkpoint, parameter_layout, to_checkpoint
@@ -136,7 +137,29 @@ def shard_bert(
             if activation_checkpointing:
                 checkpoint(layer)  # its activations are recomputed in the backward, not kept
             fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+            layer.register_forward_hook(outputs_not_views, prepend=True)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    model.register_forward_hook(outputs_not_views, prepend=True)
+
+
+@torch.compiler.disable  # beside FSDP's own post-forward hook, which Dynamo does not trace either
+def outputs_not_views(module: torch.nn.Module, inputs, output):
+    """`module`'s outputs, each one that is a view copied into a tensor of its own; a forward hook of each FSDP unit,
+    run before FSDP's own (`prepend`).
+
+    FSDP2 hooks the backward of each output of a unit (where it gathers the unit's weights again) and warns of every
+    output that is a view: an in-place op on one would drop that hook, and the gather with it. The root unit is the
+    task's whole model, whose heads return views by design: the MLM logits narrowed from the padded vocabulary's, a
+    Linear's on (B, T, H) (a view of its 2-D GEMM), SQuAD's start and end logits unbound, SWAG's scores reshaped. A
+    copy holds the same numbers: for the MLM logits one more pass over them (M x V), made under FSDP only and only
+    where a backward follows."""
+    if not torch.is_grad_enabled():  # no backward to hook (validation, prediction): FSDP leaves the outputs alone
+        return output
+
+    def own(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.clone() if tensor._base is not None and tensor.requires_grad else tensor
+
+    return tree_map_only(torch.Tensor, own, output)
 
 
 def fsdp_strategy(
