@@ -62,7 +62,7 @@ def test_val_loss_is_the_mlm_loss_with_mlm_alone_and_the_last_line_reaches_train
         assert float(row["val/loss"]) == pytest.approx(float(row["val/mlm_loss"]), abs=1e-6), row
     last = [line for line in done.stdout.splitlines() if line.startswith("lightbert: finished")]
     assert len(last) == 1, done.stdout[-2000:]
-    assert last[0] in (run_dir / "train.log").read_text()
+    assert f"[INFO] - {last[0].removeprefix('lightbert: ')}" in (run_dir / "train.log").read_text()
 
 
 def test_whole_word_masking_on_a_bpe_checkpoint_is_refused_before_anything_is_written(tmp_path, corpus_file):

@@ -129,7 +129,8 @@ class RunLogFile(logging.FileHandler):
 def in_train_log(line: str) -> None:
     """A line the console shows as it is (printed: the run's last line, which names its outputs), kept in train.log
     too, where every other console line is."""
-    record = logging.LogRecord("lightbert", logging.INFO, __file__, 0, line, None, None)
+    # As train.log writes the console's other lines: without the console's "lightbert: " prefix.
+    record = logging.LogRecord("lightbert", logging.INFO, __file__, 0, line.removeprefix("lightbert: "), None, None)
     for handler in RunLogFile._configured:
         handler.handle(record)
 
