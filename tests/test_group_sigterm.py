@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import runtime
-from helpers.runs import REPO, TINY_PRETRAIN, default_sigint, pythonpath_with_tests, write_bert_corpus
+from helpers.runs import (
+    REPO,
+    TINY_PRETRAIN,
+    default_sigint,
+    group_members,
+    pythonpath_with_tests,
+    write_bert_corpus,
+)
 from lightning.fabric.utilities.seed import pl_worker_init_function, seed_everything
 from torch.utils.data import DataLoader
 
@@ -39,19 +46,6 @@ ARGS = [
 ]
 TRAINED_STEPS_BEFORE_THE_SIGNAL = 3
 PATIENCE = 120  # seconds from the signal to the end of the run; a hang never ends
-
-
-def group_members(pgid: int) -> list[int]:
-    """The live processes of process group `pgid` (zombies are dead: their parent has not reaped them yet)."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
 
 
 def trained_steps(record: Path) -> list[int]:

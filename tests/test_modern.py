@@ -8,7 +8,7 @@ import torch
 import transformers
 from helpers.glue_files import glue_data_files, glue_overrides
 from helpers.models import MODERN_SPECIALS, random_batch, write_hf_modernbert
-from helpers.runs import compose_config
+from helpers.runs import TINY_MODERN_PRETRAIN, compose_config
 
 from lightbert import evaluate, train
 from lightbert.checkpoints.hf_format import (
@@ -407,17 +407,7 @@ def test_the_modern_recipe_takes_stableadamw_unless_the_command_line_picks_anoth
 
 # -- the modern recipe as a run: task=pretrain_modern on model=modernbert_tiny, then a fine-tune from it ------------
 
-SMALL_MODERN = [
-    "model=modernbert_tiny",
-    "task=pretrain_modern",
-    "trainer=cpu",
-    "logger=csv",
-    "task.batch_size=4",
-    "task.max_seq_length=64",
-    "task.datamodule.num_workers=0",
-    "task.datamodule.vocab_size=400",
-    "model.local_attention=16",
-]
+SMALL_MODERN = TINY_MODERN_PRETRAIN
 
 
 def test_modern_recipe_pretrains_in_phases_and_fine_tunes(tmp_path, corpus_file, caplog):

@@ -8,21 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.loss_recorder import recorded
-from helpers.runs import run_train_recorded, write_bert_corpus
+from helpers.runs import TINY_MODERN_PRETRAIN, run_train_recorded, write_bert_corpus
 
 pytestmark = pytest.mark.slow
 
 # task=pretrain_modern on a tiny model: 32-token rows until the middle of the run, then 64-token ones.
 MODERN = [
-    "model=modernbert_tiny",
-    "task=pretrain_modern",
-    "trainer=cpu",
-    "logger=csv",
-    "task.batch_size=4",
-    "task.max_seq_length=64",
-    "task.datamodule.num_workers=0",
-    "task.datamodule.vocab_size=400",
-    "model.local_attention=16",
+    *TINY_MODERN_PRETRAIN,
     "corpus=text",
     "trainer.log_every_n_steps=1",
     "trainer.val_check_interval=4",

@@ -21,6 +21,7 @@ from helpers.runs import (
     BASE,
     REPO,
     default_sigint,
+    group_members,
     pythonpath_with_tests,
     run_train_recorded,
     run_train_script,
@@ -28,19 +29,6 @@ from helpers.runs import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-def group_members(pgid: int) -> list[int]:
-    """The live processes of process group `pgid` (zombies are dead: their parent has not reaped them yet)."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
 
 
 def wait_until_gone(pgid: int, seconds: float = 3.0) -> list[int]:

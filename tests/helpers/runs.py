@@ -85,6 +85,33 @@ TINY_PRETRAIN = [
 ]
 
 
+# The modern recipe's pre-training of seconds (task=pretrain_modern on model=modernbert_tiny; add corpus=... ).
+TINY_MODERN_PRETRAIN = [
+    "model=modernbert_tiny",
+    "task=pretrain_modern",
+    "trainer=cpu",
+    "logger=csv",
+    "task.batch_size=4",
+    "task.max_seq_length=64",
+    "task.datamodule.num_workers=0",
+    "task.datamodule.vocab_size=400",
+    "model.local_attention=16",
+]
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group `pgid` (zombies are dead: their parent has not reaped them yet)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
 def snapshot(directory: Path) -> dict[str, tuple[int, str]]:
     """Every file under `directory`: its modification time and content hash (a refused command changes neither)."""
     return {
