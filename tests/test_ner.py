@@ -19,6 +19,7 @@ from helpers.ner_files import (
     write_conll_text,
     write_hub_schema,
 )
+from helpers.predictions import predict
 from helpers.runs import compose_config
 from seqeval.metrics import f1_score, precision_score, recall_score
 from seqeval.metrics.sequence_labeling import get_entities
@@ -29,7 +30,7 @@ from lightbert.data.tokenizer import train_wordpiece
 from lightbert.errors import UserError
 from lightbert.model import BertConfig, BertForTokenClassification
 from lightbert.tasks.ner.data import CONLL2003_LABELS, encode_sentences, read_conll_text
-from lightbert.tasks.ner.metrics import EntityF1, entities, entity_scores
+from lightbert.tasks.ner.metrics import NO_TAG, EntityF1, WordAccuracy, entities, entity_scores
 
 
 @pytest.fixture(scope="module")
@@ -228,3 +229,44 @@ def test_bad_ner_data_is_named(tmp_path, ner_bert):
         train(compose_config(ner_overrides(ner_bert, files), tmp_path / "run3"))
     with pytest.raises(UserError, match=r"task.data_files.validation=PATH"):
         train(compose_config(ner_overrides(ner_bert, {"train": files["train"]}), tmp_path / "run4"))
+
+
+# Part-of-speech tags (task=pos_tagging): a tag set without "O", scored by word accuracy alone.
+POS_OF = {"the": "DT", "this": "DT", "of": "IN", "in": "IN", "for": "IN", "on": "IN", "by": "IN", "with": "IN",
+          "and": "CC", "to": "TO", "was": "VBD", "were": "VBD", "are": "VBP", "his": "PRP$", "her": "PRP$",
+          "which": "WDT", "paris": "NNP", "germany": "NNP", "reuters": "NNP", "mary": "NNP", "anna": "NNP"}  # fmt: skip
+
+
+def pos_sentences(num_sentences: int, seed: int, length=(3, 9)) -> list[tuple[list[str], list[str]]]:
+    rng = random.Random(seed)
+    words = [[rng.choice(sorted(POS_OF)) for _ in range(rng.randint(*length))] + ["."] for _ in range(num_sentences)]
+    return [(w, [POS_OF.get(x, ".") for x in w]) for w in words]
+
+
+def test_word_accuracy_metric_counts_real_words_over_batches():
+    metric = WordAccuracy()
+    metric.update(torch.tensor([[1, 2, NO_TAG], [0, 0, 0]]), torch.tensor([[1, 3, 4], [0, -100, -100]]))
+    metric.update(torch.tensor([[5]]), torch.tensor([[5]]))
+    assert metric.compute()["word_accuracy"].item() == pytest.approx(3 / 5)  # 1, 0 and 5 right; NO_TAG wrong
+
+
+def test_pos_tagging_is_scored_by_word_accuracy_and_a_cut_word_counts_wrong(tmp_path, ner_bert):
+    files = {"train": write_conll_text(tmp_path / "train.txt", pos_sentences(120, seed=1))}
+    long = pos_sentences(1, seed=3, length=(40, 40))  # cut at task.max_seq_length=32: 9 words have no prediction
+    files["validation"] = write_conll_text(tmp_path / "dev.txt", pos_sentences(30, seed=2) + long)
+    overrides = ner_overrides(ner_bert, files, "task=pos_tagging", "trainer.max_epochs=6", "optim.lr=1e-3")
+    results = train(compose_config([*overrides, "task.max_seq_length=32"], tmp_path / "run"))
+    assert results["monitor"] == "val/word_accuracy" and not any("f1" in k for k in results["metrics"])
+    assert results["best_score"] > 0.8  # the tag is the word's (measured: 0.95)
+    eval_json = json.loads((tmp_path / "run" / "predictions" / "eval.json").read_text())
+    sentences = read_conlleval(tmp_path / "run" / "predictions" / "validation.txt")
+    assert [p for _, _, p in sentences[-1][30:]] == ["_"] * 11  # the words cut off: no tag, counted wrong
+    pairs = [(g, p) for s in sentences for _, g, p in s]
+    assert eval_json == {"validation": {"word_accuracy": pytest.approx(sum(g == p for g, p in pairs) / len(pairs))}}
+    assert eval_json["validation"]["word_accuracy"] == pytest.approx(results["best_score"], abs=1e-6)
+    # predict.py tags new sentences as the run's evaluation did: the same tags, none for a word cut off
+    predicted = predict(tmp_path / "run", [{"words": w} for w, _ in [*pos_sentences(3, seed=2), *long]], tmp_path)
+    assert [p["tags"] for p in predicted[:3]] == [[p for _, _, p in s] for s in sentences[:3]]
+    assert predicted[3]["tags"][30:] == [None] * 11 and "entities" not in predicted[3]
+    with pytest.raises(UserError, match=r"task=pos_tagging reads local files: task.data_files.train=PATH"):
+        train(compose_config([o for o in overrides if "data_files" not in o], tmp_path / "run2"))

@@ -28,7 +28,7 @@ from lightbert.data.local_files import conversion_advice
 from lightbert.data.tokenizer import BertTokenizer
 from lightbert.errors import ParameterError, UserError
 from lightbert.tasks.finetuning.datamodule import FineTuningDataModule
-from lightbert.tasks.ner.metrics import ConllevalFiles
+from lightbert.tasks.ner.metrics import ConllevalFiles, has_entities
 
 log = logging.getLogger(__name__)
 
@@ -176,10 +176,15 @@ class ConllDataModule(FineTuningDataModule):
 
     def __init__(self, *, label_names: Sequence[str] = CONLL2003_LABELS, name: str = "conll2003", **shared):
         self.name = name
-        if "O" not in label_names or len(set(label_names)) != len(label_names):
-            raise ParameterError(f"{{0}} must be distinct tags including 'O', got {list(label_names)}", "label_names")
+        if len(set(label_names)) != len(label_names):
+            raise ParameterError(f"{{0}} must be distinct tags, got {list(label_names)}", "label_names")
         self.label_names = tuple(label_names)
         super().__init__(**shared)
+        if not self.data_files and not has_entities(self.label_names):
+            raise UserError(
+                f"task={self.name} reads local files: task.data_files.train=PATH task.data_files.validation=PATH "
+                "(CoNLL text, a word and its tag a line); the hub's CoNLL-2003 copy holds entity tags, not these"
+            )
 
     def read_file(self, file: Path, where: str) -> datasets.Dataset:
         if file.suffix.lower() in TABLE_FORMATS:
@@ -216,10 +221,11 @@ class ConllDataModule(FineTuningDataModule):
         if cut:
             log.warning(
                 "%s: %d sentence(s) longer than task.max_seq_length=%d sub-tokens were cut; the words cut off "
-                "are predicted O",
+                "are predicted %s",
                 where,
                 cut,
                 self.max_seq_length,
+                "O" if has_entities(self.label_names) else "no tag (counted wrong)",
             )
         encoded = datasets.Dataset.from_dict({**rows, "tokens": words, "id": list(raw["id"])})
         return {split: encoded.add_column("idx", list(range(len(encoded))))}

@@ -1,4 +1,5 @@
-"""Entity-level precision, recall and F1 for named-entity tags, as seqeval (and conlleval) define them.
+"""Entity-level precision, recall and F1 for named-entity tags, as seqeval (and conlleval) define them, and word
+accuracy, the score of tag sets without entities (part-of-speech tags).
 
 An entity is a (type, first word, last word) triple read off a tag sequence; a predicted entity counts only when
 its span and type both match a gold entity exactly. Spans are read with seqeval's default (lenient) rules, which
@@ -8,6 +9,9 @@ BIO/IOB2 (the hub's copy) and IOBES alike:
 - an entity starts at a B- or S- tag, at an I- or E- tag after O (an I- without its B-), and wherever the type
   changes (B-PER I-ORG is two entities);
 - it ends before O, before B-/S-, after E-/S-, and wherever the type changes.
+
+A tag set is of entities when it has the tag "O" (outside every entity); part-of-speech tags have none, and are
+scored by word accuracy alone (`WordAccuracy`: the share of words given their gold tag).
 
 `EntityF1` keeps per-type counts (gold, predicted, correct); counts add up over batches and devices, so the
 result is the same however the sentences were split.
@@ -29,6 +33,12 @@ from lightbert.files import write_atomically
 from lightbert.tasks.finetuning.predictions import Predictions
 
 Entity = tuple[str, int, int]  # (type, first word, last word), inclusive
+NO_TAG = -1  # a word's predicted label index when it was cut off and the tag set has no "O" to give it
+
+
+def has_entities(label_names: Sequence[str]) -> bool:
+    """Whether the tags mark entities (scored by entity F1) rather than word classes (part-of-speech)."""
+    return "O" in label_names
 
 
 def _split(tag: str) -> tuple[str, str]:
@@ -137,10 +147,41 @@ class EntityF1(Metric):
         return {name: torch.tensor(value) for name, value in scores.items()}
 
 
+class WordAccuracy(Metric):
+    """The share of words whose predicted label is the gold one; gold positions equal to `ignore_index` (padding)
+    are left out. Counts add up over batches and devices."""
+
+    full_state_update = False
+
+    def __init__(self, ignore_index: int = IGNORE_INDEX):
+        super().__init__()
+        self.ignore_index = ignore_index
+        self.add_state("correct", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("words", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, predicted: torch.Tensor, gold: torch.Tensor) -> None:
+        real = gold != self.ignore_index
+        self.correct += (predicted.eq(gold) & real).sum()
+        self.words += real.sum()
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        return {"word_accuracy": self.correct.float() / self.words.clamp(min=1)}
+
+
+def word_accuracy(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> float:
+    pairs = [
+        (g, p)
+        for gold_tags, predicted_tags in zip(gold, predicted, strict=True)
+        for g, p in zip(gold_tags, predicted_tags, strict=True)
+    ]
+    return sum(g == p for g, p in pairs) / max(1, len(pairs))
+
+
 @dataclass
 class ConllevalFiles:
     """NER's `PredictionWriter`: per prediction split `<split>.txt` in conlleval's input format (word, gold tag,
-    predicted tag; a blank line between sentences) and eval.json with the entity-level scores of every split.
+    predicted tag; a blank line between sentences; "_" for a word cut off from a tag set without "O") and eval.json
+    with the word accuracy of every split, and its entity-level scores when the tags mark entities.
 
     `data[split]` holds each sentence's `idx`, `tokens` (its words) and `word_labels` (gold label indices).
     """
@@ -155,10 +196,12 @@ class ConllevalFiles:
             gold, predicted, lines = [], [], []
             for idx, words, labels in zip(sentences["idx"], sentences["tokens"], sentences["word_labels"], strict=True):
                 gold_tags = [self.label_names[i] for i in labels]
-                predicted_tags = [self.label_names[i] for i in by_idx[idx][: len(words)]]
+                predicted_tags = [self.label_names[i] if i != NO_TAG else "_" for i in by_idx[idx][: len(words)]]
                 gold.append(gold_tags)
                 predicted.append(predicted_tags)
                 lines += [f"{w} {g} {p}" for w, g, p in zip(words, gold_tags, predicted_tags, strict=True)] + [""]
             written.append(write_atomically(out_dir / f"{split}.txt", "\n".join(lines)))
-            scores[split] = entity_scores(gold, predicted)
+            scores[split] = {"word_accuracy": word_accuracy(gold, predicted)}
+            if has_entities(self.label_names):
+                scores[split] |= entity_scores(gold, predicted)
         return [*written, write_atomically(out_dir / "eval.json", json.dumps(scores, indent=2) + "\n")]

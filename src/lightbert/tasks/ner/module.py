@@ -4,7 +4,8 @@ Fine-tuning: the shared encoder plus one linear layer over the label set, every 
 Feature-based (`layer_combination=` one of `lightbert.model.feature_based.layer_combinations`): the encoder frozen, its
 layers combined and fed to a two-layer BiLSTM; only the BiLSTM, the layer weights and the classifier train.
 
-Either way the loss is the cross-entropy on each word's first sub-token, and validation logs entity-level
+Either way the loss is the cross-entropy on each word's first sub-token, and validation logs word accuracy
+(`val/word_accuracy`, the score of part-of-speech tags) and, for entity tags (a tag set with "O"), entity-level
 precision, recall and F1 (`val/f1`, plus `val/f1_<TYPE>`) over whole sentences, from every device.
 """
 
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 
 from lightbert.data.encoding import IGNORE_INDEX
 from lightbert.tasks.heads import HEADS
-from lightbert.tasks.ner.metrics import EntityF1
+from lightbert.tasks.ner.metrics import NO_TAG, EntityF1, WordAccuracy, has_entities
 from lightbert.tasks.task_module import TaskModule
 
 
@@ -38,22 +39,29 @@ class TokenClassificationModule(TaskModule):
         arguments = {"label_names": self.label_names, "layer_combination": layer_combination}
         arguments |= {"lstm_hidden_size": lstm_hidden_size, "lstm_layers": lstm_layers}
         self.model = HEADS[self.head].network(self.config, arguments)
-        self.outside = self.label_names.index("O")
-        self.val_f1 = EntityF1(self.label_names)
+        # A word cut off is predicted "O" (outside every entity), or no tag at all (wrong) for part-of-speech tags
+        self.outside = self.label_names.index("O") if has_entities(self.label_names) else NO_TAG
+        self.val_f1 = EntityF1(self.label_names) if has_entities(self.label_names) else None
+        self.val_word_accuracy = WordAccuracy()
 
     def loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX)
 
     def prediction(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
-        """(B, W) label of each word, read at its first sub-token; "O" for a word that was cut off."""
+        """(B, W) label of each word, read at its first sub-token; "O" (or NO_TAG) for a word that was cut off."""
         word_starts = batch["word_starts"]
         predicted = logits.argmax(-1).gather(1, word_starts.clamp(min=0))
         return predicted.masked_fill(word_starts < 0, self.outside)
 
     def update_metrics(self, logits: torch.Tensor, batch: dict, dataloader_idx: int) -> None:
-        self.val_f1.update(self.prediction(logits, batch), batch["word_labels"])
+        predicted = self.prediction(logits, batch)
+        self.val_word_accuracy.update(predicted, batch["word_labels"])
+        if self.val_f1 is not None:
+            self.val_f1.update(predicted, batch["word_labels"])
 
     def log_metrics(self) -> None:
-        for name, value in self.val_f1.compute().items():  # compute() sums the counts of every device
-            self.log_computed(f"val/{name}", value, prog_bar=name == "f1")
-        self.val_f1.reset()
+        shown = "f1" if self.val_f1 is not None else "word_accuracy"
+        for metric in (m for m in (self.val_f1, self.val_word_accuracy) if m is not None):
+            for name, value in metric.compute().items():  # compute() sums the counts of every device
+                self.log_computed(f"val/{name}", value, prog_bar=name == shown)
+            metric.reset()

@@ -1,4 +1,4 @@
-"""Token classification (NER) on new records: `src/predict.py`'s predictor for this head."""
+"""Token classification (NER, part-of-speech tags) on new records: `src/predict.py`'s predictor for this head."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 from lightbert.errors import UserError
 from lightbert.tasks.finetuning.predictor import Predictor, Record, Unit
 from lightbert.tasks.ner.data import encode_sentences
-from lightbert.tasks.ner.metrics import entities
+from lightbert.tasks.ner.metrics import entities, has_entities
 
 if TYPE_CHECKING:
     pass
@@ -39,15 +39,17 @@ class TokenClassification(Predictor):
         self.split = [self.words(record) for record in records]
         words = [w for w, _ in self.split]
         rows, _ = encode_sentences(
-            words, [["O"] * len(w) for w in words], self.tokenizer, self.finetuned.labels, self.max_seq_length
-        )
+            words, [[self.finetuned.labels[0]] * len(w) for w in words], self.tokenizer, self.finetuned.labels,
+            self.max_seq_length,
+        )  # fmt: skip
         self.word_starts = rows["word_starts"]
         cut = [-1 in starts for starts in self.word_starts]
         self.note_cut(
             records,
             cut,
             f"are longer than max_seq_length={self.max_seq_length} sub-tokens: the words cut "
-            "off are tagged O, as in the run's evaluation",
+            f"off are {'tagged O' if has_entities(self.finetuned.labels) else 'given no tag (null)'}, as in the run's "
+            "evaluation",
         )
         return [
             Unit(i, ids, types)
@@ -56,13 +58,16 @@ class TokenClassification(Predictor):
 
     def decode(self, records: list[Record], units: list[Unit], outputs: list[np.ndarray]) -> list[dict]:
         labels = self.finetuned.labels
-        outside = labels.index("O") if "O" in labels else 0
+        outside = "O" if has_entities(labels) else None  # a word cut off; part-of-speech tags have no "O"
         out = []
         for (_, fields), (words, spans), starts, logits in zip(
             records, self.split, self.word_starts, outputs, strict=True
         ):
             predicted = logits.argmax(-1)
-            tags = [labels[int(predicted[s]) if s >= 0 else outside] for s in starts]
+            tags = [labels[int(predicted[s])] if s >= 0 else outside for s in starts]
+            if outside is None:  # word classes, no entities to read off
+                out.append({"words": words, "tags": tags})
+                continue
             found = []
             for kind, first, last in entities(tags):
                 entity = {
