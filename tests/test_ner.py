@@ -270,3 +270,14 @@ def test_pos_tagging_is_scored_by_word_accuracy_and_a_cut_word_counts_wrong(tmp_
     assert predicted[3]["tags"][30:] == [None] * 11 and "entities" not in predicted[3]
     with pytest.raises(UserError, match=r"task=pos_tagging reads local files: task.data_files.train=PATH"):
         train(compose_config([o for o in overrides if "data_files" not in o], tmp_path / "run2"))
+
+
+def test_token_classification_with_a_bilstm_trains_and_predicts(tmp_path, ner_bert):
+    """Table 5's + BiLSTM row for a token-level task: a fresh BiLSTM between the encoder and the tag layer."""
+    files = ner_data_files(tmp_path / "data", sizes=(24, 8, 8))
+    results = train(compose_config(ner_overrides(ner_bert, files, "trainer.max_steps=3", "task.module.bilstm=true"),
+                                   tmp_path / "run"))  # fmt: skip
+    assert results["global_step"] == 3 and "val/f1" in results["metrics"]
+    weights = torch.load(results["best_checkpoint"], map_location="cpu", weights_only=False)["state_dict"]
+    assert any(".bilstm." in name for name in weights)
+    assert len(predict(tmp_path / "run", [{"words": ["paris", "and", "mary"]}], tmp_path)[0]["tags"]) == 3

@@ -868,11 +868,12 @@ class BertForTokenClassification(nn.Module):
     pooler match Hugging Face's class of the same name.
     """
 
-    def __init__(self, config: BertConfig, num_labels: int):
+    def __init__(self, config: BertConfig, num_labels: int, bilstm: bool = False):
         super().__init__()
         self.config = config
         self.num_labels = num_labels
         self.bert = BertModel(config, add_pooling_layer=False)
+        self.bilstm = SequenceBiLSTM(config) if bilstm else None
         self.head = token_head(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
@@ -885,6 +886,8 @@ class BertForTokenClassification(nn.Module):
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         sequence_output, _, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        if self.bilstm is not None:  # Table 5's + BiLSTM: right context for a left-to-right encoder
+            sequence_output = self.bilstm(sequence_output, attention_mask)
         if self.head is not None:
             sequence_output = self.head(sequence_output)
         return self.classifier(self.dropout(sequence_output))  # (B, T, num_labels)

@@ -21,13 +21,13 @@ def _arguments(hp: dict) -> HeadArguments:
             "lstm_hidden_size": hp.get("lstm_hidden_size", 768),
             "lstm_layers": hp.get("lstm_layers", 2),
         }
-    return HeadArguments(tuple(hp["label_names"]), feature_based=feature_based)
+    return HeadArguments(tuple(hp["label_names"]), feature_based=feature_based, bilstm=bool(hp.get("bilstm", False)))
 
 
 def _tagger(config: BertConfig, a: HeadArguments) -> nn.Module:
     if a.feature_based is not None:
         return FeatureBasedTagger(config, len(a.labels), **a.feature_based)
-    return BertForTokenClassification(config, len(a.labels))
+    return BertForTokenClassification(config, len(a.labels), bilstm=a.bilstm)
 
 
 register(

@@ -33,10 +33,11 @@ class TokenClassificationModule(TaskModule):
         layer_combination: str | None = None,
         lstm_hidden_size: int = 768,
         lstm_layers: int = 2,
+        bilstm: bool = False,
     ):
         super().__init__(model, optim)
         self.label_names = list(label_names)
-        arguments = {"label_names": self.label_names, "layer_combination": layer_combination}
+        arguments = {"label_names": self.label_names, "layer_combination": layer_combination, "bilstm": bilstm}
         arguments |= {"lstm_hidden_size": lstm_hidden_size, "lstm_layers": lstm_layers}
         self.model = HEADS[self.head].network(self.config, arguments)
         # A word cut off is predicted "O" (outside every entity), or no tag at all (wrong) for part-of-speech tags
