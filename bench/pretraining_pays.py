@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -313,6 +314,18 @@ def ladder(args, out: Path, data: Path, steps: int, tasks, seeds, lrs) -> None:
         args.report.write_text(text)
 
 
+def trend(curve: list[tuple[float, float]], needed: float) -> str:
+    """The least-squares line of gain against log2(CPU-minutes): the gain a doubling of pre-training adds, and the
+    budget at which the line reaches `needed` (an extrapolation, said as one)."""
+    xs, ys = [math.log2(m) for m, _ in curve], [g for _, g in curve]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    if slope <= 0:
+        return f"trend: {slope:+.1f} points a doubling: no budget in reach"
+    minutes = 2 ** (mx + (needed - my) / slope)
+    return f"trend: {slope:+.1f} points a doubling; extrapolated to pay ({needed:.1f} points) at ~{minutes:.0f} CPU-min"
+
+
 def write_tables(args, recipes, steps, pretrain, table, tasks, curve_rows) -> list[str]:
     lines = []
     for task in tasks:
@@ -336,12 +349,19 @@ def write_tables(args, recipes, steps, pretrain, table, tasks, curve_rows) -> li
         lines.append("")
     if curve_rows:
         lines += ["### sentiment: the learning curve (gain against pre-training CPU-minutes)", "",
-                  "| recipe | step | CPU-minutes (share of the run's) | pre-trained | gain over random init |",
+                  "| recipe | step | CPU-minutes | pre-trained | gain over random init |",
                   "|---|---|---|---|---|"]  # fmt: skip
-        for name, step, stats in sorted(curve_rows) + [(n, steps[n], table[n, "sentiment"]) for n in recipes]:
-            minutes = pretrain[name].cpu_s / 60 * step / steps[name]
-            gain = stats[0] - table[f"{name}_random", "sentiment"][0]
-            lines.append(f"| {name} | {step} | {minutes:.1f} | {cell(stats)} | {gain:+.1f} |")
+        for name in recipes:
+            points = sorted((s, stats) for n, s, stats in curve_rows if n == name) + [
+                (steps[name], table[name, "sentiment"])
+            ]
+            random = table[f"{name}_random", "sentiment"]
+            curve = []
+            for step, stats in points:
+                minutes = pretrain[name].cpu_s / 60 * step / steps[name]
+                curve.append((minutes, stats[0] - random[0]))
+                lines.append(f"| {name} | {step} | {minutes:.1f} | {cell(stats)} | {curve[-1][1]:+.1f} |")
+            lines.append(f"| {name} | | | | {trend(curve, 2 * max(random[1], points[-1][1][1]))} |")
         lines.append("")
     if args.ablation:
         ablation = [
