@@ -1,14 +1,17 @@
-"""A small run of the paper's Table 5 (pre-training objectives) that a 2-core CPU machine finishes within an hour.
+"""A small run of the paper's Table 5 (pre-training objectives) that a 2-core CPU machine finishes within an hour,
+on the demo corpus and a task generated from it (word order). Its report of 2026-11-24 is
+bench/results/ablation_word_order.md; the study on real text and human-labelled tasks, at experiment=laptop's budget,
+is bench/ABLATION_STUDY.md (`bench/pretraining_pays.py --ablation`).
 
     python bench/ablation_study.py --model bert_mini --steps 200 --seeds 1,2,3 --out outputs/ablation_study \
-        --report bench/ABLATION_STUDY.md
+        --report bench/results/ablation_word_order.md
 
 It runs the recipe of docs/sweeps.md, "Reproducing the paper's ablations", as a user would, four commands:
 
 1. `src/train.py task=pretrain sweep=objectives` on the demo corpus (Python's documentation, shipped with Python):
    mlm_nsp, mlm and ltr, each with every seed, `--steps` steps of batch 32, sequences of 128, at a learning rate
    of 5e-4 (the paper's 1e-4 left a 200-step bert_mini at unigram statistics: masked-token accuracy 0.057, every
-   fine-tuned row at chance; bench/ABLATION_STUDY.md's first run);
+   fine-tuned row at chance; the report's first run);
 2. `src/train.py task=glue/sst2` fine-tuning every pre-trained job (a multirun over init_from) on a downstream task
    made from real text without a download: sentences of the demo corpus as written (label 1) or with their words
    shuffled (label 0), word-order acceptability like CoLA, in SST-2's schema (`bench/finetune_vs_transformers.py`);
