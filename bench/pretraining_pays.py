@@ -182,7 +182,7 @@ def main() -> None:
     parser.add_argument(
         "--with", dest="extra", default="", help="overrides added to every pre-training, space-separated"
     )
-    parser.add_argument("--quick", action="store_true", help="the regression guard: laptop, 2000 steps, one seed")
+    parser.add_argument("--quick", action="store_true", help="the regression guard: laptop, 3000 steps, one seed")
     parser.add_argument("--reference", type=Path, default=REPO / "bench" / "results" / "regression_guard.json",
                         help="--quick: the gain it is held to (written when missing)")  # fmt: skip
     parser.add_argument("--tolerance", type=float, default=3.0, help="--quick: points of gain it may lose")
@@ -191,7 +191,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out = args.out or REPO / "outputs" / ("regression_guard" if args.quick else "pays")
     if args.quick:
-        args.recipes, args.steps, args.seeds, args.lrs, args.tasks = "laptop", "laptop=2000", "1", "5e-4", "pos"
+        args.recipes, args.steps, args.seeds, args.lrs, args.tasks = "laptop", "laptop=3000", "1", "5e-4", "pos"
     recipes = {r: RECIPES[r] for r in args.recipes.split(",")}
     steps = {r: s for r, (_, s) in recipes.items()} | {
         k: int(v) for k, v in (p.split("=") for p in args.steps.split(",") if p)
