@@ -67,6 +67,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Every test module imported (torch, Lightning, transformers, sentence-transformers: ~0.7M objects), collected
+    once and frozen: the tests that train in this process otherwise pay for full collections that walk them all
+    (measured on test_config, test_glue and test_modern in one process, `-n 0`: 5.8 s in the collector of ~51
+    CPU-s, 3.9 s with the freeze)."""
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The session's garbage collected once, then every live object frozen: the interpreter's exit would otherwise
     collect again over the millions of objects a worker holds (torch, Lightning, transformers), while the session
