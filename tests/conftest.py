@@ -54,10 +54,11 @@ def share_the_cores() -> None:
 # a long file handed out last keeps one worker busy long after the other has finished. The other files follow
 # in their usual order. A name missing here only runs later; a stale order costs minutes, not correctness.
 LONGEST_FIRST = (
-    "test_trainers.py", "test_train.py", "test_bench.py", "test_resume.py", "test_bad_input.py", "test_processes.py",
-    "test_notebooks.py", "test_preemption.py", "test_readme.py", "test_export.py", "test_benchmark.py",
-    "test_packaging.py", "test_fsdp.py", "test_multinode.py", "test_gpu_check.py", "test_precision.py",
-    "test_cluster.py", "test_elastic_resume.py", "test_run_record.py", "test_one_path.py", "test_sweep.py",
+    "test_processes.py", "test_bench.py", "test_trainers.py", "test_notebooks.py", "test_train.py", "test_resume.py",
+    "test_fsdp.py", "test_readme.py", "test_bad_input.py", "test_gpu_check.py", "test_preemption.py",
+    "test_multinode.py", "test_benchmark.py", "test_export.py", "test_cluster.py", "test_silent_round6.py",
+    "test_run_record.py", "test_sweep.py", "test_glue.py", "test_packaging.py", "test_config.py",
+    "test_elastic_resume.py", "test_squad.py",
 )  # fmt: skip
 
 
