@@ -5,6 +5,7 @@ install of lightbert first on PATH (`helpers.runtime`: `python`, `lightbert-trai
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers import runtime
-from helpers.runs import CONF_DIR, REPO
+from helpers.runs import CONF_DIR, REPO, console_noise
 
 RUNNABLE = "# runs as written on a CPU, no network (tests/test_readme.py)"
 
@@ -83,3 +84,10 @@ def test_a_runnable_block_runs_as_written(page: str, block: str, tmp_path: Path)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
+    assert console_noise(done) == []  # no device inventory, tips, worker or precision advice
+    if "trainer=ddp8 trainer.accelerator=cpu" in block:  # docs/scale.md's laptop check of a cluster command, once
+        lines = done.stdout.splitlines()
+        (run_dir,) = [line.removeprefix("lightbert: run directory: ") for line in lines if "run directory: " in line]
+        assert json.loads((tmp_path / run_dir / "results.json").read_text())["global_step"] == 3
+        summary = [line for line in lines if line.startswith("lightbert: pretrain: L2/H128/A2 (from scratch)")]
+        assert len(summary) == 1 and "2 x cpu, strategy ddp, bf16-mixed, 3 steps" in summary[0], done.stdout

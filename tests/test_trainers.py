@@ -75,7 +75,7 @@ def corpus(tmp_path_factory) -> Path:
 
 # (trainer, optimizer, phases): every pre-training variant on trainer=gpu's twin (one process, cheap), and one on
 # each multi-process strategy. Not ddp8: on CPU its twin is ddp's Trainer (test_ddp8_twin_is_ddp_twin), and its own
-# command runs in test_readme_dry_run_works_for_ddp and docs/scale.md's block.
+# command runs as docs/scale.md's block (tests/test_readme.py, which checks its console too).
 PRETRAINING = [
     ("gpu", "adamw", 1),
     ("gpu", "adamw", 2),
@@ -179,21 +179,9 @@ def dry_run(trainer: str, corpus: Path, run_dir: Path) -> list[str]:
     ]
 
 
-def test_readme_dry_run_works_for_ddp(corpus, tmp_path):
-    """The docs' check of a cluster command on a laptop (docs/scale.md), as written there."""
-    result = run_train_forked(*dry_run("ddp8", corpus, tmp_path / "run"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads((tmp_path / "run" / "results.json").read_text())["global_step"] == 3
-    # The console names the run directory and what runs, once (not once per process), before training.
-    lines = result.stdout.splitlines()
-    assert lines.count(f"lightbert: run directory: {tmp_path / 'run'}") == 1, result.stdout
-    summary = [line for line in lines if line.startswith("lightbert: pretrain: L2/H128/A2 (from scratch)")]
-    assert len(summary) == 1 and "2 x cpu, strategy ddp, bf16-mixed, 3 steps" in summary[0], result.stdout
-    assert console_noise(result) == []  # no device inventory, tips, worker or precision advice
-
-
 def test_readme_dry_run_works_for_fsdp(corpus, tmp_path):
-    """FSDP2 runs on CPU processes over gloo: the README's dry run of trainer=fsdp8 trains, sharded over 2 processes."""
+    """FSDP2 runs on CPU processes over gloo: docs/scale.md's dry run with trainer=fsdp8 trains, sharded over 2
+    processes. (The page's block itself, with trainer=ddp8, runs in tests/test_readme.py.)"""
     result = run_train_forked(*dry_run("fsdp8", corpus, tmp_path / "run"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["global_step"] == 3
