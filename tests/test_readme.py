@@ -16,6 +16,8 @@ from helpers import runtime
 from helpers.runs import CONF_DIR, REPO, console_noise
 
 RUNNABLE = "# runs as written on a CPU, no network (tests/test_readme.py)"
+# docs/scale.md's laptop check of a GPU command: its block's console is checked too (test_a_runnable_block_...).
+LAPTOP_CHECK = "trainer=ddp8 trainer.accelerator=cpu"
 
 
 def pages() -> list[Path]:
@@ -38,7 +40,7 @@ def test_the_pages_mark_their_runnable_blocks():
     assert any(page.startswith("docs/") for page, _ in found)  # docs/ is read, not only README.md
     blocks = [block for _, block in found]
     assert len(blocks) >= 3
-    assert any("trainer=ddp8" in b for b in blocks)  # the laptop check of a GPU command
+    assert sum(LAPTOP_CHECK in b for b in blocks) == 1  # the laptop check of a GPU command, its console checked
     assert any("lightbert-train" in b for b in blocks)  # the installed command
     assert any("--cfg job" in b for b in blocks)  # what a command would run, without running it
 
@@ -85,7 +87,7 @@ def test_a_runnable_block_runs_as_written(page: str, block: str, tmp_path: Path)
     assert done.returncode == 0, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     assert console_noise(done) == []  # no device inventory, tips, worker or precision advice
-    if "trainer=ddp8 trainer.accelerator=cpu" in block:  # docs/scale.md's laptop check of a cluster command, once
+    if LAPTOP_CHECK in block:  # what it shows, once (not once per process)
         lines = done.stdout.splitlines()
         (run_dir,) = [line.removeprefix("lightbert: run directory: ") for line in lines if "run directory: " in line]
         assert json.loads((tmp_path / run_dir / "results.json").read_text())["global_step"] == 3
